@@ -1,0 +1,35 @@
+# Two commands for a fresh machine: `make demo` and `make test`. Each creates .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: demo test lint bench clean-venv
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.installed
+	MYRIAD_DEBUG=$${MYRIAD_DEBUG:-1} $(PY) manage.py migrate --noinput
+	MYRIAD_DEBUG=$${MYRIAD_DEBUG:-1} $(PY) manage.py build_cluster demo --if-empty
+	MYRIAD_DEBUG=$${MYRIAD_DEBUG:-1} $(PY) manage.py create_login operator --role operator
+	@echo "Serving Myriad on http://$(HOST):$(PORT)/ (log in with the operator login above)"
+	MYRIAD_DEBUG=$${MYRIAD_DEBUG:-1} $(PY) manage.py runserver $(HOST):$(PORT)
+
+test: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) manage.py makemigrations --check --dry-run
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+bench: $(VENV)/.installed
+	$(PY) -m bench.build_cluster
+	$(PY) -m bench.snapshot

@@ -1,0 +1,23 @@
+"""API errors: database and domain refusals become clear 4xx answers, never a 500."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import ProtectedError
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from engine.states import InvalidTransition
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, DjangoValidationError):
+        detail = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+        return Response(detail, status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, InvalidTransition):
+        return Response({"state": [str(exc)]}, status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, ProtectedError):
+        names = ", ".join(sorted({str(o) for o in list(exc.protected_objects)[:5]}))
+        return Response({"detail": f"still in use by {names}"}, status=status.HTTP_409_CONFLICT)
+    return drf_exception_handler(exc, context)

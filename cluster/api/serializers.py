@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+from django.db import transaction
+from rest_framework import serializers
+
+from cluster.builder import gpu_identity
+from cluster.choices import colour
+from cluster.models import GPU, ChipType, Datacenter, DatacenterLink, Node, Pod, Rack, Region
+
+
+class ChipTypeSerializer(serializers.ModelSerializer):
+    price_per_gpu_hour = serializers.DecimalField(max_digits=8, decimal_places=3, coerce_to_string=False)
+
+    class Meta:
+        model = ChipType
+        fields = [
+            "id", "name", "vendor", "model", "generation", "bf16_tflops", "memory_gib",
+            "memory_bandwidth_tbps", "link_bandwidth_gbps", "tdp_watts", "price_per_gpu_hour",
+            "failure_rate_factor",
+        ]
+
+    def validate(self, attrs):
+        for field in ("bf16_tflops", "memory_gib", "failure_rate_factor"):
+            if field in attrs and attrs[field] <= 0:
+                raise serializers.ValidationError({field: "must be greater than zero"})
+        if attrs.get("price_per_gpu_hour", 0) < 0:
+            raise serializers.ValidationError({"price_per_gpu_hour": "must not be negative"})
+        return attrs
+
+
+class RegionSerializer(serializers.ModelSerializer):
+    datacenter_count = serializers.IntegerField(read_only=True)
+    gpu_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Region
+        fields = ["id", "name", "description", "datacenter_count", "gpu_count"]
+
+
+class DatacenterSerializer(serializers.ModelSerializer):
+    region_name = serializers.CharField(source="region.name", read_only=True)
+    pod_count = serializers.IntegerField(read_only=True)
+    gpu_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Datacenter
+        fields = ["id", "region", "region_name", "name", "location", "power_budget_kw", "pod_count", "gpu_count"]
+
+    def validate_power_budget_kw(self, value):
+        if value < 0:
+            raise serializers.ValidationError("must not be negative")
+        return value
+
+
+class DatacenterLinkSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = DatacenterLink
+        fields = ["id", "a", "b", "distance_km", "latency_ms", "bandwidth_gbps"]
+
+    def validate(self, attrs):
+        a = attrs.get("a", getattr(self.instance, "a", None))
+        b = attrs.get("b", getattr(self.instance, "b", None))
+        if a == b:
+            raise serializers.ValidationError({"b": "a link joins two different datacenters"})
+        if a and b and a.pk > b.pk:
+            attrs["a"], attrs["b"] = b, a
+        if attrs.get("bandwidth_gbps", 1) <= 0:
+            raise serializers.ValidationError({"bandwidth_gbps": "must be greater than zero"})
+        if attrs.get("latency_ms", 0) < 0:
+            raise serializers.ValidationError({"latency_ms": "must not be negative"})
+        return attrs
+
+
+class PodSerializer(serializers.ModelSerializer):
+    datacenter_name = serializers.CharField(source="datacenter.name", read_only=True)
+    rack_count = serializers.IntegerField(read_only=True)
+    node_count = serializers.IntegerField(read_only=True)
+    gpu_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Pod
+        fields = ["id", "datacenter", "datacenter_name", "name", "fabric", "rack_count", "node_count", "gpu_count"]
+
+
+class RackSerializer(serializers.ModelSerializer):
+    node_count = serializers.IntegerField(read_only=True)
+    gpu_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Rack
+        fields = ["id", "pod", "name", "node_count", "gpu_count"]
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    chip_type = serializers.SlugRelatedField(slug_field="name", queryset=ChipType.objects.all())
+    state_colour = serializers.SerializerMethodField()
+    pod = serializers.IntegerField(source="rack.pod_id", read_only=True)
+    datacenter = serializers.IntegerField(source="rack.pod.datacenter_id", read_only=True)
+
+    class Meta:
+        model = Node
+        fields = [
+            "id", "hostname", "rack", "pod", "datacenter", "chip_type", "gpus_per_node", "state",
+            "state_colour", "state_reason", "state_changed_at", "is_spare",
+        ]
+        read_only_fields = ["state", "state_reason", "state_changed_at"]
+
+    def get_state_colour(self, node: Node) -> str:
+        return colour(node.state)
+
+    def validate_gpus_per_node(self, value):
+        if not 1 <= value <= 72:
+            raise serializers.ValidationError("must be between 1 and 72")
+        if self.instance is not None and value != self.instance.gpus_per_node:
+            raise serializers.ValidationError("cannot change on an existing node; its GPUs are inventory")
+        return value
+
+    @transaction.atomic
+    def create(self, validated_data):
+        node = super().create(validated_data)
+        gpus = []
+        for index in range(node.gpus_per_node):
+            gpu_uuid, serial = gpu_identity(node.hostname, index)
+            gpus.append(GPU(node=node, index=index, uuid=gpu_uuid, serial=serial))
+        GPU.objects.bulk_create(gpus)
+        return node
+
+
+class NodeActionSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+class GPUSerializer(serializers.ModelSerializer):
+    hostname = serializers.CharField(source="node.hostname", read_only=True)
+    chip_type = serializers.CharField(source="node.chip_type.name", read_only=True)
+    state_colour = serializers.SerializerMethodField()
+    health_colour = serializers.SerializerMethodField()
+
+    class Meta:
+        model = GPU
+        fields = [
+            "id", "node", "hostname", "chip_type", "index", "uuid", "serial", "state", "state_colour",
+            "health", "health_colour",
+        ]
+        read_only_fields = ["node", "index", "uuid", "serial"]
+
+    def get_state_colour(self, gpu: GPU) -> str:
+        return colour(gpu.state)
+
+    def get_health_colour(self, gpu: GPU) -> str:
+        return colour(gpu.health)

@@ -1,0 +1,142 @@
+from __future__ import annotations
+
+from django.db.models import Count, Sum
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from cluster import filtersets
+from cluster.api import serializers as s
+from cluster.models import GPU, ChipType, Datacenter, DatacenterLink, Node, Pod, Rack, Region
+from cluster.services import apply_node_action
+
+
+class KeepsChildrenMixin:
+    """Refuse to delete a topology level that still holds anything: a mistaken DELETE must not
+    silently take thousands of GPUs with it. Empty it first."""
+
+    children: str = ""
+
+    def destroy(self, request, *args, **kwargs):
+        obj = self.get_object()
+        count = getattr(obj, self.children).count()
+        if count:
+            return Response(
+                {"detail": f"{obj} still holds {count} {self.children}; remove them first"},
+                status=status.HTTP_409_CONFLICT,
+            )
+        return super().destroy(request, *args, **kwargs)
+
+
+class ChipTypeViewSet(viewsets.ModelViewSet):
+    queryset = ChipType.objects.all()
+    serializer_class = s.ChipTypeSerializer
+    filterset_class = filtersets.ChipTypeFilterSet
+    ordering_fields = ["name", "bf16_tflops", "memory_gib", "price_per_gpu_hour"]
+    search_fields = ["name", "vendor", "model"]
+
+
+class RegionViewSet(KeepsChildrenMixin, viewsets.ModelViewSet):
+    children = "datacenters"
+    queryset = Region.objects.annotate(
+        datacenter_count=Count("datacenters", distinct=True),
+        gpu_count=Sum("datacenters__pods__racks__nodes__gpus_per_node"),
+    ).order_by("name")
+    serializer_class = s.RegionSerializer
+    filterset_class = filtersets.RegionFilterSet
+    ordering_fields = ["name", "gpu_count"]
+
+
+class DatacenterViewSet(KeepsChildrenMixin, viewsets.ModelViewSet):
+    children = "pods"
+    queryset = (
+        Datacenter.objects.select_related("region")
+        .annotate(pod_count=Count("pods", distinct=True), gpu_count=Sum("pods__racks__nodes__gpus_per_node"))
+        .order_by("region__name", "name")
+    )
+    serializer_class = s.DatacenterSerializer
+    filterset_class = filtersets.DatacenterFilterSet
+    ordering_fields = ["name", "gpu_count", "power_budget_kw"]
+    search_fields = ["name", "location"]
+
+
+class DatacenterLinkViewSet(viewsets.ModelViewSet):
+    queryset = DatacenterLink.objects.all()
+    serializer_class = s.DatacenterLinkSerializer
+    filterset_class = filtersets.DatacenterLinkFilterSet
+    ordering_fields = ["bandwidth_gbps", "latency_ms", "distance_km"]
+
+
+class PodViewSet(KeepsChildrenMixin, viewsets.ModelViewSet):
+    children = "racks"
+    queryset = (
+        Pod.objects.select_related("datacenter")
+        .annotate(
+            rack_count=Count("racks", distinct=True),
+            node_count=Count("racks__nodes", distinct=True),
+            gpu_count=Sum("racks__nodes__gpus_per_node"),
+        )
+        .order_by("id")
+    )
+    serializer_class = s.PodSerializer
+    filterset_class = filtersets.PodFilterSet
+    ordering_fields = ["id", "name", "gpu_count"]
+    search_fields = ["name"]
+
+
+class RackViewSet(KeepsChildrenMixin, viewsets.ModelViewSet):
+    children = "nodes"
+    queryset = Rack.objects.annotate(
+        node_count=Count("nodes", distinct=True), gpu_count=Sum("nodes__gpus_per_node")
+    ).order_by("id")
+    serializer_class = s.RackSerializer
+    filterset_class = filtersets.RackFilterSet
+    ordering_fields = ["id", "name", "gpu_count"]
+    search_fields = ["name"]
+
+
+class NodeViewSet(viewsets.ModelViewSet):
+    queryset = Node.objects.select_related("chip_type", "rack__pod").order_by("id")
+    serializer_class = s.NodeSerializer
+    filterset_class = filtersets.NodeFilterSet
+    ordering_fields = ["id", "hostname", "state", "state_changed_at"]
+    search_fields = ["hostname"]
+
+    def _act(self, request, action_name: str):
+        node = self.get_object()
+        body = s.NodeActionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        apply_node_action([node], action_name, actor=request.user.username, reason=body.validated_data["reason"])
+        node.refresh_from_db()
+        return Response(self.get_serializer(node).data)
+
+    @extend_schema(request=s.NodeActionSerializer, responses=s.NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def cordon(self, request, pk=None):
+        """Stop placing new work on the node; running work stays."""
+        return self._act(request, "cordon")
+
+    @extend_schema(request=s.NodeActionSerializer, responses=s.NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def drain(self, request, pk=None):
+        """Stop placing new work and move running work off the node."""
+        return self._act(request, "drain")
+
+    @extend_schema(request=s.NodeActionSerializer, responses=s.NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def uncordon(self, request, pk=None):
+        """Return a cordoned or draining node to service."""
+        return self._act(request, "uncordon")
+
+
+class GPUViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin, viewsets.GenericViewSet
+):
+    """GPUs are created with their node; operators may change a GPU's state and health."""
+
+    queryset = GPU.objects.select_related("node__chip_type").order_by("id")
+    serializer_class = s.GPUSerializer
+    filterset_class = filtersets.GPUFilterSet
+    ordering_fields = ["id", "index", "state", "health"]
+    search_fields = ["uuid", "serial", "node__hostname"]

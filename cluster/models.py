@@ -1,0 +1,166 @@
+"""Inventory: chip types and the topology Region > Datacenter > Pod > Rack > Node > GPU.
+
+Uniqueness of names within a parent, GPU index per node and sane numbers are enforced by the
+database, not only by forms, so bulk writes and concurrent workers cannot break them.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import F, Q
+
+from cluster.choices import GPUHealth, GPUState, NodeState
+
+
+class ChipType(models.Model):
+    name = models.CharField(max_length=64, unique=True)
+    vendor = models.CharField(max_length=64)
+    model = models.CharField(max_length=128)
+    generation = models.CharField(max_length=64)
+    bf16_tflops = models.FloatField("dense BF16 TFLOPS")
+    memory_gib = models.FloatField("memory (GiB)")
+    memory_bandwidth_tbps = models.FloatField("memory bandwidth (TB/s)")
+    link_bandwidth_gbps = models.FloatField("intra-node link bandwidth (GB/s)")
+    tdp_watts = models.PositiveIntegerField("TDP (W)")
+    price_per_gpu_hour = models.DecimalField("list price per GPU-hour (USD)", max_digits=8, decimal_places=3)
+    failure_rate_factor = models.FloatField(default=1.0, help_text="Relative failure rate; H100 = 1.0")
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(bf16_tflops__gt=0), name="chiptype_tflops_positive"),
+            models.CheckConstraint(condition=Q(memory_gib__gt=0), name="chiptype_memory_positive"),
+            models.CheckConstraint(condition=Q(price_per_gpu_hour__gte=0), name="chiptype_price_not_negative"),
+            models.CheckConstraint(condition=Q(failure_rate_factor__gt=0), name="chiptype_failure_factor_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Region(models.Model):
+    name = models.CharField(max_length=64, unique=True)
+    description = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Datacenter(models.Model):
+    region = models.ForeignKey(Region, on_delete=models.CASCADE, related_name="datacenters")
+    name = models.CharField(max_length=64)
+    location = models.CharField(max_length=128, blank=True)
+    power_budget_kw = models.FloatField("power budget (kW)", default=0)
+
+    class Meta:
+        ordering = ["region__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["region", "name"], name="datacenter_name_unique_in_region"),
+            models.CheckConstraint(condition=Q(power_budget_kw__gte=0), name="datacenter_power_not_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DatacenterLink(models.Model):
+    """The network between two datacenters; stored once per pair with ``a`` < ``b``."""
+
+    a = models.ForeignKey(Datacenter, on_delete=models.CASCADE, related_name="links_as_a")
+    b = models.ForeignKey(Datacenter, on_delete=models.CASCADE, related_name="links_as_b")
+    distance_km = models.FloatField(default=0)
+    latency_ms = models.FloatField("one-way latency (ms)")
+    bandwidth_gbps = models.FloatField("bandwidth (Gb/s)")
+
+    class Meta:
+        ordering = ["a_id", "b_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["a", "b"], name="datacenter_link_unique_pair"),
+            models.CheckConstraint(condition=Q(a__lt=F("b")), name="datacenter_link_ordered_pair"),
+            models.CheckConstraint(condition=Q(bandwidth_gbps__gt=0), name="datacenter_link_bandwidth_positive"),
+            models.CheckConstraint(condition=Q(latency_ms__gte=0), name="datacenter_link_latency_not_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.a} <-> {self.b}"
+
+
+class Pod(models.Model):
+    """A network block of the HPN fabric: racks that share one tier of switches."""
+
+    datacenter = models.ForeignKey(Datacenter, on_delete=models.CASCADE, related_name="pods")
+    name = models.CharField(max_length=64)
+    fabric = models.CharField(max_length=32, default="HPN")
+
+    class Meta:
+        ordering = ["datacenter_id", "name"]
+        constraints = [models.UniqueConstraint(fields=["datacenter", "name"], name="pod_name_unique_in_datacenter")]
+
+    def __str__(self) -> str:
+        return f"{self.datacenter.name}-{self.name}"
+
+
+class Rack(models.Model):
+    pod = models.ForeignKey(Pod, on_delete=models.CASCADE, related_name="racks")
+    name = models.CharField(max_length=64)
+
+    class Meta:
+        ordering = ["pod_id", "name"]
+        constraints = [models.UniqueConstraint(fields=["pod", "name"], name="rack_name_unique_in_pod")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(models.Model):
+    rack = models.ForeignKey(Rack, on_delete=models.CASCADE, related_name="nodes")
+    hostname = models.CharField(max_length=128, unique=True)
+    chip_type = models.ForeignKey(ChipType, on_delete=models.PROTECT, related_name="nodes")
+    gpus_per_node = models.PositiveSmallIntegerField(default=8)
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.READY, db_index=True)
+    state_reason = models.CharField(max_length=255, blank=True)
+    state_changed_at = models.DateTimeField(null=True, blank=True)
+    is_spare = models.BooleanField("spare", default=False, db_index=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(gpus_per_node__gte=1) & Q(gpus_per_node__lte=72), name="node_gpus_per_node_range"
+            ),
+            models.CheckConstraint(condition=Q(state__in=NodeState.values), name="node_state_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return self.hostname
+
+
+class GPU(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField("index on node")
+    uuid = models.CharField(max_length=64, unique=True)
+    serial = models.CharField(max_length=32, unique=True)
+    state = models.CharField(max_length=16, choices=GPUState.choices, default=GPUState.READY, db_index=True)
+    health = models.CharField(max_length=16, choices=GPUHealth.choices, default=GPUHealth.OK, db_index=True)
+
+    class Meta:
+        verbose_name = "GPU"
+        ordering = ["node_id", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_index_unique_per_node"),
+            models.CheckConstraint(condition=Q(state__in=GPUState.values), name="gpu_state_valid"),
+            models.CheckConstraint(condition=Q(health__in=GPUHealth.values), name="gpu_health_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.hostname}/gpu{self.index}"
+
+    def clean(self) -> None:
+        if self.node_id and self.index is not None and self.index >= self.node.gpus_per_node:
+            raise ValidationError(
+                {"index": f"index {self.index} is outside node {self.node}'s {self.node.gpus_per_node} GPUs"}
+            )

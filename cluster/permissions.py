@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from rest_framework.permissions import SAFE_METHODS, BasePermission
+
+from cluster.roles import is_operator, is_viewer
+
+
+class RolePermission(BasePermission):
+    """Viewers read; operators also write and take actions. Anonymous requests get 401."""
+
+    message = "Your role does not allow this; operators may change inventory, viewers may only read."
+
+    def has_permission(self, request, view) -> bool:
+        user = request.user
+        if not user or not user.is_authenticated:
+            return False
+        if request.method in SAFE_METHODS:
+            return is_viewer(user)
+        return is_operator(user)

@@ -1,0 +1,71 @@
+"""Small helpers that read settings from the environment and fail loudly on a bad value.
+
+Every helper names the variable and what it accepts, so an operator who mistypes a value
+learns which one at start-up instead of seeing odd behaviour later.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlparse
+
+
+class ConfigError(RuntimeError):
+    """A setting in the environment has a value Myriad cannot use."""
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    items = [item.strip() for item in raw.split(",") if item.strip()]
+    if not items:
+        raise ConfigError(f"{name} is set but empty; give a comma-separated list such as 'localhost,127.0.0.1'")
+    return items
+
+
+def env_url(name: str, default: str | None, *, schemes: tuple[str, ...]) -> str | None:
+    """A URL whose scheme must be one of ``schemes``; ``None`` when unset and no default."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    parsed = urlparse(raw)
+    if parsed.scheme not in schemes:
+        allowed = ", ".join(f"{s}://" for s in schemes)
+        raise ConfigError(f"{name}={raw!r} has an unsupported scheme; allowed: {allowed}")
+    if parsed.scheme not in ("sqlite",) and not parsed.hostname:
+        raise ConfigError(f"{name}={raw!r} names no host")
+    return raw
