@@ -20,8 +20,16 @@ def state_badge(value: str, label: str):
 
 @admin.register(ChipType)
 class ChipTypeAdmin(admin.ModelAdmin):
-    list_display = ["name", "vendor", "generation", "bf16_tflops", "memory_gib", "price_per_gpu_hour",
-                    "failure_rate_factor", "node_count"]
+    list_display = [
+        "name",
+        "vendor",
+        "generation",
+        "bf16_tflops",
+        "memory_gib",
+        "price_per_gpu_hour",
+        "failure_rate_factor",
+        "node_count",
+    ]
     list_filter = ["vendor", "generation"]
     search_fields = ["name", "model"]
 
@@ -39,8 +47,13 @@ class RegionAdmin(admin.ModelAdmin):
     search_fields = ["name"]
 
     def get_queryset(self, request):
-        return super().get_queryset(request).annotate(
-            _dcs=Count("datacenters", distinct=True), _gpus=Sum("datacenters__pods__racks__nodes__gpus_per_node")
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                _dcs=Count("datacenters", distinct=True),
+                _gpus=Sum("datacenters__pods__racks__nodes__gpus_per_node"),
+            )
         )
 
     @admin.display(description="datacenters", ordering="_dcs")
@@ -59,8 +72,11 @@ class DatacenterAdmin(admin.ModelAdmin):
     search_fields = ["name", "location"]
 
     def get_queryset(self, request):
-        return super().get_queryset(request).select_related("region").annotate(
-            _pods=Count("pods", distinct=True), _gpus=Sum("pods__racks__nodes__gpus_per_node")
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("region")
+            .annotate(_pods=Count("pods", distinct=True), _gpus=Sum("pods__racks__nodes__gpus_per_node"))
         )
 
     @admin.display(description="pods", ordering="_pods")
@@ -85,10 +101,14 @@ class PodAdmin(admin.ModelAdmin):
     list_select_related = ["datacenter"]
 
     def get_queryset(self, request):
-        return super().get_queryset(request).annotate(
-            _racks=Count("racks", distinct=True),
-            _nodes=Count("racks__nodes", distinct=True),
-            _gpus=Sum("racks__nodes__gpus_per_node"),
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                _racks=Count("racks", distinct=True),
+                _nodes=Count("racks__nodes", distinct=True),
+                _gpus=Sum("racks__nodes__gpus_per_node"),
+            )
         )
 
     @admin.display(description="racks", ordering="_racks")
@@ -113,8 +133,10 @@ class RackAdmin(admin.ModelAdmin):
     raw_id_fields = ["pod"]
 
     def get_queryset(self, request):
-        return super().get_queryset(request).annotate(
-            _nodes=Count("nodes", distinct=True), _gpus=Sum("nodes__gpus_per_node")
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(_nodes=Count("nodes", distinct=True), _gpus=Sum("nodes__gpus_per_node"))
         )
 
     @admin.display(description="nodes", ordering="_nodes")
@@ -136,7 +158,9 @@ class GPUInline(admin.TabularInline):
 def _node_action(action: str):
     def run(modeladmin, request, queryset):
         try:
-            nodes = apply_node_action(list(queryset), action, actor=request.user.username, reason="admin bulk action")
+            nodes = apply_node_action(
+                list(queryset), action, actor=request.user.username, reason="admin bulk action"
+            )
         except InvalidTransition as exc:
             modeladmin.message_user(request, f"Nothing changed. {exc}", level=messages.ERROR)
             return
@@ -149,14 +173,28 @@ def _node_action(action: str):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ["hostname", "rack", "chip_type", "gpus_per_node", "state_label", "is_spare", "state_reason"]
+    list_display = [
+        "hostname",
+        "rack",
+        "chip_type",
+        "gpus_per_node",
+        "state_label",
+        "is_spare",
+        "state_reason",
+    ]
     list_filter = ["state", "is_spare", "chip_type", "rack__pod__datacenter"]
     search_fields = ["hostname"]
     list_select_related = ["rack", "chip_type"]
     raw_id_fields = ["rack"]
     readonly_fields = ["state", "state_reason", "state_changed_at"]
     inlines = [GPUInline]
-    actions = [_node_action("cordon"), _node_action("uncordon"), _node_action("drain"), "mark_spare", "unmark_spare"]
+    actions = [
+        _node_action("cordon"),
+        _node_action("uncordon"),
+        _node_action("drain"),
+        "mark_spare",
+        "unmark_spare",
+    ]
     show_full_result_count = False
 
     @admin.display(description="state", ordering="state")

@@ -79,7 +79,9 @@ def build_cluster(spec: TopologySpec, *, replace: bool = False) -> BuildResult:
     for region, region_spec in zip(regions, spec.regions, strict=True):
         for dc in region_spec.datacenters:
             dc_rows.append(
-                Datacenter(region=region, name=dc.name, location=dc.location, power_budget_kw=dc.power_budget_kw)
+                Datacenter(
+                    region=region, name=dc.name, location=dc.location, power_budget_kw=dc.power_budget_kw
+                )
             )
             dc_specs.append((region_spec.name, dc))
     datacenters = Datacenter.objects.bulk_create(dc_rows)
@@ -92,7 +94,11 @@ def build_cluster(spec: TopologySpec, *, replace: bool = False) -> BuildResult:
             a, b = b, a
         links.append(
             DatacenterLink(
-                a=a, b=b, distance_km=link.distance_km, latency_ms=link.latency_ms, bandwidth_gbps=link.bandwidth_gbps
+                a=a,
+                b=b,
+                distance_km=link.distance_km,
+                latency_ms=link.latency_ms,
+                bandwidth_gbps=link.bandwidth_gbps,
             )
         )
     DatacenterLink.objects.bulk_create(links)

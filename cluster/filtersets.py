@@ -76,4 +76,15 @@ class GPUFilterSet(filters.FilterSet):
 
     class Meta:
         model = GPU
-        fields = ["state", "health", "node", "chip_type", "hostname", "rack", "pod", "datacenter", "uuid", "serial"]
+        fields = [
+            "state",
+            "health",
+            "node",
+            "chip_type",
+            "hostname",
+            "rack",
+            "pod",
+            "datacenter",
+            "uuid",
+            "serial",
+        ]

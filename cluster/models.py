@@ -31,8 +31,12 @@ class ChipType(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(bf16_tflops__gt=0), name="chiptype_tflops_positive"),
             models.CheckConstraint(condition=Q(memory_gib__gt=0), name="chiptype_memory_positive"),
-            models.CheckConstraint(condition=Q(price_per_gpu_hour__gte=0), name="chiptype_price_not_negative"),
-            models.CheckConstraint(condition=Q(failure_rate_factor__gt=0), name="chiptype_failure_factor_positive"),
+            models.CheckConstraint(
+                condition=Q(price_per_gpu_hour__gte=0), name="chiptype_price_not_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(failure_rate_factor__gt=0), name="chiptype_failure_factor_positive"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -81,8 +85,12 @@ class DatacenterLink(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["a", "b"], name="datacenter_link_unique_pair"),
             models.CheckConstraint(condition=Q(a__lt=F("b")), name="datacenter_link_ordered_pair"),
-            models.CheckConstraint(condition=Q(bandwidth_gbps__gt=0), name="datacenter_link_bandwidth_positive"),
-            models.CheckConstraint(condition=Q(latency_ms__gte=0), name="datacenter_link_latency_not_negative"),
+            models.CheckConstraint(
+                condition=Q(bandwidth_gbps__gt=0), name="datacenter_link_bandwidth_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(latency_ms__gte=0), name="datacenter_link_latency_not_negative"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -98,7 +106,9 @@ class Pod(models.Model):
 
     class Meta:
         ordering = ["datacenter_id", "name"]
-        constraints = [models.UniqueConstraint(fields=["datacenter", "name"], name="pod_name_unique_in_datacenter")]
+        constraints = [
+            models.UniqueConstraint(fields=["datacenter", "name"], name="pod_name_unique_in_datacenter")
+        ]
 
     def __str__(self) -> str:
         return f"{self.datacenter.name}-{self.name}"

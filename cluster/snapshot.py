@@ -31,7 +31,9 @@ def load_topology() -> TopologySnapshot:
     rack_id = np.array([r[0] for r in racks], dtype=np.int64)
 
     nodes = list(
-        Node.objects.order_by("id").values_list("id", "rack_id", "chip_type_id", "state", "is_spare", "hostname")
+        Node.objects.order_by("id").values_list(
+            "id", "rack_id", "chip_type_id", "state", "is_spare", "hostname"
+        )
     )
     node_id = np.array([n[0] for n in nodes], dtype=np.int64)
     node_index = _index(node_id)

@@ -23,7 +23,9 @@ def load_document(path: str | Path) -> object:
             return json.loads(text)
         return yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise TopologyError([f"{path}: is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"]) from None
+        raise TopologyError(
+            [f"{path}: is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"]
+        ) from None
 
 
 def resolve_topology(source: str) -> TopologySpec:

@@ -22,8 +22,12 @@ def inventory(request):
     state_counts = {s: Count("id", filter=Q(state=s)) for s in NodeState.values}
     rows = (
         Node.objects.values(_REGION, _DC, "chip_type__name")
-        .annotate(nodes=Count("id"), gpus=Sum("gpus_per_node"), spares=Count("id", filter=Q(is_spare=True)),
-                  **state_counts)
+        .annotate(
+            nodes=Count("id"),
+            gpus=Sum("gpus_per_node"),
+            spares=Count("id", filter=Q(is_spare=True)),
+            **state_counts,
+        )
         .order_by(_REGION, _DC, "chip_type__name")
     )
     table = [

@@ -53,7 +53,9 @@ def env_list(name: str, default: list[str]) -> list[str]:
         return default
     items = [item.strip() for item in raw.split(",") if item.strip()]
     if not items:
-        raise ConfigError(f"{name} is set but empty; give a comma-separated list such as 'localhost,127.0.0.1'")
+        raise ConfigError(
+            f"{name} is set but empty; give a comma-separated list such as 'localhost,127.0.0.1'"
+        )
     return items
 
 

@@ -33,17 +33,29 @@ def _demo() -> dict[str, Any]:
             {
                 "name": "north",
                 "datacenters": [
-                    {"name": "bj1", "location": "Beijing", "power_budget_kw": 4000,
-                     "pods": [_pods("H100-SXM", 4, **small)]},
-                    {"name": "bj2", "location": "Langfang", "power_budget_kw": 4000,
-                     "pods": [_pods("H200", 2, **small), _pods("A100-80G", 2, **small)]},
+                    {
+                        "name": "bj1",
+                        "location": "Beijing",
+                        "power_budget_kw": 4000,
+                        "pods": [_pods("H100-SXM", 4, **small)],
+                    },
+                    {
+                        "name": "bj2",
+                        "location": "Langfang",
+                        "power_budget_kw": 4000,
+                        "pods": [_pods("H200", 2, **small), _pods("A100-80G", 2, **small)],
+                    },
                 ],
             },
             {
                 "name": "east",
                 "datacenters": [
-                    {"name": "sh1", "location": "Shanghai", "power_budget_kw": 4000,
-                     "pods": [_pods("MI300X", 2, **small), _pods("Ascend-910B", 2, **small)]},
+                    {
+                        "name": "sh1",
+                        "location": "Shanghai",
+                        "power_budget_kw": 4000,
+                        "pods": [_pods("MI300X", 2, **small), _pods("Ascend-910B", 2, **small)],
+                    },
                 ],
             },
         ],
@@ -62,10 +74,18 @@ def _ten_k() -> dict[str, Any]:
             {
                 "name": "north",
                 "datacenters": [
-                    {"name": "bj1", "location": "Beijing", "power_budget_kw": 12000,
-                     "pods": [_pods("H100-SXM", 5)]},
-                    {"name": "bj2", "location": "Langfang", "power_budget_kw": 12000,
-                     "pods": [_pods("H200", 3), _pods("A100-80G", 2)]},
+                    {
+                        "name": "bj1",
+                        "location": "Beijing",
+                        "power_budget_kw": 12000,
+                        "pods": [_pods("H100-SXM", 5)],
+                    },
+                    {
+                        "name": "bj2",
+                        "location": "Langfang",
+                        "power_budget_kw": 12000,
+                        "pods": [_pods("H200", 3), _pods("A100-80G", 2)],
+                    },
                 ],
             }
         ],
@@ -80,19 +100,35 @@ def _hundred_k() -> dict[str, Any]:
             {
                 "name": "north",
                 "datacenters": [
-                    {"name": "bj1", "location": "Beijing", "power_budget_kw": 45000,
-                     "pods": [_pods("H100-SXM", 25)]},
-                    {"name": "bj2", "location": "Langfang", "power_budget_kw": 45000,
-                     "pods": [_pods("H200", 15), _pods("A100-80G", 10)]},
+                    {
+                        "name": "bj1",
+                        "location": "Beijing",
+                        "power_budget_kw": 45000,
+                        "pods": [_pods("H100-SXM", 25)],
+                    },
+                    {
+                        "name": "bj2",
+                        "location": "Langfang",
+                        "power_budget_kw": 45000,
+                        "pods": [_pods("H200", 15), _pods("A100-80G", 10)],
+                    },
                 ],
             },
             {
                 "name": "east",
                 "datacenters": [
-                    {"name": "sh1", "location": "Shanghai", "power_budget_kw": 50000,
-                     "pods": [_pods("H100-SXM", 20), _pods("B200", 5)]},
-                    {"name": "sh2", "location": "Wuhu", "power_budget_kw": 40000,
-                     "pods": [_pods("Ascend-910B", 15), _pods("MI300X", 10)]},
+                    {
+                        "name": "sh1",
+                        "location": "Shanghai",
+                        "power_budget_kw": 50000,
+                        "pods": [_pods("H100-SXM", 20), _pods("B200", 5)],
+                    },
+                    {
+                        "name": "sh2",
+                        "location": "Wuhu",
+                        "power_budget_kw": 40000,
+                        "pods": [_pods("Ascend-910B", 15), _pods("MI300X", 10)],
+                    },
                 ],
             },
         ],

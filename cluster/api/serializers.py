@@ -14,8 +14,17 @@ class ChipTypeSerializer(serializers.ModelSerializer):
     class Meta:
         model = ChipType
         fields = [
-            "id", "name", "vendor", "model", "generation", "bf16_tflops", "memory_gib",
-            "memory_bandwidth_tbps", "link_bandwidth_gbps", "tdp_watts", "price_per_gpu_hour",
+            "id",
+            "name",
+            "vendor",
+            "model",
+            "generation",
+            "bf16_tflops",
+            "memory_gib",
+            "memory_bandwidth_tbps",
+            "link_bandwidth_gbps",
+            "tdp_watts",
+            "price_per_gpu_hour",
             "failure_rate_factor",
         ]
 
@@ -44,7 +53,16 @@ class DatacenterSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Datacenter
-        fields = ["id", "region", "region_name", "name", "location", "power_budget_kw", "pod_count", "gpu_count"]
+        fields = [
+            "id",
+            "region",
+            "region_name",
+            "name",
+            "location",
+            "power_budget_kw",
+            "pod_count",
+            "gpu_count",
+        ]
 
     def validate_power_budget_kw(self, value):
         if value < 0:
@@ -79,7 +97,16 @@ class PodSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Pod
-        fields = ["id", "datacenter", "datacenter_name", "name", "fabric", "rack_count", "node_count", "gpu_count"]
+        fields = [
+            "id",
+            "datacenter",
+            "datacenter_name",
+            "name",
+            "fabric",
+            "rack_count",
+            "node_count",
+            "gpu_count",
+        ]
 
 
 class RackSerializer(serializers.ModelSerializer):
@@ -100,8 +127,18 @@ class NodeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Node
         fields = [
-            "id", "hostname", "rack", "pod", "datacenter", "chip_type", "gpus_per_node", "state",
-            "state_colour", "state_reason", "state_changed_at", "is_spare",
+            "id",
+            "hostname",
+            "rack",
+            "pod",
+            "datacenter",
+            "chip_type",
+            "gpus_per_node",
+            "state",
+            "state_colour",
+            "state_reason",
+            "state_changed_at",
+            "is_spare",
         ]
         read_only_fields = ["state", "state_reason", "state_changed_at"]
 
@@ -139,8 +176,17 @@ class GPUSerializer(serializers.ModelSerializer):
     class Meta:
         model = GPU
         fields = [
-            "id", "node", "hostname", "chip_type", "index", "uuid", "serial", "state", "state_colour",
-            "health", "health_colour",
+            "id",
+            "node",
+            "hostname",
+            "chip_type",
+            "index",
+            "uuid",
+            "serial",
+            "state",
+            "state_colour",
+            "health",
+            "health_colour",
         ]
         read_only_fields = ["node", "index", "uuid", "serial"]
 

@@ -107,7 +107,9 @@ class NodeViewSet(viewsets.ModelViewSet):
         node = self.get_object()
         body = s.NodeActionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        apply_node_action([node], action_name, actor=request.user.username, reason=body.validated_data["reason"])
+        apply_node_action(
+            [node], action_name, actor=request.user.username, reason=body.validated_data["reason"]
+        )
         node.refresh_from_db()
         return Response(self.get_serializer(node).data)
 

@@ -12,7 +12,9 @@ from engine.topology_spec import TopologyError
 
 class Command(BaseCommand):
     help = (
-        "Build the cluster inventory from a preset (" + ", ".join(PRESETS) + ") or a YAML/JSON topology file. "
+        "Build the cluster inventory from a preset ("
+        + ", ".join(PRESETS)
+        + ") or a YAML/JSON topology file. "
         "The file is validated first; on any error nothing is written."
     )
 

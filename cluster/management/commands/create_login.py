@@ -10,7 +10,9 @@ from cluster.roles import OPERATOR, VIEWER
 
 
 class Command(BaseCommand):
-    help = "Create or reset a login with a role (viewer, operator, admin) and print its password and API token."
+    help = (
+        "Create or reset a login with a role (viewer, operator, admin) and print its password and API token."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("username")

@@ -1,0 +1,111 @@
+"""Shared fixtures: personas (anonymous, viewer, operator) and a small cluster.
+
+Tests run on the embedded default (SQLite) and, when MYRIAD_DATABASE_URL / MYRIAD_REDIS_URL
+are set, against the real PostgreSQL and Redis; tests that need those are marked and skipped
+on the embedded default.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+from rest_framework.test import APIClient
+
+from cluster.builder import build_cluster, known_chip_names
+from engine.topology_spec import parse_topology
+
+SMALL_TOPOLOGY = {
+    "regions": [
+        {
+            "name": "north",
+            "datacenters": [
+                {
+                    "name": "dc1",
+                    "location": "Beijing",
+                    "power_budget_kw": 1000,
+                    "pods": [
+                        {
+                            "chip_type": "H100-SXM",
+                            "count": 2,
+                            "racks": 2,
+                            "nodes_per_rack": 2,
+                            "gpus_per_node": 8,
+                            "spare_nodes": 1,
+                        },
+                    ],
+                },
+                {
+                    "name": "dc2",
+                    "pods": [
+                        {
+                            "name": "a100",
+                            "chip_type": "A100-80G",
+                            "racks": 1,
+                            "nodes_per_rack": 3,
+                            "gpus_per_node": 4,
+                        }
+                    ],
+                },
+            ],
+        }
+    ],
+    "links": [{"between": ["dc1", "dc2"], "distance_km": 40, "bandwidth_gbps": 3200}],
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    on_postgres = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
+    skip_pg = pytest.mark.skip(reason="needs PostgreSQL: set MYRIAD_DATABASE_URL")
+    skip_redis = pytest.mark.skip(reason="needs Redis: set MYRIAD_REDIS_URL")
+    for item in items:
+        if "postgres" in item.keywords and not on_postgres:
+            item.add_marker(skip_pg)
+        if "redis" in item.keywords and not settings.REDIS_URL:
+            item.add_marker(skip_redis)
+
+
+@pytest.fixture
+def small_cluster(db):
+    return build_cluster(parse_topology(SMALL_TOPOLOGY, known_chip_names()))
+
+
+def _user(username: str, group: str | None, **flags) -> User:
+    user = User.objects.create_user(username=username, password="pw", **flags)
+    if group:
+        user.groups.add(Group.objects.get(name=group))
+    return user
+
+
+@pytest.fixture
+def viewer(db) -> User:
+    return _user("vera-viewer", "viewer")
+
+
+@pytest.fixture
+def operator(db) -> User:
+    return _user("otto-operator", "operator", is_staff=True)
+
+
+@pytest.fixture
+def outsider(db) -> User:
+    return _user("nora-norole", None)
+
+
+@pytest.fixture
+def anonymous_client() -> APIClient:
+    return APIClient()
+
+
+@pytest.fixture
+def viewer_client(viewer) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(viewer)
+    return client
+
+
+@pytest.fixture
+def operator_client(operator) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(operator)
+    return client

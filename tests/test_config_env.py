@@ -1,0 +1,63 @@
+from pathlib import Path
+
+import pytest
+
+from config.env import ConfigError, env_bool, env_int, env_list, env_url
+
+
+def test_it_reads_booleans_in_the_usual_spellings(monkeypatch):
+    monkeypatch.setenv("MYRIAD_DEBUG", "yes")
+    assert env_bool("MYRIAD_DEBUG", False) is True
+    monkeypatch.setenv("MYRIAD_DEBUG", "0")
+    assert env_bool("MYRIAD_DEBUG", True) is False
+
+
+def test_it_names_the_variable_when_a_boolean_is_garbled(monkeypatch):
+    monkeypatch.setenv("MYRIAD_DEBUG", "maybe")
+    with pytest.raises(ConfigError, match="MYRIAD_DEBUG='maybe' is not a boolean"):
+        env_bool("MYRIAD_DEBUG", False)
+
+
+def test_it_rejects_a_database_url_with_an_unknown_scheme(monkeypatch):
+    monkeypatch.setenv("MYRIAD_DATABASE_URL", "mysql://root@localhost/x")
+    with pytest.raises(ConfigError, match="MYRIAD_DATABASE_URL.*allowed: sqlite://, postgres://"):
+        env_url("MYRIAD_DATABASE_URL", None, schemes=("sqlite", "postgres", "postgresql"))
+
+
+def test_it_rejects_a_redis_url_without_a_host(monkeypatch):
+    monkeypatch.setenv("MYRIAD_REDIS_URL", "redis://")
+    with pytest.raises(ConfigError, match="names no host"):
+        env_url("MYRIAD_REDIS_URL", None, schemes=("redis",))
+
+
+def test_an_unset_redis_url_means_the_embedded_default(monkeypatch):
+    monkeypatch.delenv("MYRIAD_REDIS_URL", raising=False)
+    assert env_url("MYRIAD_REDIS_URL", None, schemes=("redis",)) is None
+
+
+def test_it_rejects_an_empty_host_list_and_bad_numbers(monkeypatch):
+    monkeypatch.setenv("MYRIAD_ALLOWED_HOSTS", " , ")
+    with pytest.raises(ConfigError, match="MYRIAD_ALLOWED_HOSTS is set but empty"):
+        env_list("MYRIAD_ALLOWED_HOSTS", [])
+    monkeypatch.setenv("MYRIAD_TASK_TIME_LIMIT", "0")
+    with pytest.raises(ConfigError, match="must be at least 1"):
+        env_int("MYRIAD_TASK_TIME_LIMIT", 300, minimum=1)
+
+
+def test_settings_refuse_to_start_on_a_bad_value():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django, os; os.environ['DJANGO_SETTINGS_MODULE']='config.settings'; django.setup()",
+        ],
+        env={"MYRIAD_DEBUG": "perhaps", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert out.returncode != 0
+    assert "MYRIAD_DEBUG='perhaps' is not a boolean" in out.stderr
