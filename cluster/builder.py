@@ -10,7 +10,7 @@ import hashlib
 import uuid
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from cluster.models import GPU, ChipType, Datacenter, DatacenterLink, Node, Pod, Rack, Region
 from engine.chips import CATALOGUE
@@ -57,11 +57,31 @@ def clear_inventory() -> None:
 
 
 def gpu_identity(hostname: str, index: int) -> tuple[str, str]:
-    """A stable UUID and serial for a GPU, so rebuilding the same topology yields the same GPUs."""
-    key = f"{hostname}/{index}"
-    gpu_uuid = f"GPU-{uuid.uuid5(_UUID_NAMESPACE, key)}"
-    serial = str(int(hashlib.blake2b(key.encode(), digest_size=6).hexdigest(), 16)).zfill(15)[:15]
+    """A stable UUID and serial for a GPU, so rebuilding the same topology yields the same GPUs.
+
+    Real nodes report their own; the node agent overwrites these with NVML's values."""
+    digest = hashlib.blake2b(
+        f"{hostname}/{index}".encode(), digest_size=22, key=_UUID_NAMESPACE.bytes
+    ).digest()
+    gpu_uuid = f"GPU-{uuid.UUID(bytes=digest[:16], version=4)}"
+    serial = str(int.from_bytes(digest[16:], "big")).zfill(15)[-15:]
     return gpu_uuid, serial
+
+
+def _insert_gpus(rows: list[tuple[int, int, str, str]]) -> None:
+    """Insert (node_id, index, uuid, serial) rows: COPY on PostgreSQL, one prepared executemany on
+    SQLite. The model's defaults (ready, ok) are written explicitly."""
+    table = GPU._meta.db_table
+    columns = f"node_id, {connection.ops.quote_name('index')}, uuid, serial, state, health"
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            with cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row((*row, "ready", "ok"))
+        else:
+            cursor.executemany(
+                f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, 'ready', 'ok')", rows
+            )
 
 
 @transaction.atomic
@@ -135,12 +155,12 @@ def build_cluster(spec: TopologySpec, *, replace: bool = False) -> BuildResult:
                 )
     nodes = Node.objects.bulk_create(node_rows, batch_size=4000)
 
-    gpu_rows = []
-    for node in nodes:
-        for index in range(node.gpus_per_node):
-            gpu_uuid, serial = gpu_identity(node.hostname, index)
-            gpu_rows.append(GPU(node_id=node.pk, index=index, uuid=gpu_uuid, serial=serial))
-    GPU.objects.bulk_create(gpu_rows, batch_size=5000)
+    gpu_rows = [
+        (node.pk, index, *gpu_identity(node.hostname, index))
+        for node in nodes
+        for index in range(node.gpus_per_node)
+    ]
+    _insert_gpus(gpu_rows)
 
     return BuildResult(
         regions=len(regions),

@@ -1,4 +1,8 @@
-"""Load the inventory into the engine's ``TopologySnapshot`` with seven plain queries."""
+"""Load the inventory into the engine's ``TopologySnapshot`` with a handful of plain queries.
+
+The GPU table is the big one (100k rows): it is read as integers only, and the few GPUs whose
+state or health is not the default come from a second, selective query.
+"""
 
 from __future__ import annotations
 
@@ -10,25 +14,32 @@ from engine.states import GPU_HEALTH_CODE, GPU_STATE_CODE, NODE_STATE_CODE
 from engine.topology import TopologySnapshot
 
 
-def _index(ids: np.ndarray) -> dict[int, int]:
-    return {int(pk): i for i, pk in enumerate(ids)}
+def _positions(sorted_ids: np.ndarray, ids) -> np.ndarray:
+    """Index of each id in ``sorted_ids`` (ids ascending, as every query here orders them)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    pos = np.searchsorted(sorted_ids, ids)
+    if len(ids) and (pos.max(initial=0) >= len(sorted_ids) or np.any(sorted_ids[pos] != ids)):
+        raise ValueError("inventory changed while the snapshot was read; load it again")
+    return pos.astype(np.int32)
 
 
-def _map(ids: list[int], lookup: dict[int, int], dtype) -> np.ndarray:
-    return np.fromiter((lookup[i] for i in ids), dtype=dtype, count=len(ids))
+def _rows(sql: str) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return cursor.fetchall()
 
 
 def load_topology() -> TopologySnapshot:
     chips = list(ChipType.objects.order_by("id").values_list("id", "name"))
-    chip_index = {pk: i for i, (pk, _) in enumerate(chips)}
+    chip_ids = np.array([c[0] for c in chips], dtype=np.int64)
     regions = list(Region.objects.order_by("id").values_list("id", "name"))
     region_id = np.array([r[0] for r in regions], dtype=np.int64)
     dcs = list(Datacenter.objects.order_by("id").values_list("id", "region_id", "name"))
     dc_id = np.array([d[0] for d in dcs], dtype=np.int64)
     pods = list(Pod.objects.order_by("id").values_list("id", "datacenter_id", "name"))
     pod_id = np.array([p[0] for p in pods], dtype=np.int64)
-    racks = list(Rack.objects.order_by("id").values_list("id", "pod_id"))
-    rack_id = np.array([r[0] for r in racks], dtype=np.int64)
+    racks = np.array(Rack.objects.order_by("id").values_list("id", "pod_id"), dtype=np.int64).reshape(-1, 2)
+    rack_id = racks[:, 0]
 
     nodes = list(
         Node.objects.order_by("id").values_list(
@@ -36,40 +47,46 @@ def load_topology() -> TopologySnapshot:
         )
     )
     node_id = np.array([n[0] for n in nodes], dtype=np.int64)
-    node_index = _index(node_id)
 
-    # The GPU table is the big one: read it through the cursor to skip model machinery.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT id, node_id, {connection.ops.quote_name('index')}, state, health "
-            f"FROM {GPU._meta.db_table} ORDER BY node_id, {connection.ops.quote_name('index')}"
-        )
-        gpus = cursor.fetchall()
-    gpu_cols = list(zip(*gpus, strict=True)) if gpus else [[], [], [], [], []]
+    q = connection.ops.quote_name
+    table = GPU._meta.db_table
+    gpus = np.array(
+        _rows(f"SELECT id, node_id, {q('index')} FROM {table} ORDER BY node_id, {q('index')}"), dtype=np.int64
+    ).reshape(-1, 3)
+    gpu_id = gpus[:, 0]
+    gpu_state = np.zeros(len(gpus), dtype=np.int8)  # "ready" is code 0
+    gpu_health = np.zeros(len(gpus), dtype=np.int8)  # "ok" is code 0
+    unusual = _rows(f"SELECT id, state, health FROM {table} WHERE state <> 'ready' OR health <> 'ok'")
+    if unusual:
+        order = np.argsort(gpu_id)
+        where = order[np.searchsorted(gpu_id, [u[0] for u in unusual], sorter=order)]
+        gpu_state[where] = [GPU_STATE_CODE[u[1]] for u in unusual]
+        gpu_health[where] = [GPU_HEALTH_CODE[u[2]] for u in unusual]
 
+    dc_names = {d[0]: d[2] for d in dcs}
     return TopologySnapshot(
-        gpu_id=np.array(gpu_cols[0], dtype=np.int64),
-        gpu_node=_map(gpu_cols[1], node_index, np.int32),
-        gpu_slot=np.array(gpu_cols[2], dtype=np.int16),
-        gpu_state=np.fromiter((GPU_STATE_CODE[s] for s in gpu_cols[3]), dtype=np.int8, count=len(gpus)),
-        gpu_health=np.fromiter((GPU_HEALTH_CODE[s] for s in gpu_cols[4]), dtype=np.int8, count=len(gpus)),
+        gpu_id=gpu_id,
+        gpu_node=_positions(node_id, gpus[:, 1]),
+        gpu_slot=gpus[:, 2].astype(np.int16),
+        gpu_state=gpu_state,
+        gpu_health=gpu_health,
         node_id=node_id,
-        node_rack=_map([n[1] for n in nodes], _index(rack_id), np.int32),
-        node_chip=np.array([chip_index[n[2]] for n in nodes], dtype=np.int16),
+        node_rack=_positions(rack_id, [n[1] for n in nodes]),
+        node_chip=_positions(chip_ids, [n[2] for n in nodes]).astype(np.int16),
         node_state=np.array([NODE_STATE_CODE[n[3]] for n in nodes], dtype=np.int8),
         node_spare=np.array([n[4] for n in nodes], dtype=bool),
         node_hostname=tuple(n[5] for n in nodes),
         rack_id=rack_id,
-        rack_pod=_map([r[1] for r in racks], _index(pod_id), np.int32),
+        rack_pod=_positions(pod_id, racks[:, 1]),
         pod_id=pod_id,
-        pod_datacenter=_map([p[1] for p in pods], _index(dc_id), np.int32),
+        pod_datacenter=_positions(dc_id, [p[1] for p in pods]),
         datacenter_id=dc_id,
-        datacenter_region=_map([d[1] for d in dcs], _index(region_id), np.int32),
+        datacenter_region=_positions(region_id, [d[1] for d in dcs]),
         region_id=region_id,
         chip_names=tuple(name for _, name in chips),
         names={
             "region": tuple(r[1] for r in regions),
             "datacenter": tuple(d[2] for d in dcs),
-            "pod": tuple(f"{dcs[_index(dc_id)[p[1]]][2]}-{p[2]}" for p in pods),
+            "pod": tuple(f"{dc_names[p[1]]}-{p[2]}" for p in pods),
         },
     )

@@ -1,0 +1,70 @@
+"""Run a benchmark body once per database backend, each in a fresh process on a fresh database.
+
+SQLite gets a new file in a temporary folder; PostgreSQL gets the database ``myriad_bench``
+(dropped and created) on MYRIAD_BENCH_PG (default postgres://postgres@127.0.0.1:5432), and is
+skipped with a note when no server answers there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+PG_BASE = os.environ.get("MYRIAD_BENCH_PG", "postgres://postgres@127.0.0.1:5432")
+
+
+def _pg_available() -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect(f"{PG_BASE}/postgres", autocommit=True, connect_timeout=3) as conn:
+            conn.execute("DROP DATABASE IF EXISTS myriad_bench")
+            conn.execute("CREATE DATABASE myriad_bench")
+        return True
+    except Exception as exc:  # noqa: BLE001 - any failure means "no server to measure"
+        print(f"(PostgreSQL not measured: {exc})", file=sys.stderr)
+        return False
+
+
+def run_per_backend(module: str, extra_args: list[str] | None = None) -> dict[str, dict]:
+    """Run ``python -m module --child`` per backend; each child prints one JSON line last."""
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        backends = {"sqlite": {"MYRIAD_DATABASE_URL": f"sqlite:///{tmp}/bench.sqlite3"}}
+        if _pg_available():
+            backends["postgresql"] = {"MYRIAD_DATABASE_URL": f"{PG_BASE}/myriad_bench"}
+        for name, env in backends.items():
+            child_env = {**os.environ, **env, "MYRIAD_DATA_DIR": tmp}
+            child_env.pop("MYRIAD_REDIS_URL", None)
+            out = subprocess.run(
+                [sys.executable, "-m", module, "--child", *(extra_args or [])],
+                env=child_env,
+                capture_output=True,
+                text=True,
+            )
+            if out.returncode != 0:
+                sys.stderr.write(out.stdout + out.stderr)
+                raise SystemExit(f"benchmark child for {name} failed")
+            results[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    return results
+
+
+def setup_django() -> None:
+    import django
+    from django.core.management import call_command
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
+def print_table(title: str, rows: list[tuple[str, ...]], header: tuple[str, ...]) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    print(title)
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
