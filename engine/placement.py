@@ -1,0 +1,231 @@
+"""Topology-aware gang placement over free-GPU counts kept per node, rack, pod, datacenter and region.
+
+A gang goes into the smallest domain (node, rack, pod, datacenter, region, then the whole
+cluster) that holds all of it, up to the level the job allows. Among the domains that fit, the
+one with the fewest free GPUs wins (best fit) so large contiguous blocks stay free. Inside it the
+same rule repeats one level down; when no single child holds the rest, the fullest-free children
+are taken whole first and the remainder goes to the child that fits it best, so a gang touches
+as few racks and nodes as possible and takes whole nodes before partial ones.
+
+Counts are NumPy arrays updated incrementally as GPUs are taken or given back: a placement costs
+a few vector comparisons over the domains of one level, never a scan of every GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.topology import TopologySnapshot
+
+LEVELS = ("node", "rack", "pod", "datacenter", "region", "cluster")
+TOPOLOGY_CONSTRAINTS = LEVELS[:-1] + ("any",)
+
+
+def level_limit(constraint: str) -> int:
+    """Index in LEVELS of the largest domain a job with this topology constraint may span."""
+    if constraint == "any":
+        return len(LEVELS) - 1
+    if constraint not in LEVELS:
+        raise ValueError(
+            f"unknown topology constraint {constraint!r}; known: {', '.join(TOPOLOGY_CONSTRAINTS)}"
+        )
+    return LEVELS.index(constraint)
+
+
+class Layout:
+    """Static structure derived from a snapshot: domain of every node, children of every domain."""
+
+    def __init__(self, topo: TopologySnapshot):
+        if topo.num_gpus and np.any(np.diff(topo.gpu_node) < 0):
+            raise ValueError("GPUs must be ordered by node")
+        self.topo = topo
+        self.num_chips = len(topo.chip_names)
+        self.node_chip = topo.node_chip.astype(np.int64)
+        self.node_gpu_start = np.searchsorted(topo.gpu_node, np.arange(topo.num_nodes)).astype(np.int64)
+        self.node_gpu_count = np.bincount(topo.gpu_node, minlength=topo.num_nodes).astype(np.int64)
+        # domain index of each node at each level; the cluster is one domain
+        self.node_domain = [
+            np.arange(topo.num_nodes, dtype=np.int64),
+            topo.node_rack.astype(np.int64),
+            topo.node_pod.astype(np.int64),
+            topo.node_datacenter.astype(np.int64),
+            topo.node_region.astype(np.int64),
+            np.zeros(topo.num_nodes, dtype=np.int64),
+        ]
+        self.domain_count = [
+            topo.num_nodes,
+            len(topo.rack_id),
+            len(topo.pod_id),
+            len(topo.datacenter_id),
+            len(topo.region_id),
+            1,
+        ]
+        # parent of each domain of level k (k >= 1) at level k+1, then children lists (CSR)
+        parents = [
+            topo.node_rack.astype(np.int64),
+            topo.rack_pod.astype(np.int64),
+            topo.pod_datacenter.astype(np.int64),
+            topo.datacenter_region.astype(np.int64),
+            np.zeros(len(topo.region_id), dtype=np.int64),
+        ]
+        self.children: list[tuple[np.ndarray, np.ndarray] | None] = [None]
+        for k, parent in enumerate(parents, start=1):
+            order = np.argsort(parent, kind="stable")
+            offsets = np.searchsorted(parent[order], np.arange(self.domain_count[k] + 1))
+            self.children.append((order, offsets))
+        self.gpu_node = topo.gpu_node.astype(np.int64)
+
+    def children_of(self, level: int, domain: int) -> np.ndarray:
+        order, offsets = self.children[level]
+        return order[offsets[domain] : offsets[domain + 1]]
+
+    def domain_name(self, level: int, domain: int) -> str:
+        topo = self.topo
+        if level == 0:
+            return topo.node_hostname[domain]
+        if level == 5:
+            return "the cluster"
+        key = LEVELS[level]
+        names = topo.names.get(key)
+        if names:
+            return f"{key} {names[domain]}"
+        return f"{key} #{domain}"
+
+
+class FreePool:
+    """Which GPUs are free, with per-domain free counts for every level and chip type."""
+
+    def __init__(self, layout: Layout, free: np.ndarray):
+        self.layout = layout
+        self.free = np.asarray(free, dtype=bool).copy()
+        self.node_free = np.bincount(
+            layout.gpu_node, weights=self.free, minlength=layout.topo.num_nodes
+        ).astype(np.int64)
+        self.level_free: list[np.ndarray] = [self.node_free]
+        for k in range(1, len(LEVELS)):
+            counts = np.zeros((layout.num_chips, layout.domain_count[k]), dtype=np.int64)
+            np.add.at(counts, (layout.node_chip, layout.node_domain[k]), self.node_free)
+            self.level_free.append(counts)
+
+    def copy(self) -> FreePool:
+        clone = object.__new__(FreePool)
+        clone.layout = self.layout
+        clone.free = self.free.copy()
+        clone.node_free = self.node_free.copy()
+        clone.level_free = [clone.node_free] + [c.copy() for c in self.level_free[1:]]
+        return clone
+
+    # --- counts --------------------------------------------------------------------------
+    def counts(self, level: int, chip: int) -> np.ndarray:
+        if level == 0:
+            return np.where(self.layout.node_chip == chip, self.node_free, 0)
+        return self.level_free[level][chip]
+
+    def total(self, chip: int) -> int:
+        return int(self.level_free[-1][chip, 0])
+
+    def largest_block(self, chip: int, max_level: int) -> tuple[int, int, int]:
+        """(free GPUs, level, domain) of the largest free block at ``max_level``."""
+        counts = self.counts(max_level, chip)
+        domain = int(np.argmax(counts))
+        return int(counts[domain]), max_level, domain
+
+    # --- changes -------------------------------------------------------------------------
+    def _apply(self, gpus: np.ndarray, sign: int) -> None:
+        if len(gpus) == 0:
+            return
+        lay = self.layout
+        nodes, per_node = np.unique(lay.gpu_node[gpus], return_counts=True)
+        self.node_free[nodes] += sign * per_node
+        chips = lay.node_chip[nodes]
+        for k in range(1, len(LEVELS)):
+            np.add.at(self.level_free[k], (chips, lay.node_domain[k][nodes]), sign * per_node)
+
+    def take(self, gpus: np.ndarray) -> None:
+        gpus = np.asarray(gpus, dtype=np.int64)
+        if not self.free[gpus].all():
+            raise ValueError("taking GPUs that are not free")
+        self.free[gpus] = False
+        self._apply(gpus, -1)
+
+    def give(self, gpus: np.ndarray) -> None:
+        gpus = np.asarray(gpus, dtype=np.int64)
+        gpus = gpus[~self.free[gpus]]
+        self.free[gpus] = True
+        self._apply(gpus, +1)
+
+    def take_where_free(self, gpus: np.ndarray) -> None:
+        """Take those of ``gpus`` that are free here (used to keep a second pool in step)."""
+        gpus = np.asarray(gpus, dtype=np.int64)
+        self.take(gpus[self.free[gpus]])
+
+    # --- placement -----------------------------------------------------------------------
+    def find(self, chip: int, gpus: int, max_level: int, within: tuple[int, int] | None = None):
+        """The (level, domain) where a gang of ``gpus`` would go, or None. Pure: changes nothing."""
+        if gpus <= 0 or self.total(chip) < gpus:
+            return None
+        for level in range(0, max_level + 1):
+            counts = self.counts(level, chip)
+            if within is not None:
+                if level > within[0]:
+                    return None
+                counts = np.where(self._domains_within(level, *within), counts, 0)
+            fits = np.flatnonzero(counts >= gpus)
+            if fits.size:
+                return level, int(fits[np.argmin(counts[fits])])
+        return None
+
+    def _domains_within(self, level: int, w_level: int, w_domain: int) -> np.ndarray:
+        """Mask over the domains of ``level`` that lie inside domain ``w_domain`` of ``w_level``."""
+        lay = self.layout
+        mask = np.zeros(lay.domain_count[level], dtype=bool)
+        nodes = np.flatnonzero(lay.node_domain[w_level] == w_domain)
+        mask[lay.node_domain[level][nodes]] = True
+        return mask
+
+    def choose(self, level: int, domain: int, chip: int, gpus: int) -> np.ndarray:
+        """Pick ``gpus`` free GPUs of ``chip`` inside the domain, best fit level by level."""
+        lay = self.layout
+        if level == 0:
+            start = lay.node_gpu_start[domain]
+            free = np.flatnonzero(self.free[start : start + lay.node_gpu_count[domain]])
+            if len(free) < gpus:
+                raise ValueError("node has fewer free GPUs than counted")
+            return (start + free[:gpus]).astype(np.int64)
+        children = lay.children_of(level, domain)
+        counts = self.counts(level - 1, chip)[children]
+        fits = counts >= gpus
+        if fits.any():
+            idx = np.flatnonzero(fits)
+            best = idx[np.argmin(counts[idx])]
+            return self.choose(level - 1, int(children[best]), chip, gpus)
+        picked: list[np.ndarray] = []
+        remaining = gpus
+        order = np.argsort(-counts, kind="stable")
+        used = np.zeros(len(children), dtype=bool)
+        for i in order:
+            if counts[i] == 0:
+                break
+            if counts[i] >= remaining:
+                # the remainder goes to the child that fits it best
+                rest = np.flatnonzero((counts >= remaining) & ~used)
+                best = rest[np.argmin(counts[rest])]
+                picked.append(self.choose(level - 1, int(children[best]), chip, remaining))
+                remaining = 0
+                break
+            picked.append(self.choose(level - 1, int(children[i]), chip, int(counts[i])))
+            used[i] = True
+            remaining -= int(counts[i])
+        if remaining:
+            raise ValueError("domain has fewer free GPUs than counted")
+        return np.concatenate(picked)
+
+    def place(self, chip: int, gpus: int, max_level: int, within: tuple[int, int] | None = None):
+        """Find and take a placement; returns (GPU indices, level, domain) or None."""
+        where = self.find(chip, gpus, max_level, within)
+        if where is None:
+            return None
+        level, domain = where
+        chosen = self.choose(level, domain, chip, gpus)
+        self.take(chosen)
+        return chosen, level, domain

@@ -1,0 +1,160 @@
+"""Quota accounting per queue and chip type, with cohort borrowing and lending (Kueue semantics).
+
+Each queue has, per chip type, a nominal quota (GPUs), a borrowing limit (how far above nominal
+it may go by borrowing; None = no limit) and a lending limit (how much of its nominal others may
+borrow; None = all of it). The part of nominal that is not lendable is guaranteed to the queue.
+A cohort pools its members' lendable quota: a member's usage beyond its guaranteed part draws on
+that pool, so when others have borrowed a queue's lendable quota, the queue gets it back by
+reclaiming (preempting the borrowers) as its policy allows. Queues without a cohort use their
+nominal quota and nothing more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+UNLIMITED = np.iinfo(np.int64).max // 4
+
+
+@dataclass(frozen=True)
+class QuotaCheck:
+    ok: bool
+    reason: str = ""
+    kind: str = ""  # "", "nominal", "borrowing_limit", "cohort": what ran out
+
+
+class QuotaBook:
+    """Usage and limits as [queue, chip] integer arrays; updated in place as a cycle admits."""
+
+    def __init__(
+        self,
+        queue_names: list[str],
+        chip_names: list[str] | tuple[str, ...],
+        cohort_of: list[int],
+        cohort_names: list[str],
+        nominal: np.ndarray,
+        borrowing_limit: np.ndarray,
+        lending_limit: np.ndarray,
+        usage: np.ndarray,
+    ):
+        self.queue_names = list(queue_names)
+        self.chip_names = list(chip_names)
+        self.cohort_names = list(cohort_names)
+        self.cohort_of = np.asarray(cohort_of, dtype=np.int64)
+        self.nominal = np.asarray(nominal, dtype=np.int64)
+        self.borrowing_limit = np.asarray(borrowing_limit, dtype=np.int64)
+        self.lendable = np.minimum(np.asarray(lending_limit, dtype=np.int64), self.nominal)
+        self.guaranteed = self.nominal - self.lendable
+        self.usage = np.asarray(usage, dtype=np.int64).copy()
+        n_cohorts = len(cohort_names)
+        self.pool_capacity = np.zeros((n_cohorts, len(self.chip_names)), dtype=np.int64)
+        members = self.cohort_of >= 0
+        np.add.at(self.pool_capacity, self.cohort_of[members], self.lendable[members])
+        self._recount_pool()
+
+    def _recount_pool(self) -> None:
+        self.pool_usage = np.zeros_like(self.pool_capacity)
+        members = self.cohort_of >= 0
+        np.add.at(self.pool_usage, self.cohort_of[members], self._pool_draw(self.usage)[members])
+
+    def _pool_draw(self, usage: np.ndarray) -> np.ndarray:
+        return np.maximum(0, usage - self.guaranteed)
+
+    # --- queries -------------------------------------------------------------------------
+    def borrowed(self, q: int, c: int) -> int:
+        return max(0, int(self.usage[q, c] - self.nominal[q, c]))
+
+    def lent(self, q: int, c: int) -> int:
+        """Queue q's share of what the cohort's borrowers use: the borrowed total split in
+        proportion to each member's unused lendable quota."""
+        cohort = self.cohort_of[q]
+        if cohort < 0:
+            return 0
+        members = np.flatnonzero(self.cohort_of == cohort)
+        unused = np.maximum(0, self.lendable[members, c] - self._pool_draw(self.usage[members, c]))
+        borrowed = int(np.maximum(0, self.usage[members, c] - self.nominal[members, c]).sum())
+        total_unused = int(unused.sum())
+        if borrowed == 0 or total_unused == 0:
+            return 0
+        mine = int(unused[np.flatnonzero(members == q)[0]])
+        return round(borrowed * mine / total_unused)
+
+    def cohort_available(self, cohort: int, c: int) -> int:
+        return int(self.pool_capacity[cohort, c] - self.pool_usage[cohort, c])
+
+    def share(self, q: int, weight: float) -> float:
+        return float(self.usage[q].sum()) / max(weight, 1e-9)
+
+    def check(self, q: int, c: int, gpus: int) -> QuotaCheck:
+        name, chip = self.queue_names[q], self.chip_names[c]
+        used, nominal = int(self.usage[q, c]), int(self.nominal[q, c])
+        after = used + gpus
+        cohort = int(self.cohort_of[q])
+        if cohort < 0:
+            if after <= nominal:
+                return QuotaCheck(True)
+            return QuotaCheck(
+                False,
+                f"quota of queue {name} exhausted for {chip}: {used} of {nominal} in use, "
+                f"needs {gpus}; the queue is in no cohort, so it cannot borrow",
+                "nominal",
+            )
+        if after - nominal > self.borrowing_limit[q, c]:
+            return QuotaCheck(
+                False,
+                f"queue {name} would borrow {after - nominal} {chip} GPUs, above its borrowing limit "
+                f"of {int(self.borrowing_limit[q, c])}",
+                "borrowing_limit",
+            )
+        old_draw = max(0, used - int(self.guaranteed[q, c]))
+        new_draw = max(0, after - int(self.guaranteed[q, c]))
+        available = self.cohort_available(cohort, c)
+        if new_draw - old_draw <= available:
+            return QuotaCheck(True)
+        cohort_name = self.cohort_names[cohort]
+        if after <= nominal:
+            return QuotaCheck(
+                False,
+                f"queue {name}'s nominal {chip} quota ({nominal}) is lent to other queues of cohort "
+                f"{cohort_name}; {used} in use, needs {gpus}: reclaim by preemption",
+                "cohort",
+            )
+        return QuotaCheck(
+            False,
+            f"quota of queue {name} exhausted for {chip} ({used} of nominal {nominal} in use, needs {gpus}) "
+            f"and cohort {cohort_name} has {max(available, 0)} to lend",
+            "cohort",
+        )
+
+    # --- updates -------------------------------------------------------------------------
+    def add(self, q: int, c: int, gpus: int) -> None:
+        cohort = self.cohort_of[q]
+        if cohort >= 0:
+            old = max(0, int(self.usage[q, c] - self.guaranteed[q, c]))
+            new = max(0, int(self.usage[q, c] + gpus - self.guaranteed[q, c]))
+            self.pool_usage[cohort, c] += new - old
+        self.usage[q, c] += gpus
+
+    def remove(self, q: int, c: int, gpus: int) -> None:
+        self.add(q, c, -gpus)
+
+    def violations(self) -> list[str]:
+        """Quota rules broken by the current usage (the invariant checker reports these)."""
+        problems = []
+        for q, name in enumerate(self.queue_names):
+            for c, chip in enumerate(self.chip_names):
+                over = int(self.usage[q, c] - self.nominal[q, c])
+                if self.cohort_of[q] < 0 and over > 0:
+                    problems.append(f"queue {name} uses {over} {chip} GPUs above nominal without a cohort")
+                elif over > self.borrowing_limit[q, c]:
+                    problems.append(f"queue {name} borrows {over} {chip} GPUs, above its borrowing limit")
+        for k, cohort in enumerate(self.cohort_names):
+            for c, chip in enumerate(self.chip_names):
+                if self.pool_usage[k, c] > self.pool_capacity[k, c]:
+                    problems.append(
+                        f"cohort {cohort} lends {int(self.pool_usage[k, c])} {chip} GPUs of "
+                        f"{int(self.pool_capacity[k, c])} lendable"
+                    )
+        return problems

@@ -1,0 +1,416 @@
+"""One scheduling cycle: order, admit, place, preempt, reserve and backfill. Pure: it reads a
+snapshot and returns decisions; the caller applies them.
+
+1. Order queue heads by job priority, then the queue's fair share (usage / weight), then submit
+   time. Each queue's own jobs stay in (priority, submit time) order.
+2. Admission: quota per chip type, borrowing from the cohort within borrowing and lending limits.
+3. Placement: the smallest topology domain that holds the whole gang (engine.placement), best
+   fit inside it. Pools are updated so later jobs in the cycle see what was used.
+4. Preemption when a job cannot be admitted or placed: reclaim quota lent to borrowing queues, or
+   evict lower-priority work of the same queue, as the queue's policies allow. Victims are whole
+   jobs, the smallest set that frees a placeable block in one domain, preferring the least work
+   since the last checkpoint; the placement is simulated before anything is evicted.
+5. Reservation and backfill: a gang blocked by capacity reserves the GPUs it will get first (when
+   running jobs end, by their estimates); later jobs may use those GPUs only if they end before.
+6. Every job left pending gets a specific reason.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.placement import LEVELS, FreePool, Layout, level_limit
+from engine.quota import UNLIMITED, QuotaBook
+from engine.workload import (
+    Admission,
+    CycleResult,
+    PendingJob,
+    Preemption,
+    QueueSpec,
+    Reservation,
+    RunningJob,
+)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_reservations: int = 4  # blocked gangs that hold reservations at once
+    max_preemption_attempts: int = 64  # per cycle; the rest wait for the next cycle
+    max_victim_domains: int = 16  # candidate domains examined per preemption attempt
+
+
+def build_quota_book(queues: list[QueueSpec], chip_names, running: list[RunningJob]) -> QuotaBook:
+    chips = {name: i for i, name in enumerate(chip_names)}
+    cohorts = sorted({q.cohort for q in queues if q.cohort})
+    cohort_index = {name: i for i, name in enumerate(cohorts)}
+    shape = (len(queues), len(chips))
+    nominal = np.zeros(shape, dtype=np.int64)
+    borrowing = np.full(shape, UNLIMITED, dtype=np.int64)
+    lending = np.full(shape, UNLIMITED, dtype=np.int64)
+    for qi, q in enumerate(queues):
+        for chip, value in q.nominal.items():
+            if chip in chips:
+                nominal[qi, chips[chip]] = value
+        for chip, value in q.borrowing_limit.items():
+            if chip in chips and value is not None:
+                borrowing[qi, chips[chip]] = value
+        for chip, value in q.lending_limit.items():
+            if chip in chips and value is not None:
+                lending[qi, chips[chip]] = value
+    usage = np.zeros(shape, dtype=np.int64)
+    queue_index = {q.name: i for i, q in enumerate(queues)}
+    for job in running:
+        if job.queue in queue_index and job.chip in chips:
+            usage[queue_index[job.queue], chips[job.chip]] += len(job.gpus)
+    return QuotaBook(
+        [q.name for q in queues],
+        list(chip_names),
+        [cohort_index[q.cohort] if q.cohort else -1 for q in queues],
+        cohorts,
+        nominal,
+        borrowing,
+        lending,
+        usage,
+    )
+
+
+class Cycle:
+    """The state of one cycle. Use ``schedule()``; this class keeps the steps readable."""
+
+    def __init__(self, layout: Layout, queues, running, pending, now: float, config: SchedulerConfig):
+        self.layout = layout
+        self.topo = layout.topo
+        self.config = config
+        self.now = now
+        self.queues = list(queues)
+        self.queue_index = {q.name: i for i, q in enumerate(self.queues)}
+        self.chip_index = {name: i for i, name in enumerate(self.topo.chip_names)}
+        self.running = [j for j in running if len(j.gpus)]
+        self.pending = list(pending)
+        self.quota = build_quota_book(self.queues, self.topo.chip_names, self.running)
+        self.schedulable = self.topo.schedulable()
+        owned = np.zeros(self.topo.num_gpus, dtype=bool)
+        for job in self.running:
+            owned[job.gpus] = True
+        self.pool_all = FreePool(layout, self.schedulable & ~owned)
+        self.pool_open = self.pool_all  # becomes a separate pool once something is reserved
+        self.reserved = np.zeros(self.topo.num_gpus, dtype=bool)
+        self.horizon = float("inf")  # earliest reservation start
+        self.victims: set[int] = set()
+        self.started: list[RunningJob] = []  # admitted this cycle, as running jobs
+        self.result = CycleResult()
+
+    # --- 1. order ------------------------------------------------------------------------
+    def _ordered(self):
+        per_queue: dict[int, list[PendingJob]] = {}
+        for job in self.pending:
+            per_queue.setdefault(self.queue_index.get(job.queue, -1), []).append(job)
+        for jobs in per_queue.values():
+            jobs.sort(key=lambda j: (-j.priority, j.submitted_at, j.id))
+        unknown = per_queue.pop(-1, [])
+        for job in unknown:
+            self.result.pending[job.id] = f"queue {job.queue} does not exist"
+        heads = []
+        position = dict.fromkeys(per_queue, 0)
+        for qi, jobs in per_queue.items():
+            heads.append(self._key(qi, jobs[0]))
+        heapq.heapify(heads)
+        while heads:
+            *_, qi = heapq.heappop(heads)
+            jobs = per_queue[qi]
+            job = jobs[position[qi]]
+            yield qi, job
+            position[qi] += 1
+            if position[qi] < len(jobs):
+                heapq.heappush(heads, self._key(qi, jobs[position[qi]]))
+
+    def _key(self, qi: int, job: PendingJob):
+        share = self.quota.share(qi, self.queues[qi].weight)
+        return (-job.priority, share, job.submitted_at, job.id, qi)
+
+    # --- the cycle -----------------------------------------------------------------------
+    def run(self) -> CycleResult:
+        for qi, job in self._ordered():
+            self.result.considered += 1
+            reason = self._schedule_job(qi, job)
+            if reason:
+                self.result.pending[job.id] = reason
+        return self.result
+
+    def _chip_options(self, qi: int, job: PendingJob) -> list[int]:
+        if job.chip_types:
+            return [self.chip_index[c] for c in job.chip_types if c in self.chip_index]
+        q = self.queues[qi]
+        # No preference: the chip types the queue has quota for, or can borrow, in catalogue order.
+        options = [c for c, name in enumerate(self.topo.chip_names) if q.nominal.get(name, 0) > 0]
+        if q.cohort:
+            options += [
+                c
+                for c in range(len(self.topo.chip_names))
+                if c not in options and self.quota.pool_capacity[self.quota.cohort_of[qi], c] > 0
+            ]
+        return options
+
+    def _schedule_job(self, qi: int, job: PendingJob) -> str:
+        queue = self.queues[qi]
+        if queue.stopped:
+            return f"queue {queue.name} is stopped"
+        chips = self._chip_options(qi, job)
+        if not chips:
+            wanted = ", ".join(job.chip_types) if job.chip_types else "any chip type"
+            return f"queue {queue.name} has no quota for {wanted} and its cohort has none to lend"
+        max_level = level_limit(job.topology)
+        reasons: list[str] = []
+        capacity_blocked: list[int] = []
+        for c in chips:
+            check = self.quota.check(qi, c, job.gpus)
+            if not check.ok:
+                reasons.append(check.reason)
+                continue
+            if self._admit_placed(qi, job, c, max_level):
+                return ""
+            capacity_blocked.append(c)
+            reasons.append(self._placement_reason(job, c, max_level))
+        for c in chips:
+            if self.result.preemption_attempts >= self.config.max_preemption_attempts:
+                reasons.append("preemption deferred to the next cycle (attempt limit reached)")
+                break
+            if self._admit_by_preemption(qi, job, c, max_level):
+                return ""
+        for c in capacity_blocked:
+            if len(self.result.reservations) < self.config.max_reservations:
+                reservation = self._reserve(job, c, max_level)
+                if reservation is not None:
+                    when = reservation.start_at - self.now
+                    return (
+                        f"waiting for reservation: {job.gpus} {self.topo.chip_names[c]} GPUs in "
+                        f"{reservation.domain}, expected free in {when:.0f} s"
+                    )
+        return "; ".join(reasons)
+
+    # --- 2./3. admission and placement ----------------------------------------------------
+    def _admit_placed(self, qi: int, job: PendingJob, c: int, max_level: int) -> bool:
+        placed = self.pool_open.place(c, job.gpus, max_level)
+        backfilled = False
+        if placed is None and self.pool_open is not self.pool_all and self._ends_before_horizon(job):
+            placed = self.pool_all.place(c, job.gpus, max_level)
+            backfilled = placed is not None
+            if backfilled:
+                self.pool_open.take_where_free(placed[0])
+        elif placed is not None and self.pool_open is not self.pool_all:
+            self.pool_all.take(placed[0])
+        if placed is None:
+            return False
+        gpus, level, domain = placed
+        self._record_admission(qi, job, c, gpus, level, domain, backfilled=backfilled)
+        return True
+
+    def _ends_before_horizon(self, job: PendingJob) -> bool:
+        return job.estimated_duration is not None and self.now + job.estimated_duration <= self.horizon
+
+    def _record_admission(self, qi, job, c, gpus, level, domain, *, backfilled=False, preempted=()):
+        self.quota.add(qi, c, job.gpus)
+        chip = self.topo.chip_names[c]
+        end = self.now + job.estimated_duration if job.estimated_duration is not None else None
+        self.started.append(RunningJob(job.id, job.queue, gpus, chip, job.priority, self.now, end, self.now))
+        self.result.admissions.append(
+            Admission(
+                job_id=job.id,
+                chip=chip,
+                gpus=gpus,
+                domain=self.layout.domain_name(level, domain),
+                borrowed=self.quota.borrowed(qi, c),
+                backfilled=backfilled,
+                preempted=tuple(preempted),
+            )
+        )
+
+    def _placement_reason(self, job: PendingJob, c: int, max_level: int) -> str:
+        chip = self.topo.chip_names[c]
+        level_name = "cluster" if LEVELS[max_level] == "cluster" else LEVELS[max_level]
+        size, level, domain = self.pool_open.largest_block(c, max_level)
+        where = self.layout.domain_name(level, domain)
+        if self.pool_open is not self.pool_all and self.pool_all.find(c, job.gpus, max_level) is not None:
+            return (
+                f"{job.gpus} {chip} GPUs are free only on GPUs reserved for a larger job starting in "
+                f"{self.horizon - self.now:.0f} s; this job "
+                + (
+                    "has no estimated duration"
+                    if job.estimated_duration is None
+                    else "would not end before it"
+                )
+            )
+        return f"no {level_name} with {job.gpus} free {chip} GPUs (largest free block: {size} in {where})"
+
+    # --- 4. preemption -------------------------------------------------------------------
+    def _victim_candidates(self, qi: int, job: PendingJob, c: int) -> list[tuple[RunningJob, str]]:
+        queue = self.queues[qi]
+        chip = self.topo.chip_names[c]
+        cohort = self.quota.cohort_of[qi]
+        reclaiming = (
+            queue.reclaim_within_cohort != "never"
+            and cohort >= 0
+            and self.quota.usage[qi, c] + job.gpus <= self.quota.nominal[qi, c]
+        )
+        candidates = []
+        for victim in self.running:
+            if victim.id in self.victims or victim.chip != chip:
+                continue
+            vq = self.queue_index.get(victim.queue, -1)
+            if vq == qi:
+                if queue.within_queue == "lower_priority" and victim.priority < job.priority:
+                    candidates.append(
+                        (victim, f"preempted by higher-priority job {job.id} in queue {queue.name}")
+                    )
+            elif (
+                reclaiming
+                and vq >= 0
+                and self.quota.cohort_of[vq] == cohort
+                and self.quota.borrowed(vq, c) > 0
+                and (queue.reclaim_within_cohort == "any" or victim.priority < job.priority)
+            ):
+                why = (
+                    f"preempted by job {job.id}: queue {queue.name} reclaims {chip} quota "
+                    f"lent to queue {victim.queue}"
+                )
+                candidates.append((victim, why))
+        candidates.sort(key=lambda vc: (vc[0].lost_work(self.now), vc[0].priority, -vc[0].started_at))
+        return candidates
+
+    def _admit_by_preemption(self, qi: int, job: PendingJob, c: int, max_level: int) -> bool:
+        candidates = self._victim_candidates(qi, job, c)
+        if not candidates:
+            return False
+        self.result.preemption_attempts += 1
+        lay = self.layout
+        usable = [v.gpus[self.schedulable[v.gpus] & ~self.reserved[v.gpus]] for v, _ in candidates]
+        for level in range(max_level + 1):
+            base = self.pool_open.counts(level, c)
+            victim_domains = [lay.node_domain[level][lay.gpu_node[g]] for g in usable]
+            potential = base.copy()
+            for doms in victim_domains:
+                np.add.at(potential, doms, 1)
+            domains = np.flatnonzero(potential >= job.gpus)
+            if not domains.size:
+                continue
+            domains = domains[np.argsort(potential[domains], kind="stable")][: self.config.max_victim_domains]
+            best = None
+            for d in domains:
+                chosen = self._victims_for_domain(qi, job, c, int(base[d]), d, victim_domains, candidates)
+                if chosen is None:
+                    continue
+                cost = (
+                    sum(candidates[i][0].lost_work(self.now) for i in chosen),
+                    sum(len(candidates[i][0].gpus) for i in chosen),
+                )
+                if best is None or cost < best[0]:
+                    best = (cost, int(d), chosen)
+            if best is not None:
+                return self._evict_and_place(
+                    qi, job, c, level, best[1], [candidates[i] for i in best[2]], usable, best[2], max_level
+                )
+        return False
+
+    def _victims_for_domain(self, qi, job, c, free_here, d, victim_domains, candidates):
+        """Victims inside the domain first (they free both GPUs and quota), then any others that
+        only free quota, each group in preference order, until the gang fits and the quota allows
+        it; then drop, in reverse, every victim that turns out not to be needed."""
+        gains = [int(np.count_nonzero(doms == d)) for doms in victim_domains]
+        order = [i for i, g in enumerate(gains) if g > 0] + [i for i, g in enumerate(gains) if g == 0]
+
+        def satisfied(chosen: list[int], have: int) -> bool:
+            return have >= job.gpus and self._quota_ok_without(qi, job, c, [candidates[k][0] for k in chosen])
+
+        chosen: list[int] = []
+        have = free_here
+        for i in order:
+            if satisfied(chosen, have):
+                break
+            chosen.append(i)
+            have += gains[i]
+        if not chosen or not satisfied(chosen, have):
+            return None
+        for i in reversed(list(chosen)):
+            rest = [k for k in chosen if k != i]
+            if satisfied(rest, have - gains[i]):
+                chosen, have = rest, have - gains[i]
+        return chosen
+
+    def _quota_ok_without(self, qi, job, c, victims: list[RunningJob]) -> bool:
+        for v in victims:
+            self.quota.remove(self.queue_index[v.queue], c, len(v.gpus))
+        ok = self.quota.check(qi, c, job.gpus).ok
+        for v in victims:
+            self.quota.add(self.queue_index[v.queue], c, len(v.gpus))
+        return ok
+
+    def _evict_and_place(self, qi, job, c, level, domain, victims, usable, chosen_idx, max_level) -> bool:
+        freed = [usable[i] for i in chosen_idx]
+        for (victim, _), gpus in zip(victims, freed, strict=True):
+            self.pool_all.give(gpus)
+            if self.pool_open is not self.pool_all:
+                self.pool_open.give(gpus)
+            self.quota.remove(self.queue_index[victim.queue], c, len(victim.gpus))
+        placed = self.pool_open.place(c, job.gpus, max_level, within=(level, domain))
+        if placed is None:  # cannot happen when counts are right; undo and report
+            for (victim, _), gpus in zip(victims, freed, strict=True):
+                self.pool_all.take_where_free(gpus)
+                if self.pool_open is not self.pool_all:
+                    self.pool_open.take_where_free(gpus)
+                self.quota.add(self.queue_index[victim.queue], c, len(victim.gpus))
+            return False
+        gpus, lvl, dom = placed
+        if self.pool_open is not self.pool_all:
+            self.pool_all.take(gpus)
+        for victim, why in victims:
+            self.victims.add(victim.id)
+            self.result.preemptions.append(Preemption(victim.id, job.id, why))
+        self._record_admission(qi, job, c, gpus, lvl, dom, preempted=[v.id for v, _ in victims])
+        return True
+
+    # --- 5. reservation --------------------------------------------------------------------
+    def _reserve(self, job: PendingJob, c: int, max_level: int) -> Reservation | None:
+        chip = self.topo.chip_names[c]
+        ending = sorted(
+            (
+                j
+                for j in [*self.running, *self.started]
+                if j.chip == chip and j.estimated_end is not None and j.id not in self.victims
+            ),
+            key=lambda j: j.estimated_end,
+        )
+        trial = self.pool_open.copy()
+        for running in ending:
+            gpus = running.gpus[self.schedulable[running.gpus] & ~self.reserved[running.gpus]]
+            trial.give(gpus)
+            if trial.total(c) < job.gpus:
+                continue
+            where = trial.find(c, job.gpus, max_level)
+            if where is None:
+                continue
+            chosen = trial.choose(*where, c, job.gpus)
+            start = max(running.estimated_end, self.now)
+            if self.pool_open is self.pool_all:
+                self.pool_open = self.pool_all.copy()
+            self.reserved[chosen] = True
+            self.pool_open.take_where_free(chosen)
+            self.horizon = min(self.horizon, start)
+            reservation = Reservation(job.id, chip, chosen, start, self.layout.domain_name(*where))
+            self.result.reservations.append(reservation)
+            return reservation
+        return None
+
+
+def schedule(
+    layout: Layout,
+    queues: list[QueueSpec],
+    running: list[RunningJob],
+    pending: list[PendingJob],
+    now: float,
+    config: SchedulerConfig | None = None,
+) -> CycleResult:
+    """Run one scheduling cycle over a snapshot; returns decisions and never changes its inputs."""
+    return Cycle(layout, queues, running, pending, now, config or SchedulerConfig()).run()

@@ -1,0 +1,90 @@
+"""What the scheduler reads and returns: queues, pending and running jobs, and its decisions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+RECLAIM_POLICIES = ("never", "lower_priority", "any")
+WITHIN_QUEUE_POLICIES = ("never", "lower_priority")
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    name: str
+    cohort: str | None = None
+    priority: int = 0
+    weight: float = 1.0
+    nominal: dict[str, int] = field(default_factory=dict)  # chip type -> GPUs
+    borrowing_limit: dict[str, int | None] = field(default_factory=dict)  # None or absent: no limit
+    lending_limit: dict[str, int | None] = field(default_factory=dict)  # None or absent: all nominal
+    reclaim_within_cohort: str = "never"
+    within_queue: str = "never"
+    stopped: bool = False
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    id: int
+    queue: str
+    gpus: int
+    priority: int = 0
+    chip_types: tuple[str, ...] = ()  # allowed chip types in order of preference; empty: any
+    topology: str = "datacenter"  # largest domain the gang may span: node .. region, or any
+    submitted_at: float = 0.0
+    estimated_duration: float | None = None  # seconds; None: unknown (never backfilled)
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    id: int
+    queue: str
+    gpus: np.ndarray  # GPU indices in the snapshot
+    chip: str
+    priority: int = 0
+    started_at: float = 0.0
+    estimated_end: float | None = None
+    last_checkpoint_at: float | None = None  # None: no checkpoint yet (all work since start is lost)
+
+    def lost_work(self, now: float) -> float:
+        """GPU-seconds of work lost if this job were evicted now."""
+        since = self.last_checkpoint_at if self.last_checkpoint_at is not None else self.started_at
+        return max(0.0, now - since) * len(self.gpus)
+
+
+@dataclass(frozen=True)
+class Admission:
+    job_id: int
+    chip: str
+    gpus: np.ndarray
+    domain: str  # the smallest domain holding the whole gang, e.g. "pod bj1-p03"
+    borrowed: int  # GPUs above the queue's nominal quota after this admission
+    backfilled: bool = False  # placed on GPUs reserved for a larger job, ending before it starts
+    preempted: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Preemption:
+    job_id: int
+    by_job: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reservation:
+    job_id: int
+    chip: str
+    gpus: np.ndarray
+    start_at: float
+    domain: str
+
+
+@dataclass
+class CycleResult:
+    admissions: list[Admission] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
+    reservations: list[Reservation] = field(default_factory=list)
+    pending: dict[int, str] = field(default_factory=dict)  # job id -> why it is still pending
+    considered: int = 0
+    preemption_attempts: int = 0
