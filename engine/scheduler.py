@@ -172,7 +172,8 @@ class Cycle:
                 continue
             if self._admit_placed(qi, job, c, max_level):
                 return ""
-            capacity_blocked.append(c)
+            if self.pool_all is self.pool_open or self.pool_all.find(c, job.gpus, max_level) is None:
+                capacity_blocked.append(c)  # blocked by capacity, not only by someone's reservation
             reasons.append(self._placement_reason(job, c, max_level))
         for c in chips:
             if self.result.preemption_attempts >= self.config.max_preemption_attempts:

@@ -1,0 +1,113 @@
+"""Invariants that must hold after every scheduling cycle. Tests and the simulator run them.
+
+- no GPU is held by two jobs;
+- every admitted gang is whole (exactly the GPUs it asked for), on one chip type it allows,
+  within the topology domain it allows, on GPUs that were free and schedulable;
+- no job of a stopped queue is admitted;
+- quotas, borrowing and lending limits hold (no rule broken that was not already broken before);
+- a job is either admitted or pending with a reason, never both; victims were running.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.placement import Layout, level_limit
+from engine.scheduler import build_quota_book
+from engine.workload import CycleResult, PendingJob, QueueSpec, RunningJob
+
+
+class InvariantViolation(AssertionError):
+    pass
+
+
+def running_after(running: list[RunningJob], result: CycleResult, pending: list[PendingJob], now: float):
+    """The running set after applying a cycle's decisions."""
+    victims = {p.job_id for p in result.preemptions}
+    by_id = {j.id: j for j in pending}
+    after = [j for j in running if j.id not in victims]
+    for a in result.admissions:
+        job = by_id[a.job_id]
+        end = now + job.estimated_duration if job.estimated_duration is not None else None
+        after.append(RunningJob(a.job_id, job.queue, a.gpus, a.chip, job.priority, now, end, now))
+    return after
+
+
+def check_cycle(
+    layout: Layout,
+    queues: list[QueueSpec],
+    running: list[RunningJob],
+    pending: list[PendingJob],
+    result: CycleResult,
+    now: float = 0.0,
+) -> list[RunningJob]:
+    """Raise InvariantViolation listing every broken rule; return the running set after the cycle."""
+    topo = layout.topo
+    problems: list[str] = []
+    by_id = {j.id: j for j in pending}
+    queue_by_name = {q.name: q for q in queues}
+    running_ids = {j.id for j in running}
+
+    admitted = [a.job_id for a in result.admissions]
+    if len(admitted) != len(set(admitted)):
+        problems.append("a job was admitted twice in one cycle")
+    for job_id in set(admitted) & set(result.pending):
+        problems.append(f"job {job_id} is both admitted and pending")
+    for job in pending:
+        if job.id not in result.pending and job.id not in admitted:
+            problems.append(f"job {job.id} is neither admitted nor given a pending reason")
+        if job.id in result.pending and not result.pending[job.id]:
+            problems.append(f"job {job.id} is pending with an empty reason")
+    for p in result.preemptions:
+        if p.job_id not in running_ids:
+            problems.append(f"preempted job {p.job_id} was not running")
+
+    held_before = np.zeros(topo.num_gpus, dtype=np.int32)
+    for j in running:
+        np.add.at(held_before, j.gpus, 1)
+    victims = {p.job_id for p in result.preemptions}
+    freed = np.zeros(topo.num_gpus, dtype=bool)
+    for j in running:
+        if j.id in victims:
+            freed[j.gpus] = True
+    schedulable = topo.schedulable()
+    for a in result.admissions:
+        job = by_id.get(a.job_id)
+        if job is None:
+            problems.append(f"admitted job {a.job_id} was not pending")
+            continue
+        gpus = np.asarray(a.gpus)
+        if len(gpus) != job.gpus or len(np.unique(gpus)) != job.gpus:
+            problems.append(f"job {job.id} asked for {job.gpus} GPUs and got {len(np.unique(gpus))}")
+        if job.chip_types and a.chip not in job.chip_types:
+            problems.append(f"job {job.id} placed on {a.chip}, not one of {job.chip_types}")
+        chips = {topo.chip_names[c] for c in np.unique(topo.gpu_chip[gpus])}
+        if chips != {a.chip}:
+            problems.append(f"job {job.id} placed on chip types {sorted(chips)} but admitted as {a.chip}")
+        if not schedulable[gpus].all():
+            problems.append(f"job {job.id} placed on GPUs that are not schedulable")
+        busy = (held_before[gpus] > 0) & ~freed[gpus]
+        if busy.any():
+            problems.append(f"job {job.id} placed on {int(busy.sum())} GPUs held by running jobs")
+        max_level = level_limit(job.topology)
+        if max_level < len(layout.node_domain) - 1:
+            domains = np.unique(layout.node_domain[max_level][topo.gpu_node[gpus]])
+            if len(domains) > 1:
+                problems.append(f"job {job.id} spans {len(domains)} domains at level {job.topology}")
+        queue = queue_by_name.get(job.queue)
+        if queue is not None and queue.stopped:
+            problems.append(f"job {job.id} admitted from stopped queue {job.queue}")
+
+    after = running_after(running, result, pending, now)
+    held = np.zeros(topo.num_gpus, dtype=np.int32)
+    for j in after:
+        np.add.at(held, j.gpus, 1)
+    if (held > 1).any():
+        problems.append(f"{int((held > 1).sum())} GPUs are held by more than one job")
+
+    before_violations = set(build_quota_book(queues, topo.chip_names, running).violations())
+    new_violations = set(build_quota_book(queues, topo.chip_names, after).violations()) - before_violations
+    problems.extend(sorted(new_violations))
+    if problems:
+        raise InvariantViolation("; ".join(problems))
+    return after

@@ -1,0 +1,245 @@
+"""Scheduling scenarios in the Kueue style: given a cluster, queues, running and pending jobs,
+the expected admissions, placements, victims and pending reasons. Every cycle is checked by the
+invariant checker."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.workload import PendingJob, QueueSpec
+from tests.engine_helpers import cycle, domains_of, layout_for, running
+
+H100 = "H100-SXM"
+
+
+def job(job_id, gpus, queue="a", **kw):
+    return PendingJob(job_id, queue, gpus, chip_types=kw.pop("chips", (H100,)), submitted_at=kw.pop("t", job_id),
+                      **kw)
+
+
+def big_queue(name="a", **kw):
+    return QueueSpec(name, nominal={H100: kw.pop("nominal", 10_000)}, **kw)
+
+
+# --- placement --------------------------------------------------------------------------------
+def test_a_one_node_job_takes_one_node():
+    lay = layout_for()
+    result, _ = cycle(lay, [big_queue()], [], [job(1, 8)])
+    (a,) = result.admissions
+    assert len(domains_of(lay, a.gpus, "node")) == 1
+
+
+def test_a_gang_goes_to_the_smallest_domain_that_holds_it():
+    lay = layout_for()  # racks of 2 nodes x 8, pods of 2 racks
+    result, _ = cycle(lay, [big_queue()], [], [job(1, 16), job(2, 32), job(3, 64)])
+    placed = {a.job_id: a for a in result.admissions}
+    assert len(domains_of(lay, placed[1].gpus, "rack")) == 1 and placed[1].domain.startswith("rack")
+    assert len(domains_of(lay, placed[2].gpus, "pod")) == 1 and placed[2].domain.startswith("pod")
+    assert len(domains_of(lay, placed[3].gpus, "datacenter")) == 1
+
+
+def test_best_fit_keeps_large_blocks_free():
+    lay = layout_for()
+    # node 0 busy: rack 0 has one free node, rack 1 two. An 8-GPU job goes to rack 0's free node.
+    busy = [running(lay, 100, "a", nodes=[0])]
+    result, _ = cycle(lay, [big_queue()], busy, [job(1, 8)])
+    assert domains_of(lay, result.admissions[0].gpus, "node") == {1}
+
+
+def test_a_partial_node_job_goes_to_the_fullest_node_that_fits():
+    lay = layout_for()
+    busy = [running(lay, 100, "a", gpus=np.arange(8, 14))]  # node 1 has 2 free GPUs
+    result, _ = cycle(lay, [big_queue()], busy, [job(1, 2)])
+    assert domains_of(lay, result.admissions[0].gpus, "node") == {1}
+
+
+def test_a_gang_is_all_or_nothing():
+    lay = layout_for(datacenters=1)  # 64 GPUs
+    busy = [running(lay, 100, "a", gpus=[0])]
+    result, after = cycle(lay, [big_queue()], busy, [job(1, 64, topology="any")])
+    assert result.admissions == []
+    assert result.pending[1] == "no cluster with 64 free H100-SXM GPUs (largest free block: 63 in the cluster)"
+    assert len(after) == 1
+
+
+def test_the_topology_constraint_is_respected_and_any_spans_datacenters():
+    lay = layout_for()  # two datacenters of 64
+    result, _ = cycle(lay, [big_queue()], [], [job(1, 24, topology="rack"), job(2, 96, topology="any")])
+    assert result.pending[1].startswith("no rack with 24 free H100-SXM GPUs (largest free block: 16 in rack")
+    (a,) = result.admissions
+    assert a.job_id == 2 and len(domains_of(lay, a.gpus, "datacenter")) == 2
+
+
+def test_cordoned_nodes_and_critical_gpus_are_never_used():
+    lay = layout_for(datacenters=1, pods_per_dc=1)  # 32 GPUs on 4 nodes
+    lay.topo.node_state[0] = 1  # cordoned
+    lay.topo.gpu_health[8] = 2  # critical GPU on node 1
+    result, _ = cycle(lay, [big_queue()], [], [job(1, 8), job(2, 8), job(3, 8)])
+    used = np.concatenate([a.gpus for a in result.admissions])
+    assert len(result.admissions) == 2 and not (used < 16).any()
+    assert "no datacenter with 8 free" in result.pending[3]
+
+
+def test_chip_types_are_tried_in_the_order_given():
+    lay = layout_for(datacenters=1, pods_per_dc=1, chips=(H100, "A100-80G"))
+    q = QueueSpec("a", nominal={H100: 1000, "A100-80G": 1000})
+    busy = [running(lay, 100, "a", nodes=[0, 1, 2, 3])]  # all H100 busy
+    result, _ = cycle(lay, [q], busy, [job(1, 8, chips=(H100, "A100-80G"))])
+    assert result.admissions[0].chip == "A100-80G"
+
+
+# --- quota, cohorts, borrowing ------------------------------------------------------------------
+def test_quota_without_a_cohort_is_a_hard_limit():
+    lay = layout_for()
+    result, _ = cycle(lay, [big_queue(nominal=16)], [], [job(1, 16), job(2, 8)])
+    assert [a.job_id for a in result.admissions] == [1]
+    assert result.pending[2] == (
+        "quota of queue a exhausted for H100-SXM: 16 of 16 in use, needs 8; the queue is in no cohort, "
+        "so it cannot borrow"
+    )
+
+
+def test_a_queue_borrows_idle_quota_from_its_cohort():
+    lay = layout_for()
+    queues = [QueueSpec("a", "research", nominal={H100: 16}), QueueSpec("b", "research", nominal={H100: 48})]
+    result, _ = cycle(lay, queues, [], [job(1, 32)])
+    (a,) = result.admissions
+    assert a.borrowed == 16
+
+
+def test_borrowing_and_lending_limits_hold():
+    lay = layout_for()
+    queues = [
+        QueueSpec("a", "research", nominal={H100: 16}, borrowing_limit={H100: 8}),
+        QueueSpec("b", "research", nominal={H100: 48}, lending_limit={H100: 4}),
+        QueueSpec("c", "research", nominal={H100: 8}),
+    ]
+    # The cohort pool holds a's 16, b's lendable 4 and c's 8: 28 GPUs; b keeps 44 for itself.
+    result, _ = cycle(lay, queues, [], [job(1, 32), job(2, 24), job(3, 8, queue="c"), job(4, 48, queue="b")])
+    assert result.pending[1] == "queue a would borrow 16 H100-SXM GPUs, above its borrowing limit of 8"
+    admitted = {a.job_id: a for a in result.admissions}
+    assert admitted[2].borrowed == 8  # a uses 24 of the pool's 28
+    # c's own 8 are partly lent to a now: only 4 are left in the pool
+    assert result.pending[3].startswith("queue c's nominal H100-SXM quota (8) is lent to other queues")
+    # b's 44 guaranteed GPUs are its own, and the 4 it lends are still free
+    assert 4 in admitted and admitted[4].borrowed == 0
+
+
+def test_a_queue_reclaims_lent_quota_by_preempting_the_borrower():
+    lay = layout_for()
+    queues = [
+        QueueSpec("a", "research", nominal={H100: 32}),
+        QueueSpec("b", "research", nominal={H100: 96}, reclaim_within_cohort="any"),
+    ]
+    # a runs 96 GPUs (64 borrowed from b); b now wants 64 of its own quota
+    busy = [
+        running(lay, 10, "a", gpus=np.arange(0, 32), started_at=0, checkpoint=50),
+        running(lay, 11, "a", gpus=np.arange(32, 64), started_at=0, checkpoint=90),
+        running(lay, 12, "a", gpus=np.arange(64, 96), started_at=0, checkpoint=10),
+    ]
+    result, _ = cycle(lay, queues, busy, [job(1, 64, queue="b", topology="any")], now=100)
+    (a,) = result.admissions
+    # needs 64 in the quota: a must drop to its nominal 32 and b gets 64 of the cluster's 128
+    victims = sorted(p.job_id for p in result.preemptions)
+    assert victims == [10, 11]  # the least work since the last checkpoint (12 lost 90 s)
+    assert all("queue b reclaims H100-SXM quota lent to queue a" in p.reason for p in result.preemptions)
+    assert sorted(a.preempted) == [10, 11]
+
+
+def test_without_a_reclaim_policy_the_owner_waits_with_a_reason():
+    lay = layout_for()
+    queues = [QueueSpec("a", "research", nominal={H100: 32}), QueueSpec("b", "research", nominal={H100: 96})]
+    busy = [running(lay, 10, "a", gpus=np.arange(0, 96))]
+    result, _ = cycle(lay, queues, busy, [job(1, 64, queue="b", topology="any")])
+    assert result.preemptions == []
+    assert "nominal H100-SXM quota (96) is lent to other queues of cohort research" in result.pending[1]
+
+
+def test_lower_priority_reclaim_spares_equal_priority_work():
+    lay = layout_for()
+    queues = [
+        QueueSpec("a", "research", nominal={H100: 32}),
+        QueueSpec("b", "research", nominal={H100: 96}, reclaim_within_cohort="lower_priority"),
+    ]
+    busy = [running(lay, 10, "a", gpus=np.arange(0, 128), priority=5)]
+    result, _ = cycle(lay, queues, busy, [job(1, 32, queue="b", priority=5, topology="any")])
+    assert result.preemptions == [] and 1 in result.pending
+
+
+def test_within_queue_preemption_evicts_lower_priority_jobs_only():
+    lay = layout_for(datacenters=1)
+    queues = [big_queue(within_queue="lower_priority")]
+    busy = [
+        running(lay, 10, "a", nodes=[0, 1, 2, 3], priority=1),
+        running(lay, 11, "a", nodes=[4, 5, 6, 7], priority=9),
+    ]
+    result, _ = cycle(lay, queues, busy, [job(1, 32, priority=5)])
+    assert [p.job_id for p in result.preemptions] == [10]
+    assert result.preemptions[0].reason == "preempted by higher-priority job 1 in queue a"
+
+
+def test_victims_free_a_placeable_block_in_one_domain():
+    lay = layout_for(datacenters=1)  # racks: nodes (0,1) (2,3) (4,5) (6,7)
+    queues = [big_queue(within_queue="lower_priority")]
+    busy = [
+        running(lay, 10, "a", nodes=[0], priority=1, checkpoint=None),  # rack 0
+        running(lay, 11, "a", nodes=[2], priority=1, checkpoint=None),  # rack 1
+        running(lay, 12, "a", nodes=[4, 5], priority=1, started_at=50),  # rack 2, least lost work
+        running(lay, 13, "a", nodes=[1, 3, 6, 7], priority=1),
+    ]
+    # a 16-GPU job that must fit in one rack: evicting 10 and 11 frees 16 GPUs but in two racks;
+    # only 12 frees a whole rack.
+    result, _ = cycle(lay, queues, busy, [job(1, 16, priority=5, topology="rack")], now=100)
+    assert [p.job_id for p in result.preemptions] == [12]
+    assert domains_of(lay, result.admissions[0].gpus, "node") == {4, 5}
+
+
+def test_a_stopped_queue_admits_nothing_and_keeps_running_work():
+    lay = layout_for()
+    q = big_queue(stopped=True)
+    busy = [running(lay, 10, "a", nodes=[0])]
+    result, after = cycle(lay, [q], busy, [job(1, 8)])
+    assert result.admissions == [] and result.pending[1] == "queue a is stopped"
+    assert [j.id for j in after] == [10]
+
+
+def test_an_unknown_queue_is_a_reason_not_a_crash():
+    lay = layout_for()
+    result, _ = cycle(lay, [big_queue()], [], [job(1, 8, queue="ghost")])
+    assert result.pending[1] == "queue ghost does not exist"
+
+
+# --- ordering -------------------------------------------------------------------------------------
+def test_priority_then_fair_share_then_submit_time():
+    lay = layout_for(datacenters=1, pods_per_dc=1)  # 32 GPUs
+    queues = [QueueSpec("a", nominal={H100: 100}), QueueSpec("b", nominal={H100: 100}, weight=1.0)]
+    busy = [running(lay, 10, "a", nodes=[0])]  # a already uses 8, b nothing
+    pending = [job(1, 8, queue="a", t=1), job(2, 8, queue="b", t=2), job(3, 8, queue="a", t=3, priority=9),
+               job(4, 8, queue="b", t=4)]
+    result, _ = cycle(lay, queues, busy, pending)
+    # 24 free: job 3 first (priority), then b (lower share) job 2, then b again? b's share is now 8
+    # and a's 16, so job 4 before job 1.
+    assert [a.job_id for a in result.admissions] == [3, 2, 4]
+    assert "no datacenter with 8 free" in result.pending[1]
+
+
+# --- reservation and backfill ----------------------------------------------------------------------
+def test_a_blocked_gang_reserves_and_short_jobs_backfill():
+    lay = layout_for(datacenters=1)  # 64 GPUs
+    busy = [
+        running(lay, 10, "a", nodes=[0, 1, 2, 3], end=1000),
+        running(lay, 11, "a", nodes=[4, 5], end=5000),
+    ]  # 16 free (nodes 6, 7)
+    pending = [
+        job(1, 48, priority=9),  # needs nodes 0-3 (free at t=1000) + 16 more
+        job(2, 8, estimated_duration=500),  # ends at 500 < 1000: may backfill
+        job(3, 8, estimated_duration=5000),  # would delay the big job
+    ]
+    result, _ = cycle(lay, [big_queue()], busy, pending, now=0)
+    (res,) = result.reservations
+    assert res.job_id == 1 and res.start_at == 1000 and len(res.gpus) == 48
+    assert result.pending[1].startswith("waiting for reservation: 48 H100-SXM GPUs in")
+    admitted = {a.job_id: a for a in result.admissions}
+    assert 2 in admitted and admitted[2].backfilled
+    assert "reserved for a larger job starting in 1000 s; this job would not end before it" in result.pending[3]
