@@ -96,9 +96,14 @@ class Cycle:
         for job in self.running:
             owned[job.gpus] = True
         self.pool_all = FreePool(layout, self.schedulable & ~owned)
+        self.running_by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
+        for job in self.running:
+            key = (self.queue_index.get(job.queue, -1), self.chip_index.get(job.chip, -1))
+            self.running_by_queue_chip.setdefault(key, []).append(job)
         self.pool_open = self.pool_all  # becomes a separate pool once something is reserved
         self.reserved = np.zeros(self.topo.num_gpus, dtype=bool)
         self.horizon = float("inf")  # earliest reservation start
+        self.reservation_attempts = 0
         self.victims: set[int] = set()
         self.started: list[RunningJob] = []  # admitted this cycle, as running jobs
         self.result = CycleResult()
@@ -182,7 +187,10 @@ class Cycle:
             if self._admit_by_preemption(qi, job, c, max_level):
                 return ""
         for c in capacity_blocked:
-            if len(self.result.reservations) < self.config.max_reservations:
+            if (
+                len(self.result.reservations) < self.config.max_reservations
+                and self.reservation_attempts < 4 * self.config.max_reservations
+            ):
                 reservation = self._reserve(job, c, max_level)
                 if reservation is not None:
                     when = reservation.start_at - self.now
@@ -256,9 +264,21 @@ class Cycle:
             and cohort >= 0
             and self.quota.usage[qi, c] + job.gpus <= self.quota.nominal[qi, c]
         )
+        within = queue.within_queue == "lower_priority"
+        if not reclaiming and not within:
+            return []
+        pool = []
+        if within:
+            pool += self.running_by_queue_chip.get((qi, c), [])
+        if reclaiming:
+            for vq in np.flatnonzero(
+                (self.quota.cohort_of == cohort) & (self.quota.usage[:, c] > self.quota.nominal[:, c])
+            ):
+                if vq != qi:
+                    pool += self.running_by_queue_chip.get((int(vq), c), [])
         candidates = []
-        for victim in self.running:
-            if victim.id in self.victims or victim.chip != chip:
+        for victim in pool:
+            if victim.id in self.victims:
                 continue
             vq = self.queue_index.get(victim.queue, -1)
             if vq == qi:
@@ -374,6 +394,7 @@ class Cycle:
 
     # --- 5. reservation --------------------------------------------------------------------
     def _reserve(self, job: PendingJob, c: int, max_level: int) -> Reservation | None:
+        self.reservation_attempts += 1
         chip = self.topo.chip_names[c]
         ending = sorted(
             (
@@ -383,9 +404,11 @@ class Cycle:
             ),
             key=lambda j: j.estimated_end,
         )
+        releasable = [j.gpus[self.schedulable[j.gpus] & ~self.reserved[j.gpus]] for j in ending]
+        if self.pool_open.total(c) + sum(len(g) for g in releasable) < job.gpus:
+            return None  # even when every running job with an estimate ends, it would not fit
         trial = self.pool_open.copy()
-        for running in ending:
-            gpus = running.gpus[self.schedulable[running.gpus] & ~self.reserved[running.gpus]]
+        for running, gpus in zip(ending, releasable, strict=True):
             trial.give(gpus)
             if trial.total(c) < job.gpus:
                 continue
