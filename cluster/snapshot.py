@@ -6,6 +6,8 @@ state or health is not the default come from a second, selective query.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from django.db import connection
 
@@ -90,3 +92,67 @@ def load_topology() -> TopologySnapshot:
             "pod": tuple(f"{dc_names[p[1]]}-{p[2]}" for p in pods),
         },
     )
+
+
+class TopologyCache:
+    """Keeps the static structure of the last snapshot and refreshes only the states that change
+    (node states, unusual GPU states) each time; reloads everything when the inventory changes."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._snapshot: TopologySnapshot | None = None
+        self.gpu_order: np.ndarray | None = None
+
+    @staticmethod
+    def _structure_key() -> tuple:
+        sql = " UNION ALL ".join(
+            f"SELECT COUNT(*), COALESCE(MAX(id), 0) FROM {model._meta.db_table}"
+            for model in (GPU, Node, Rack, Pod, Datacenter, Region, ChipType)
+        )
+        return tuple(_rows(sql))
+
+    def current(self) -> TopologySnapshot:
+        key = self._structure_key()
+        if key != self._key or self._snapshot is None:
+            self._snapshot = load_topology()
+            self._key = key
+            self.gpu_order = np.argsort(self._snapshot.gpu_id, kind="stable")
+            return self._snapshot
+        return self._refresh_states(self._snapshot)
+
+    def gpu_indices(self, gpu_ids) -> np.ndarray:
+        """Snapshot indices of the given GPU database ids."""
+        snap = self._snapshot
+        ids = np.asarray(gpu_ids, dtype=np.int64)
+        sorted_ids = snap.gpu_id[self.gpu_order]
+        pos = np.searchsorted(sorted_ids, ids)
+        if len(ids) and (pos.max() >= len(sorted_ids) or np.any(sorted_ids[pos] != ids)):
+            raise ValueError("allocation names a GPU that is not in the inventory")
+        return self.gpu_order[pos]
+
+    def _refresh_states(self, snap: TopologySnapshot) -> TopologySnapshot:
+        table = GPU._meta.db_table
+        node_state = np.zeros(snap.num_nodes, dtype=np.int8)
+        odd_nodes = _rows(f"SELECT id, state FROM {Node._meta.db_table} WHERE state <> 'ready'")
+        if odd_nodes:
+            where = np.searchsorted(snap.node_id, [n[0] for n in odd_nodes])
+            node_state[where] = [NODE_STATE_CODE[n[1]] for n in odd_nodes]
+        spare = np.zeros(snap.num_nodes, dtype=bool)
+        spares = _rows(f"SELECT id FROM {Node._meta.db_table} WHERE is_spare")
+        if spares:
+            spare[np.searchsorted(snap.node_id, [s[0] for s in spares])] = True
+        gpu_state = np.zeros(snap.num_gpus, dtype=np.int8)
+        gpu_health = np.zeros(snap.num_gpus, dtype=np.int8)
+        unusual = _rows(f"SELECT id, state, health FROM {table} WHERE state <> 'ready' OR health <> 'ok'")
+        if unusual:
+            where = self.gpu_indices([u[0] for u in unusual])
+            gpu_state[where] = [GPU_STATE_CODE[u[1]] for u in unusual]
+            gpu_health[where] = [GPU_HEALTH_CODE[u[2]] for u in unusual]
+        fresh = replace(
+            snap, gpu_state=gpu_state, gpu_health=gpu_health, node_state=node_state, node_spare=spare
+        )
+        self._snapshot = fresh
+        return fresh
+
+
+topology_cache = TopologyCache()

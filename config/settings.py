@@ -120,6 +120,13 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_TIME_LIMIT = env_int("MYRIAD_TASK_TIME_LIMIT", 300, minimum=1)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+SCHEDULING_CYCLE_INTERVAL_S = env_int("MYRIAD_CYCLE_INTERVAL_S", 5, minimum=1)
+CELERY_BEAT_SCHEDULE = {
+    "scheduling-cycle": {
+        "task": "scheduling.tasks.run_scheduling_cycle",
+        "schedule": float(SCHEDULING_CYCLE_INTERVAL_S),
+    },
+}
 CELERY_TIMEZONE = "UTC"
 
 # --- Auth, API --------------------------------------------------------------------------------
@@ -152,6 +159,17 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "NodeStateEnum": "cluster.choices.NodeState",
+        "GPUStateEnum": "cluster.choices.GPUState",
+        "GPUHealthEnum": "cluster.choices.GPUHealth",
+        "JobStateEnum": "scheduling.choices.JobState",
+        "JobKindEnum": "scheduling.choices.JobKind",
+        "JobEventKindEnum": "scheduling.choices.EventKind",
+        "TopologyConstraintEnum": "scheduling.choices.TopologyConstraint",
+        "ReclaimPolicyEnum": "scheduling.choices.ReclaimPolicy",
+        "WithinQueuePolicyEnum": "scheduling.choices.WithinQueuePolicy",
+    },
     # The API's description is public; the data behind it is not.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],

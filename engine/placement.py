@@ -75,6 +75,15 @@ class Layout:
             self.children.append((order, offsets))
         self.gpu_node = topo.gpu_node.astype(np.int64)
 
+    def with_states(self, topo: TopologySnapshot) -> Layout:
+        """The same structure over a snapshot whose states (not shape) changed."""
+        if topo.num_gpus != self.topo.num_gpus or topo.num_nodes != self.topo.num_nodes:
+            raise ValueError("the topology's shape changed; build a new Layout")
+        clone = object.__new__(Layout)
+        clone.__dict__.update(self.__dict__)
+        clone.topo = topo
+        return clone
+
     def children_of(self, level: int, domain: int) -> np.ndarray:
         order, offsets = self.children[level]
         return order[offsets[domain] : offsets[domain + 1]]

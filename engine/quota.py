@@ -73,7 +73,8 @@ class QuotaBook:
         if cohort < 0:
             return 0
         members = np.flatnonzero(self.cohort_of == cohort)
-        unused = np.maximum(0, self.lendable[members, c] - self._pool_draw(self.usage[members, c]))
+        draw = np.maximum(0, self.usage[members, c] - self.guaranteed[members, c])
+        unused = np.maximum(0, self.lendable[members, c] - draw)
         borrowed = int(np.maximum(0, self.usage[members, c] - self.nominal[members, c]).sum())
         total_unused = int(unused.sum())
         if borrowed == 0 or total_unused == 0:

@@ -42,7 +42,13 @@ class SchedulerConfig:
     max_victim_domains: int = 16  # candidate domains examined per preemption attempt
 
 
-def build_quota_book(queues: list[QueueSpec], chip_names, running: list[RunningJob]) -> QuotaBook:
+def build_quota_book(
+    queues: list[QueueSpec],
+    chip_names,
+    running: list[RunningJob],
+    usage_by: dict[tuple[str, str], int] | None = None,
+) -> QuotaBook:
+    """Quota book for the queues; usage from running jobs, or from {(queue, chip): GPUs}."""
     chips = {name: i for i, name in enumerate(chip_names)}
     cohorts = sorted({q.cohort for q in queues if q.cohort})
     cohort_index = {name: i for i, name in enumerate(cohorts)}
@@ -65,6 +71,9 @@ def build_quota_book(queues: list[QueueSpec], chip_names, running: list[RunningJ
     for job in running:
         if job.queue in queue_index and job.chip in chips:
             usage[queue_index[job.queue], chips[job.chip]] += len(job.gpus)
+    for (queue, chip), gpus in (usage_by or {}).items():
+        if queue in queue_index and chip in chips:
+            usage[queue_index[queue], chips[chip]] += gpus
     return QuotaBook(
         [q.name for q in queues],
         list(chip_names),

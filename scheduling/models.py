@@ -1,1 +1,152 @@
-from django.db import models  # noqa: F401  (scheduling models arrive with the scheduling engine)
+"""Queues, cohorts, jobs, allocations and the job event log.
+
+The database guarantees the one rule that must never break: a GPU is in at most one active
+allocation (a partial unique index, on SQLite and PostgreSQL alike).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from cluster.models import GPU, ChipType
+from scheduling.choices import (
+    EventKind,
+    JobKind,
+    JobState,
+    ReclaimPolicy,
+    TopologyConstraint,
+    WithinQueuePolicy,
+)
+
+
+class Cohort(models.Model):
+    """Queues that lend each other their idle quota."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Queue(models.Model):
+    """A business's virtual queue: quota per chip type, priority and preemption policy."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    cohort = models.ForeignKey(
+        Cohort, null=True, blank=True, on_delete=models.SET_NULL, related_name="queues"
+    )
+    description = models.TextField(blank=True)
+    priority = models.IntegerField(default=0, help_text="Default priority of the queue's jobs")
+    weight = models.FloatField(default=1.0, help_text="Fair-share weight: usage / weight orders the queues")
+    reclaim_within_cohort = models.CharField(
+        max_length=16, choices=ReclaimPolicy.choices, default=ReclaimPolicy.NEVER
+    )
+    within_queue = models.CharField(
+        max_length=16, choices=WithinQueuePolicy.choices, default=WithinQueuePolicy.NEVER
+    )
+    stopped = models.BooleanField(
+        default=False, help_text="A stopped queue admits nothing and keeps running work"
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.CheckConstraint(condition=Q(weight__gt=0), name="queue_weight_positive")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class QueueQuota(models.Model):
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="quotas")
+    chip_type = models.ForeignKey(ChipType, on_delete=models.PROTECT, related_name="quotas")
+    nominal = models.PositiveIntegerField(
+        help_text="GPUs guaranteed to the queue (the lendable part excepted)"
+    )
+    borrowing_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: no limit")
+    lending_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: all of nominal")
+
+    class Meta:
+        ordering = ["queue_id", "chip_type_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "chip_type"], name="quota_one_per_queue_and_chip"),
+            models.CheckConstraint(
+                condition=Q(lending_limit__isnull=True) | Q(lending_limit__lte=models.F("nominal")),
+                name="quota_lending_within_nominal",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue}: {self.nominal} {self.chip_type}"
+
+
+class Job(models.Model):
+    name = models.CharField(max_length=128, blank=True)
+    queue = models.ForeignKey(Queue, on_delete=models.PROTECT, related_name="jobs")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    kind = models.CharField(max_length=16, choices=JobKind.choices, default=JobKind.TRAINING)
+    priority = models.IntegerField(default=0)
+    gpus = models.PositiveIntegerField("GPUs requested")
+    chip_types = models.JSONField(default=list, blank=True, help_text="Allowed chip types, preferred first")
+    topology = models.CharField(max_length=16, choices=TopologyConstraint.choices, default="datacenter")
+    estimated_duration_s = models.FloatField(null=True, blank=True)
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING, db_index=True)
+    pending_reason = models.TextField(blank=True)
+    submitted_at = models.DateTimeField(db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True, help_text="Start of the current run")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    chip = models.ForeignKey(ChipType, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    placement = models.CharField(max_length=128, blank=True, help_text="Smallest domain holding the gang")
+    progress_s = models.FloatField(default=0.0, help_text="Work saved at the last checkpoint, seconds")
+    last_checkpoint_at = models.DateTimeField(null=True, blank=True)
+    preemptions = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["queue", "state"])]
+        constraints = [
+            models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_positive"),
+            models.CheckConstraint(condition=Q(state__in=JobState.values), name="job_state_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name or f"job {self.pk}"
+
+
+class Allocation(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey(GPU, on_delete=models.CASCADE, related_name="allocations")
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu"], condition=Q(active=True), name="gpu_in_one_active_allocation"
+            ),
+        ]
+        indexes = [models.Index(fields=["job", "active"])]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} on GPU {self.gpu_id}" + ("" if self.active else " (released)")
+
+
+class JobEvent(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=16, choices=EventKind.choices)
+    at = models.DateTimeField(db_index=True)
+    reason = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.kind} at {self.at:%Y-%m-%d %H:%M:%S}"

@@ -109,3 +109,33 @@ def operator_client(operator) -> APIClient:
     client = APIClient()
     client.force_authenticate(operator)
     return client
+
+
+@pytest.fixture
+def eager_celery():
+    """Run Celery tasks inline (the worker itself is tested in test_scheduling_worker)."""
+    from config.celery import app
+
+    previous = app.conf.task_always_eager
+    app.conf.task_always_eager = True
+    yield app
+    app.conf.task_always_eager = previous
+
+
+@pytest.fixture
+def queues(small_cluster):
+    """Cohort 'research' with queues 'vision' (32 H100) and 'nlp' (32 H100, reclaims any);
+    queue 'legacy' (12 A100, no cohort)."""
+    from cluster.models import ChipType
+    from scheduling.models import Cohort, Queue, QueueQuota
+
+    h100 = ChipType.objects.get(name="H100-SXM")
+    a100 = ChipType.objects.get(name="A100-80G")
+    research = Cohort.objects.create(name="research")
+    vision = Queue.objects.create(name="vision", cohort=research, priority=0)
+    nlp = Queue.objects.create(name="nlp", cohort=research, priority=0, reclaim_within_cohort="any")
+    legacy = Queue.objects.create(name="legacy")
+    QueueQuota.objects.create(queue=vision, chip_type=h100, nominal=32)
+    QueueQuota.objects.create(queue=nlp, chip_type=h100, nominal=32)
+    QueueQuota.objects.create(queue=legacy, chip_type=a100, nominal=12)
+    return {"vision": vision, "nlp": nlp, "legacy": legacy}

@@ -23,8 +23,13 @@ def layout_for(pods_per_dc=2, racks=2, nodes_per_rack=2, gpus_per_node=8, datace
                     {
                         "name": f"dc{d + 1}",
                         "pods": [
-                            {"chip_type": chip, "count": pods_per_dc, "racks": racks,
-                             "nodes_per_rack": nodes_per_rack, "gpus_per_node": gpus_per_node}
+                            {
+                                "chip_type": chip,
+                                "count": pods_per_dc,
+                                "racks": racks,
+                                "nodes_per_rack": nodes_per_rack,
+                                "gpus_per_node": gpus_per_node,
+                            }
                             for chip in chips
                         ],
                     }
@@ -37,13 +42,26 @@ def layout_for(pods_per_dc=2, racks=2, nodes_per_rack=2, gpus_per_node=8, datace
 
 
 def gpus_of_nodes(layout: Layout, *nodes: int) -> np.ndarray:
-    return np.concatenate([
-        np.arange(layout.node_gpu_start[n], layout.node_gpu_start[n] + layout.node_gpu_count[n]) for n in nodes
-    ])
+    return np.concatenate(
+        [
+            np.arange(layout.node_gpu_start[n], layout.node_gpu_start[n] + layout.node_gpu_count[n])
+            for n in nodes
+        ]
+    )
 
 
-def running(layout, job_id, queue, nodes=None, gpus=None, chip="H100-SXM", priority=0, started_at=0.0,
-            end=None, checkpoint=None):
+def running(
+    layout,
+    job_id,
+    queue,
+    nodes=None,
+    gpus=None,
+    chip="H100-SXM",
+    priority=0,
+    started_at=0.0,
+    end=None,
+    checkpoint=None,
+):
     gpu_idx = np.asarray(gpus if gpus is not None else gpus_of_nodes(layout, *nodes), dtype=np.int64)
     return RunningJob(job_id, queue, gpu_idx, chip, priority, started_at, end, checkpoint)
 

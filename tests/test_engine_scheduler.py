@@ -5,7 +5,6 @@ invariant checker."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from engine.workload import PendingJob, QueueSpec
 from tests.engine_helpers import cycle, domains_of, layout_for, running
@@ -14,8 +13,9 @@ H100 = "H100-SXM"
 
 
 def job(job_id, gpus, queue="a", **kw):
-    return PendingJob(job_id, queue, gpus, chip_types=kw.pop("chips", (H100,)), submitted_at=kw.pop("t", job_id),
-                      **kw)
+    return PendingJob(
+        job_id, queue, gpus, chip_types=kw.pop("chips", (H100,)), submitted_at=kw.pop("t", job_id), **kw
+    )
 
 
 def big_queue(name="a", **kw):
@@ -59,7 +59,9 @@ def test_a_gang_is_all_or_nothing():
     busy = [running(lay, 100, "a", gpus=[0])]
     result, after = cycle(lay, [big_queue()], busy, [job(1, 64, topology="any")])
     assert result.admissions == []
-    assert result.pending[1] == "no cluster with 64 free H100-SXM GPUs (largest free block: 63 in the cluster)"
+    assert (
+        result.pending[1] == "no cluster with 64 free H100-SXM GPUs (largest free block: 63 in the cluster)"
+    )
     assert len(after) == 1
 
 
@@ -215,8 +217,12 @@ def test_priority_then_fair_share_then_submit_time():
     lay = layout_for(datacenters=1, pods_per_dc=1)  # 32 GPUs
     queues = [QueueSpec("a", nominal={H100: 100}), QueueSpec("b", nominal={H100: 100}, weight=1.0)]
     busy = [running(lay, 10, "a", nodes=[0])]  # a already uses 8, b nothing
-    pending = [job(1, 8, queue="a", t=1), job(2, 8, queue="b", t=2), job(3, 8, queue="a", t=3, priority=9),
-               job(4, 8, queue="b", t=4)]
+    pending = [
+        job(1, 8, queue="a", t=1),
+        job(2, 8, queue="b", t=2),
+        job(3, 8, queue="a", t=3, priority=9),
+        job(4, 8, queue="b", t=4),
+    ]
     result, _ = cycle(lay, queues, busy, pending)
     # 24 free: job 3 first (priority), then b (lower share) job 2, then b again? b's share is now 8
     # and a's 16, so job 4 before job 1.
@@ -242,4 +248,6 @@ def test_a_blocked_gang_reserves_and_short_jobs_backfill():
     assert result.pending[1].startswith("waiting for reservation: 48 H100-SXM GPUs in")
     admitted = {a.job_id: a for a in result.admissions}
     assert 2 in admitted and admitted[2].backfilled
-    assert "reserved for a larger job starting in 1000 s; this job would not end before it" in result.pending[3]
+    assert (
+        "reserved for a larger job starting in 1000 s; this job would not end before it" in result.pending[3]
+    )

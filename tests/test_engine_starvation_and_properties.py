@@ -32,7 +32,9 @@ def _run_stream(config: SchedulerConfig, horizon: float = 1500.0) -> float | Non
     while t <= horizon:
         running = [j for j in running if j.estimated_end is None or j.estimated_end > t]
         for _ in range(10):
-            pending.append(PendingJob(next_id, "a", 8, chip_types=(H100,), submitted_at=t, estimated_duration=600))
+            pending.append(
+                PendingJob(next_id, "a", 8, chip_types=(H100,), submitted_at=t, estimated_duration=600)
+            )
             next_id += 1
         result, running = cycle(lay, queues, running, pending, now=t, config=config)
         started = {a.job_id for a in result.admissions}
@@ -68,7 +70,9 @@ job_strategy = st.tuples(
     jobs=st.lists(job_strategy, min_size=1, max_size=30),
     nominal=st.tuples(st.integers(0, 64), st.integers(0, 64), st.integers(0, 64)),
     limits=st.tuples(st.one_of(st.none(), st.integers(0, 32)), st.one_of(st.none(), st.integers(0, 32))),
-    policies=st.tuples(st.sampled_from(["never", "lower_priority", "any"]), st.sampled_from(["never", "lower_priority"])),
+    policies=st.tuples(
+        st.sampled_from(["never", "lower_priority", "any"]), st.sampled_from(["never", "lower_priority"])
+    ),
     cordoned=st.sets(st.integers(0, 15), max_size=4),
     rounds=st.integers(1, 4),
 )
@@ -77,15 +81,36 @@ def test_invariants_hold_over_successive_cycles(jobs, nominal, limits, policies,
     for node in cordoned:
         lay.topo.node_state[node % lay.topo.num_nodes] = 1
     queues = [
-        QueueSpec("a", "co", priority=0, nominal={H100: nominal[0], "A100-80G": nominal[0] // 2},
-                  borrowing_limit={H100: limits[0]}, reclaim_within_cohort=policies[0], within_queue=policies[1]),
-        QueueSpec("b", "co", nominal={H100: nominal[1], "A100-80G": nominal[1]}, lending_limit={H100: limits[1]},
-                  reclaim_within_cohort="any", within_queue="lower_priority"),
+        QueueSpec(
+            "a",
+            "co",
+            priority=0,
+            nominal={H100: nominal[0], "A100-80G": nominal[0] // 2},
+            borrowing_limit={H100: limits[0]},
+            reclaim_within_cohort=policies[0],
+            within_queue=policies[1],
+        ),
+        QueueSpec(
+            "b",
+            "co",
+            nominal={H100: nominal[1], "A100-80G": nominal[1]},
+            lending_limit={H100: limits[1]},
+            reclaim_within_cohort="any",
+            within_queue="lower_priority",
+        ),
         QueueSpec("c", None, nominal={H100: nominal[2], "A100-80G": nominal[2]}),
     ]
     pending = [
-        PendingJob(i + 1, q, g, priority=p, chip_types=chips, topology=topo, submitted_at=float(i),
-                   estimated_duration=None if d is None else float(d))
+        PendingJob(
+            i + 1,
+            q,
+            g,
+            priority=p,
+            chip_types=chips,
+            topology=topo,
+            submitted_at=float(i),
+            estimated_duration=None if d is None else float(d),
+        )
         for i, (g, p, q, topo, d, chips) in enumerate(jobs)
     ]
     specs = {j.id: j for j in pending}

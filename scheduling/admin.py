@@ -1,0 +1,104 @@
+from django.contrib import admin, messages
+from django.utils.html import format_html
+
+from scheduling.choices import STATE_COLOURS
+from scheduling.models import Cohort, Job, JobEvent, Queue, QueueQuota
+from scheduling.services import JobStateError, change_state
+
+
+@admin.register(Cohort)
+class CohortAdmin(admin.ModelAdmin):
+    list_display = ["name", "description"]
+    search_fields = ["name"]
+
+
+class QueueQuotaInline(admin.TabularInline):
+    model = QueueQuota
+    extra = 0
+
+
+@admin.register(Queue)
+class QueueAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "cohort",
+        "priority",
+        "weight",
+        "reclaim_within_cohort",
+        "within_queue",
+        "stopped",
+    ]
+    list_filter = ["cohort", "stopped"]
+    search_fields = ["name"]
+    inlines = [QueueQuotaInline]
+
+
+class JobEventInline(admin.TabularInline):
+    model = JobEvent
+    extra = 0
+    can_delete = False
+    readonly_fields = ["kind", "at", "reason", "data"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+def _job_action(name: str):
+    def run(modeladmin, request, queryset):
+        done, refused = 0, []
+        for job in queryset:
+            try:
+                change_state(job.pk, name, actor=request.user.username)
+                done += 1
+            except JobStateError as exc:
+                refused.append(f"{job}: {exc}")
+        modeladmin.message_user(request, f"{name}: {done} job(s)")
+        if refused:
+            modeladmin.message_user(request, "; ".join(refused[:10]), level=messages.WARNING)
+
+    run.__name__ = f"{name}_jobs"
+    run.short_description = f"{name.capitalize()} selected jobs"
+    return run
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "name",
+        "queue",
+        "kind",
+        "gpus",
+        "priority",
+        "state_label",
+        "chip",
+        "placement",
+        "pending_reason",
+        "submitted_at",
+    ]
+    list_filter = ["state", "kind", "queue"]
+    search_fields = ["name", "=id"]
+    list_select_related = ["queue", "chip"]
+    readonly_fields = [
+        "state",
+        "pending_reason",
+        "submitted_at",
+        "started_at",
+        "finished_at",
+        "chip",
+        "placement",
+        "progress_s",
+        "preemptions",
+    ]
+    raw_id_fields = ["owner"]
+    inlines = [JobEventInline]
+    actions = [_job_action("cancel"), _job_action("suspend"), _job_action("resume")]
+    show_full_result_count = False
+
+    @admin.display(description="state", ordering="state")
+    def state_label(self, obj):
+        return format_html(
+            '<span style="color:{}">&#9679;</span> {}',
+            STATE_COLOURS.get(obj.state, "#999"),
+            obj.get_state_display(),
+        )

@@ -1,0 +1,198 @@
+from __future__ import annotations
+
+from django.db import transaction
+from rest_framework import serializers
+
+from cluster.models import ChipType
+from scheduling.choices import STATE_COLOURS, JobKind, TopologyConstraint
+from scheduling.models import Cohort, Job, JobEvent, Queue, QueueQuota
+from scheduling.services import capacity_problem
+
+
+class CohortSerializer(serializers.ModelSerializer):
+    queues = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+
+    class Meta:
+        model = Cohort
+        fields = ["id", "name", "description", "queues"]
+
+
+class QuotaSerializer(serializers.ModelSerializer):
+    chip_type = serializers.SlugRelatedField(slug_field="name", queryset=ChipType.objects.all())
+
+    class Meta:
+        model = QueueQuota
+        fields = ["chip_type", "nominal", "borrowing_limit", "lending_limit"]
+
+    def validate(self, attrs):
+        lending = attrs.get("lending_limit")
+        if lending is not None and lending > attrs.get("nominal", 0):
+            raise serializers.ValidationError({"lending_limit": "cannot be more than nominal"})
+        return attrs
+
+
+class UsageSerializer(serializers.Serializer):
+    chip_type = serializers.CharField()
+    nominal = serializers.IntegerField()
+    borrowing_limit = serializers.IntegerField(allow_null=True)
+    lending_limit = serializers.IntegerField(allow_null=True)
+    used = serializers.IntegerField()
+    borrowed = serializers.IntegerField()
+    lent = serializers.IntegerField()
+    pending_demand = serializers.IntegerField()
+
+
+class QueueSerializer(serializers.ModelSerializer):
+    cohort = serializers.SlugRelatedField(
+        slug_field="name", queryset=Cohort.objects.all(), allow_null=True, required=False
+    )
+    quotas = QuotaSerializer(many=True, required=False)
+    usage = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Queue
+        fields = [
+            "id",
+            "name",
+            "description",
+            "cohort",
+            "priority",
+            "weight",
+            "reclaim_within_cohort",
+            "within_queue",
+            "stopped",
+            "quotas",
+            "usage",
+            "updated_at",
+        ]
+        read_only_fields = ["updated_at"]
+
+    def get_usage(self, queue: Queue) -> list[dict]:
+        usage = self.context.get("usage")
+        if usage is None:
+            from scheduling.usage import queue_usage
+
+            usage = self.context["usage"] = queue_usage()
+        return UsageSerializer(usage.get(queue.name, []), many=True).data
+
+    def validate_weight(self, value):
+        if value <= 0:
+            raise serializers.ValidationError("must be greater than zero")
+        return value
+
+    def validate_quotas(self, quotas):
+        chips = [q["chip_type"].name for q in quotas]
+        duplicates = sorted({c for c in chips if chips.count(c) > 1})
+        if duplicates:
+            raise serializers.ValidationError(f"chip type listed twice: {', '.join(duplicates)}")
+        return quotas
+
+    def _write_quotas(self, queue: Queue, quotas) -> None:
+        queue.quotas.all().delete()
+        QueueQuota.objects.bulk_create(QueueQuota(queue=queue, **q) for q in quotas)
+
+    @transaction.atomic
+    def create(self, validated_data):
+        quotas = validated_data.pop("quotas", [])
+        queue = super().create(validated_data)
+        self._write_quotas(queue, quotas)
+        return queue
+
+    @transaction.atomic
+    def update(self, instance, validated_data):
+        quotas = validated_data.pop("quotas", None)
+        queue = super().update(instance, validated_data)
+        if quotas is not None:
+            self._write_quotas(queue, quotas)
+        return queue
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobEvent
+        fields = ["kind", "at", "reason", "data"]
+
+
+class JobSerializer(serializers.ModelSerializer):
+    queue = serializers.SlugRelatedField(slug_field="name", queryset=Queue.objects.all())
+    chip_types = serializers.ListField(child=serializers.CharField(), required=False, default=list)
+    chip = serializers.CharField(source="chip.name", read_only=True, allow_null=True)
+    priority = serializers.IntegerField(required=False)
+    topology = serializers.ChoiceField(choices=TopologyConstraint.choices, default="datacenter")
+    kind = serializers.ChoiceField(choices=JobKind.choices, default=JobKind.TRAINING)
+    state_colour = serializers.SerializerMethodField()
+    gpus = serializers.IntegerField(min_value=1, max_value=1_000_000)
+    estimated_duration_s = serializers.FloatField(required=False, allow_null=True, min_value=1)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "queue",
+            "kind",
+            "priority",
+            "gpus",
+            "chip_types",
+            "topology",
+            "estimated_duration_s",
+            "state",
+            "state_colour",
+            "pending_reason",
+            "submitted_at",
+            "started_at",
+            "finished_at",
+            "chip",
+            "placement",
+            "progress_s",
+            "preemptions",
+        ]
+        read_only_fields = [
+            "state",
+            "pending_reason",
+            "submitted_at",
+            "started_at",
+            "finished_at",
+            "placement",
+            "progress_s",
+            "preemptions",
+        ]
+
+    def get_state_colour(self, job: Job) -> str:
+        return STATE_COLOURS.get(job.state, "#999999")
+
+    def validate_chip_types(self, chips):
+        known = set(ChipType.objects.values_list("name", flat=True))
+        unknown = [c for c in chips if c not in known]
+        if unknown:
+            raise serializers.ValidationError(
+                f"unknown chip type {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        if len(set(chips)) != len(chips):
+            raise serializers.ValidationError("a chip type is listed twice")
+        return chips
+
+    def validate(self, attrs):
+        problem = capacity_problem(
+            attrs["gpus"], attrs.get("chip_types", []), attrs.get("topology", "datacenter")
+        )
+        if problem:
+            raise serializers.ValidationError({problem[0]: problem[1]})
+        if "priority" not in attrs:
+            attrs["priority"] = attrs["queue"].priority
+        return attrs
+
+
+class JobDetailSerializer(JobSerializer):
+    events = JobEventSerializer(many=True, read_only=True)
+    gpu_ids = serializers.SerializerMethodField()
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "events", "gpu_ids"]
+
+    def get_gpu_ids(self, job: Job) -> list[int]:
+        return list(job.allocations.filter(active=True).order_by("gpu_id").values_list("gpu_id", flat=True))
+
+
+class JobActionSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")

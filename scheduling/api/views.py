@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from scheduling import filtersets
+from scheduling.api import serializers as s
+from scheduling.models import Cohort, Job, Queue
+from scheduling.services import JobStateError, change_state, submit_job
+from scheduling.trigger import request_cycle
+
+
+class CohortViewSet(viewsets.ModelViewSet):
+    queryset = Cohort.objects.prefetch_related("queues")
+    serializer_class = s.CohortSerializer
+    ordering_fields = ["name"]
+    search_fields = ["name"]
+
+
+class QueueViewSet(viewsets.ModelViewSet):
+    queryset = Queue.objects.select_related("cohort").prefetch_related("quotas__chip_type")
+    serializer_class = s.QueueSerializer
+    filterset_class = filtersets.QueueFilterSet
+    ordering_fields = ["name", "priority", "weight"]
+    search_fields = ["name", "description"]
+
+    def perform_update(self, serializer):
+        serializer.save()
+        request_cycle()  # new quotas or policies may admit or preempt
+
+    def destroy(self, request, *args, **kwargs):
+        queue = self.get_object()
+        active = queue.jobs.filter(state__in=["pending", "running", "suspended"]).count()
+        if active:
+            return Response(
+                {"detail": f"queue {queue.name} still has {active} active jobs"},
+                status=status.HTTP_409_CONFLICT,
+            )
+        return super().destroy(request, *args, **kwargs)
+
+    def _set_stopped(self, stopped: bool):
+        queue = self.get_object()
+        queue.stopped = stopped
+        queue.save(update_fields=["stopped", "updated_at"])
+        request_cycle()
+        return Response(self.get_serializer(queue).data)
+
+    @extend_schema(request=None, responses=s.QueueSerializer)
+    @action(detail=True, methods=["post"])
+    def stop(self, request, pk=None):
+        """Admit nothing more from this queue; running work keeps running."""
+        return self._set_stopped(True)
+
+    @extend_schema(request=None, responses=s.QueueSerializer)
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk=None):
+        """Admit from this queue again."""
+        return self._set_stopped(False)
+
+
+class JobViewSet(
+    mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
+    """Submit jobs and follow them; a job changes only through its actions."""
+
+    queryset = Job.objects.select_related("queue", "chip").order_by("-id")
+    filterset_class = filtersets.JobFilterSet
+    ordering_fields = ["id", "submitted_at", "priority", "gpus", "state"]
+    search_fields = ["name"]
+
+    def get_serializer_class(self):
+        return s.JobDetailSerializer if self.action == "retrieve" else s.JobSerializer
+
+    def get_queryset(self):
+        qs = super().get_queryset()
+        if self.action == "retrieve":
+            qs = qs.prefetch_related("events")
+        return qs
+
+    def perform_create(self, serializer):
+        serializer.instance = submit_job(owner=self.request.user, **serializer.validated_data)
+
+    def _act(self, request, name: str):
+        job = self.get_object()
+        body = s.JobActionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            job = change_state(
+                job.pk, name, actor=request.user.username, reason=body.validated_data["reason"]
+            )
+        except JobStateError as exc:
+            return Response({"state": [str(exc)]}, status=status.HTTP_409_CONFLICT)
+        return Response(s.JobDetailSerializer(job, context=self.get_serializer_context()).data)
+
+    @extend_schema(request=s.JobActionSerializer, responses=s.JobDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Cancel the job and release its GPUs."""
+        return self._act(request, "cancel")
+
+    @extend_schema(request=s.JobActionSerializer, responses=s.JobDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def suspend(self, request, pk=None):
+        """Hold the job: release its GPUs and keep its progress until it is resumed."""
+        return self._act(request, "suspend")
+
+    @extend_schema(request=s.JobActionSerializer, responses=s.JobDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk=None):
+        """Put a suspended job back in its queue."""
+        return self._act(request, "resume")

@@ -1,0 +1,70 @@
+from django.db import models
+
+from engine.placement import TOPOLOGY_CONSTRAINTS
+from engine.workload import RECLAIM_POLICIES, WITHIN_QUEUE_POLICIES
+
+
+class JobKind(models.TextChoices):
+    TRAINING = "training", "Training"
+    INFERENCE = "inference", "Inference"
+    BATCH = "batch", "Batch"
+
+
+class JobState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RUNNING = "running", "Running"
+    SUSPENDED = "suspended", "Suspended"
+    FINISHED = "finished", "Finished"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+ACTIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)
+DONE_STATES = (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)
+
+
+class EventKind(models.TextChoices):
+    SUBMITTED = "submitted", "Submitted"
+    ADMITTED = "admitted", "Admitted"
+    PLACED = "placed", "Placed"
+    PREEMPTED = "preempted", "Preempted"
+    REQUEUED = "requeued", "Requeued"
+    SUSPENDED = "suspended", "Suspended"
+    RESUMED = "resumed", "Resumed"
+    FINISHED = "finished", "Finished"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class TopologyConstraint(models.TextChoices):
+    NODE = "node", "One node"
+    RACK = "rack", "One rack"
+    POD = "pod", "One pod"
+    DATACENTER = "datacenter", "One datacenter"
+    REGION = "region", "One region (may span its datacenters)"
+    ANY = "any", "Anywhere (may span regions)"
+
+
+class ReclaimPolicy(models.TextChoices):
+    NEVER = "never", "Never"
+    LOWER_PRIORITY = "lower_priority", "Lower priority"
+    ANY = "any", "Any"
+
+
+class WithinQueuePolicy(models.TextChoices):
+    NEVER = "never", "Never"
+    LOWER_PRIORITY = "lower_priority", "Lower priority"
+
+
+assert tuple(TopologyConstraint.values) == TOPOLOGY_CONSTRAINTS
+assert tuple(ReclaimPolicy.values) == RECLAIM_POLICIES
+assert tuple(WithinQueuePolicy.values) == WITHIN_QUEUE_POLICIES
+
+STATE_COLOURS = {
+    "pending": "#E69F00",
+    "running": "#009E73",
+    "suspended": "#56B4E9",
+    "finished": "#999999",
+    "failed": "#D55E00",
+    "cancelled": "#CC79A7",
+}

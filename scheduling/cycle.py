@@ -1,0 +1,289 @@
+"""One scheduling cycle against the database: load a snapshot, call the engine, apply every
+decision in one transaction with bulk writes, record events, publish after commit."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import numpy as np
+from django.db import connection, transaction
+from django.utils import timezone
+
+from cluster.models import ChipType
+from cluster.snapshot import topology_cache
+from engine.placement import Layout
+from engine.scheduler import SchedulerConfig, schedule
+from engine.workload import CycleResult, PendingJob, QueueSpec, RunningJob
+from scheduling.choices import EventKind, JobState
+from scheduling.locks import cycle_lock
+from scheduling.models import Allocation, Job, JobEvent, Queue
+
+_layout_cache: dict[str, object] = {"key": None, "layout": None}
+
+
+@dataclass
+class CycleSummary:
+    ran: bool
+    considered: int = 0
+    admitted: int = 0
+    preempted: int = 0
+    reserved: int = 0
+    pending: int = 0
+    gpus_allocated: int = 0
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def _layout(snapshot) -> Layout:
+    key = topology_cache._key
+    cached = _layout_cache["layout"]
+    if _layout_cache["key"] != key or cached is None:
+        cached = Layout(snapshot)
+        _layout_cache.update(key=key, layout=cached)
+        return cached
+    return cached.with_states(snapshot)
+
+
+def _ts(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def load_queues() -> list[QueueSpec]:
+    specs = []
+    for q in Queue.objects.select_related("cohort").prefetch_related("quotas__chip_type"):
+        quotas = list(q.quotas.all())
+        specs.append(
+            QueueSpec(
+                name=q.name,
+                cohort=q.cohort.name if q.cohort else None,
+                priority=q.priority,
+                weight=q.weight,
+                nominal={x.chip_type.name: x.nominal for x in quotas},
+                borrowing_limit={x.chip_type.name: x.borrowing_limit for x in quotas},
+                lending_limit={x.chip_type.name: x.lending_limit for x in quotas},
+                reclaim_within_cohort=q.reclaim_within_cohort,
+                within_queue=q.within_queue,
+                stopped=q.stopped,
+            )
+        )
+    return specs
+
+
+def load_running() -> list[RunningJob]:
+    jobs = list(
+        Job.objects.filter(state=JobState.RUNNING).values_list(
+            "id",
+            "queue__name",
+            "chip__name",
+            "priority",
+            "started_at",
+            "estimated_duration_s",
+            "last_checkpoint_at",
+        )
+    )
+    if not jobs:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT job_id, gpu_id FROM {Allocation._meta.db_table} WHERE active ORDER BY job_id")
+        pairs = np.array(cursor.fetchall(), dtype=np.int64).reshape(-1, 2)
+    gpu_index = topology_cache.gpu_indices(pairs[:, 1])
+    bounds = np.searchsorted(pairs[:, 0], [j[0] for j in jobs])
+    ends = np.searchsorted(pairs[:, 0], [j[0] for j in jobs], side="right")
+    running = []
+    for (job_id, queue, chip, priority, started, duration, checkpoint), lo, hi in zip(
+        jobs, bounds, ends, strict=True
+    ):
+        start = _ts(started) or 0.0
+        running.append(
+            RunningJob(
+                id=job_id,
+                queue=queue,
+                gpus=gpu_index[lo:hi],
+                chip=chip or "",
+                priority=priority,
+                started_at=start,
+                estimated_end=start + duration if duration is not None else None,
+                last_checkpoint_at=_ts(checkpoint),
+            )
+        )
+    return running
+
+
+def load_pending() -> tuple[list[PendingJob], dict[int, str]]:
+    rows = Job.objects.filter(state=JobState.PENDING).values_list(
+        "id",
+        "queue__name",
+        "gpus",
+        "priority",
+        "chip_types",
+        "topology",
+        "submitted_at",
+        "estimated_duration_s",
+        "pending_reason",
+    )
+    pending, reasons = [], {}
+    for job_id, queue, gpus, priority, chips, topology, submitted, duration, reason in rows:
+        pending.append(
+            PendingJob(
+                job_id, queue, gpus, priority, tuple(chips or ()), topology, submitted.timestamp(), duration
+            )
+        )
+        reasons[job_id] = reason
+    return pending, reasons
+
+
+def run_cycle(
+    now: datetime | None = None, wait: bool = True, config: SchedulerConfig | None = None
+) -> CycleSummary:
+    """Run one cycle. With ``wait=False`` a cycle already running elsewhere makes this one skip."""
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    with transaction.atomic(), cycle_lock(wait=wait) as held:
+        if not held:
+            return CycleSummary(ran=False)
+        now = now or timezone.now()
+        snapshot = topology_cache.current()
+        layout = _layout(snapshot)
+        queues = load_queues()
+        running = load_running()
+        pending, old_reasons = load_pending()
+        t1 = time.perf_counter()
+        timings["load"] = (t1 - t0) * 1000
+        result = schedule(layout, queues, running, pending, now.timestamp(), config)
+        t2 = time.perf_counter()
+        timings["engine"] = (t2 - t1) * 1000
+        gpus = apply_decisions(result, snapshot, now, old_reasons)
+        timings["apply"] = (time.perf_counter() - t2) * 1000
+        summary = CycleSummary(
+            ran=True,
+            considered=result.considered,
+            admitted=len(result.admissions),
+            preempted=len(result.preemptions),
+            reserved=len(result.reservations),
+            pending=len(result.pending),
+            gpus_allocated=gpus,
+            timings_ms={k: round(v, 1) for k, v in timings.items()},
+        )
+        transaction.on_commit(lambda: _publish(summary))
+    return summary
+
+
+def _publish(summary: CycleSummary) -> None:
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    if layer is not None:
+        async_to_sync(layer.group_send)("scheduling", {"type": "cycle.summary", "summary": summary.as_dict()})
+
+
+def _insert_allocations(rows: list[tuple[int, int]], now: datetime) -> None:
+    table = Allocation._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            with cursor.copy(f"COPY {table} (job_id, gpu_id, active, created_at) FROM STDIN") as copy:
+                for job_id, gpu_id in rows:
+                    copy.write_row((job_id, gpu_id, True, now))
+        else:
+            cursor.executemany(
+                f"INSERT INTO {table} (job_id, gpu_id, active, created_at) VALUES (%s, %s, %s, %s)",
+                [(j, g, True, now) for j, g in rows],
+            )
+
+
+def apply_decisions(result: CycleResult, snapshot, now: datetime, old_reasons: dict[int, str]) -> int:
+    """Write a cycle's decisions; returns the number of GPUs newly allocated."""
+    chip_ids = dict(ChipType.objects.values_list("name", "id"))
+    events: list[JobEvent] = []
+
+    # preemptions first: their GPUs are released before the preemptors take them
+    if result.preemptions:
+        victims = {p.job_id: p for p in result.preemptions}
+        Allocation.objects.filter(job_id__in=victims, active=True).update(active=False, released_at=now)
+        jobs = list(Job.objects.filter(pk__in=victims))
+        for job in jobs:
+            p = victims[job.pk]
+            job.state = JobState.PENDING
+            job.preemptions += 1
+            job.started_at = None
+            job.placement = ""
+            job.pending_reason = f"requeued after preemption: {p.reason}"
+            events.append(
+                JobEvent(
+                    job=job,
+                    kind=EventKind.PREEMPTED,
+                    at=now,
+                    reason=p.reason,
+                    data={"by_job": p.by_job, "progress_s": job.progress_s},
+                )
+            )
+            events.append(
+                JobEvent(
+                    job=job,
+                    kind=EventKind.REQUEUED,
+                    at=now,
+                    reason="requeued with its progress after preemption",
+                    data={"progress_s": job.progress_s},
+                )
+            )
+        Job.objects.bulk_update(jobs, ["state", "preemptions", "started_at", "placement", "pending_reason"])
+
+    rows: list[tuple[int, int]] = []
+    admitted_jobs = []
+    for a in result.admissions:
+        gpu_ids = snapshot.gpu_id[a.gpus]
+        rows.extend((a.job_id, int(g)) for g in gpu_ids)
+        admitted_jobs.append(
+            Job(
+                pk=a.job_id,
+                state=JobState.RUNNING,
+                started_at=now,
+                chip_id=chip_ids[a.chip],
+                placement=a.domain,
+                pending_reason="",
+            )
+        )
+        admit_data = {"chip": a.chip, "gpus": len(a.gpus), "borrowed": a.borrowed}
+        if a.preempted:
+            admit_data["preempted"] = list(a.preempted)
+        events.append(
+            JobEvent(
+                job_id=a.job_id,
+                kind=EventKind.ADMITTED,
+                at=now,
+                reason=f"admitted on {a.chip}" + (f", borrowing {a.borrowed}" if a.borrowed else ""),
+                data=admit_data,
+            )
+        )
+        events.append(
+            JobEvent(
+                job_id=a.job_id,
+                kind=EventKind.PLACED,
+                at=now,
+                reason=f"placed in {a.domain}" + (" (backfilled)" if a.backfilled else ""),
+                data={"domain": a.domain, "gpus": len(a.gpus), "backfilled": a.backfilled},
+            )
+        )
+    if admitted_jobs:
+        Job.objects.bulk_update(
+            admitted_jobs, ["state", "started_at", "chip", "placement", "pending_reason"], batch_size=500
+        )
+        _insert_allocations(rows, now)
+
+    changed = [
+        Job(pk=job_id, pending_reason=reason[:2000])
+        for job_id, reason in result.pending.items()
+        if old_reasons.get(job_id) != reason
+    ]
+    if changed:
+        Job.objects.bulk_update(changed, ["pending_reason"], batch_size=1000)
+    JobEvent.objects.bulk_create(events, batch_size=1000)
+    return len(rows)
+
+
+def epoch(value: float) -> datetime:
+    return datetime.fromtimestamp(value, tz=UTC)

@@ -1,0 +1,107 @@
+"""Job lifecycle: submit, cancel, suspend, resume, finish. Each change is one transaction with
+its event; GPUs are released in the same transaction, and a cycle is asked for after commit."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from cluster.snapshot import topology_cache
+from engine.placement import LEVELS, level_limit
+from scheduling.choices import EventKind, JobState
+from scheduling.models import Allocation, Job, JobEvent
+from scheduling.trigger import request_cycle
+
+
+class JobStateError(ValueError):
+    """The action does not apply to the job's current state."""
+
+
+def capacity_problem(gpus: int, chip_types: list[str], topology: str) -> tuple[str, str] | None:
+    """(field, message) when no domain of the cluster could ever hold the job, whatever runs."""
+    snap = topology_cache.current()
+    names = list(snap.chip_names)
+    wanted = [names.index(c) for c in chip_types] if chip_types else list(range(len(names)))
+    best_total, best_domain = 0, 0
+    for c in wanted:
+        mask = snap.gpu_chip == c
+        total = int(mask.sum())
+        best_total = max(best_total, total)
+        level = level_limit(topology)
+        if LEVELS[level] == "cluster":
+            best_domain = max(best_domain, total)
+        else:
+            best_domain = max(best_domain, int(snap.count_by(LEVELS[level], mask).max(initial=0)))
+    label = ", ".join(chip_types) if chip_types else "any chip type"
+    if gpus > best_total:
+        return "gpus", f"the cluster has only {best_total} GPUs of {label}; {gpus} requested"
+    if gpus > best_domain:
+        return (
+            "topology",
+            f"no {topology} can ever hold {gpus} GPUs of {label}: the largest has {best_domain}; "
+            f"allow a larger domain",
+        )
+    return None
+
+
+@transaction.atomic
+def submit_job(**fields) -> Job:
+    job = Job.objects.create(
+        state=JobState.PENDING,
+        submitted_at=timezone.now(),
+        pending_reason="waiting for the next scheduling cycle",
+        **fields,
+    )
+    JobEvent.objects.create(
+        job=job,
+        kind=EventKind.SUBMITTED,
+        at=job.submitted_at,
+        reason=f"submitted to queue {job.queue.name}",
+        data={"gpus": job.gpus, "chip_types": job.chip_types, "topology": job.topology},
+    )
+    request_cycle()
+    return job
+
+
+def _release(job: Job, now) -> int:
+    return Allocation.objects.filter(job=job, active=True).update(active=False, released_at=now)
+
+
+@transaction.atomic
+def change_state(job_id: int, action: str, *, actor: str = "", reason: str = "") -> Job:
+    job = Job.objects.select_for_update().get(pk=job_id)
+    now = timezone.now()
+    allowed = {
+        "cancel": (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED),
+        "suspend": (JobState.PENDING, JobState.RUNNING),
+        "resume": (JobState.SUSPENDED,),
+        "finish": (JobState.RUNNING,),
+        "fail": (JobState.RUNNING,),
+    }[action]
+    if job.state not in allowed:
+        raise JobStateError(
+            f"cannot {action} a job that is {job.state}; {action} applies to: {', '.join(allowed)}"
+        )
+    text = reason or f"{action} by {actor}" if actor else reason
+    freed = _release(job, now)
+    data = {"gpus_released": freed, "by": actor} if actor else {"gpus_released": freed}
+    if action == "cancel":
+        job.state, job.finished_at, kind = JobState.CANCELLED, now, EventKind.CANCELLED
+    elif action == "suspend":
+        job.state, kind = JobState.SUSPENDED, EventKind.SUSPENDED
+        job.pending_reason = f"suspended by {actor}" if actor else "suspended"
+    elif action == "resume":
+        job.state, kind = JobState.PENDING, EventKind.RESUMED
+        job.pending_reason = "waiting for the next scheduling cycle"
+    elif action == "finish":
+        job.state, job.finished_at, kind = JobState.FINISHED, now, EventKind.FINISHED
+    else:
+        job.state, job.finished_at, kind = JobState.FAILED, now, EventKind.FAILED
+    if job.state != JobState.PENDING and job.state != JobState.SUSPENDED:
+        job.pending_reason = ""
+    job.started_at = job.started_at if action in ("finish", "fail") else None
+    job.save()
+    JobEvent.objects.create(job=job, kind=kind, at=now, reason=text or action, data=data)
+    if freed or action == "resume":
+        request_cycle()
+    return job

@@ -1,0 +1,64 @@
+"""Live quota usage per queue and chip type: nominal, used, borrowed, lent, pending demand."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from django.db.models import Count
+
+from engine.scheduler import build_quota_book
+from scheduling.choices import JobState
+from scheduling.cycle import load_queues
+from scheduling.models import Allocation, Job
+
+
+def queue_usage() -> dict[str, list[dict]]:
+    """{queue name: [{chip_type, nominal, used, borrowed, lent, pending_demand, ...}, ...]}"""
+    specs = load_queues()
+    used = {
+        (row["job__queue__name"], row["job__chip__name"]): row["n"]
+        for row in Allocation.objects.filter(active=True)
+        .values("job__queue__name", "job__chip__name")
+        .annotate(n=Count("id"))
+    }
+    demand: dict[tuple[str, str], int] = defaultdict(int)
+    for queue, chips, gpus in Job.objects.filter(state=JobState.PENDING).values_list(
+        "queue__name", "chip_types", "gpus"
+    ):
+        demand[(queue, chips[0] if chips else "any")] += gpus
+    chip_names = sorted({c for q in specs for c in q.nominal} | {c for _, c in used} | {c for _, c in demand})
+    chip_names = [c for c in chip_names if c and c != "any"]
+    book = build_quota_book(specs, chip_names, [], used)
+    out: dict[str, list[dict]] = {}
+    for qi, q in enumerate(specs):
+        rows = []
+        for ci, chip in enumerate(chip_names):
+            if not (q.nominal.get(chip) or book.usage[qi, ci] or demand.get((q.name, chip))):
+                continue
+            rows.append(
+                {
+                    "chip_type": chip,
+                    "nominal": q.nominal.get(chip, 0),
+                    "borrowing_limit": q.borrowing_limit.get(chip),
+                    "lending_limit": q.lending_limit.get(chip),
+                    "used": int(book.usage[qi, ci]),
+                    "borrowed": book.borrowed(qi, ci),
+                    "lent": book.lent(qi, ci),
+                    "pending_demand": demand.get((q.name, chip), 0),
+                }
+            )
+        if demand.get((q.name, "any")):
+            rows.append(
+                {
+                    "chip_type": "any",
+                    "nominal": 0,
+                    "borrowing_limit": None,
+                    "lending_limit": None,
+                    "used": 0,
+                    "borrowed": 0,
+                    "lent": 0,
+                    "pending_demand": demand[(q.name, "any")],
+                }
+            )
+        out[q.name] = rows
+    return out
