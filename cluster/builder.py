@@ -75,9 +75,11 @@ def _insert_gpus(rows: list[tuple[int, int, str, str]]) -> None:
     columns = f"node_id, {connection.ops.quote_name('index')}, uuid, serial, state, health"
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            with cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
-                for row in rows:
-                    copy.write_row((*row, "ready", "ok"))
+            # COPY is not wrapped by Django: map driver errors to Django's (IntegrityError...)
+            with connection.wrap_database_errors:
+                with cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+                    for row in rows:
+                        copy.write_row((*row, "ready", "ok"))
         else:
             cursor.executemany(
                 f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, 'ready', 'ok')", rows

@@ -73,7 +73,7 @@ def small_cluster(db):
 def _user(username: str, group: str | None, **flags) -> User:
     user = User.objects.create_user(username=username, password="pw", **flags)
     if group:
-        user.groups.add(Group.objects.get(name=group))
+        user.groups.add(Group.objects.get_or_create(name=group)[0])
     return user
 
 

@@ -28,7 +28,7 @@ class Command(BaseCommand):
         user.is_staff = role in (OPERATOR, "admin")  # operators may use the admin for inventory
         user.is_superuser = role == "admin"
         user.save()
-        user.groups.set([Group.objects.get(name=OPERATOR if role == "admin" else role)])
+        user.groups.set([Group.objects.get_or_create(name=OPERATOR if role == "admin" else role)[0]])
         if role == OPERATOR:
             from django.contrib.auth.models import Permission
 

@@ -1,0 +1,149 @@
+"""Cycles running at once never double-allocate (lock + database constraint), and a real Celery
+worker runs the cycle a submit asks for."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from cluster.snapshot import topology_cache
+from engine.workload import Admission, CycleResult
+from scheduling.cycle import apply_decisions, run_cycle
+from scheduling.models import Allocation, Job
+from scheduling.trigger import clear_requested
+
+
+def _make_jobs(queues, n, gpus):
+    now = timezone.now()
+    return [
+        Job.objects.create(
+            queue=queues["vision"], gpus=gpus, chip_types=["H100-SXM"], topology="any", submitted_at=now
+        )
+        for _ in range(n)
+    ]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_cycles_on_postgres_never_double_allocate(queues):
+    from scheduling.models import QueueQuota
+
+    QueueQuota.objects.filter(queue=queues["vision"]).update(nominal=1000)
+    _make_jobs(queues, 12, 8)  # 96 GPUs asked, 64 H100 exist
+    barrier = threading.Barrier(4)
+    summaries = []
+
+    def cycle():
+        try:
+            barrier.wait()
+            summaries.append(run_cycle(wait=True))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=cycle) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    active = list(Allocation.objects.filter(active=True).values_list("gpu_id", flat=True))
+    assert len(active) == len(set(active)) == 64
+    assert sum(s.admitted for s in summaries) == 8  # each job admitted once, by whichever cycle came first
+    assert Job.objects.filter(state="running").count() == 8
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_non_waiting_cycles_skip_while_one_holds_the_lock(queues):
+    from scheduling.locks import cycle_lock
+
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold():
+        with transaction.atomic(), cycle_lock(wait=True):
+            held.set()
+            release.wait(10)
+        connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    try:
+        assert run_cycle(wait=False).ran is False
+    finally:
+        release.set()
+        holder.join()
+    assert run_cycle(wait=False).ran is True
+
+
+def test_a_cycle_that_skipped_the_lock_still_cannot_double_allocate(queues):
+    """Even decisions computed without the lock are refused by the partial unique index."""
+    a, b = _make_jobs(queues, 2, 8)
+    snapshot = topology_cache.current()
+    gpus = topology_cache.gpu_indices(list(snapshot.gpu_id[:8]))
+    first = CycleResult(admissions=[Admission(a.pk, "H100-SXM", gpus, "node x", 0)])
+    second = CycleResult(admissions=[Admission(b.pk, "H100-SXM", gpus, "node x", 0)])
+    now = timezone.now()
+    with transaction.atomic():
+        apply_decisions(first, snapshot, now, {})
+    with pytest.raises(IntegrityError), transaction.atomic():
+        apply_decisions(second, snapshot, now, {})
+    assert Job.objects.get(pk=b.pk).state == "pending"  # the whole cycle rolled back
+    assert Allocation.objects.filter(active=True).count() == 8
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_celery_worker_runs_the_cycle_a_submit_asks_for(queues, operator_client, tmp_path):
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        url = f"sqlite:///{db['NAME']}"
+    else:
+        url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    env = {**os.environ, "MYRIAD_DATABASE_URL": url, "MYRIAD_DATA_DIR": str(settings.DATA_DIR)}
+    if settings.REDIS_URL:
+        env["MYRIAD_REDIS_URL"] = settings.REDIS_URL
+    root = Path(__file__).resolve().parent.parent
+    clear_requested()  # a marker left by an earlier run would hold back the request
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "--pool=solo",
+            "--concurrency=1",
+            "--loglevel=warning",
+            "--without-heartbeat",
+            "--without-mingle",
+            "--without-gossip",
+        ],
+        cwd=root,
+        env=env,
+        stdout=open(tmp_path / "worker.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        response = operator_client.post(
+            "/api/v1/jobs/", {"queue": "vision", "gpus": 16, "chip_types": ["H100-SXM"]}, format="json"
+        )
+        assert response.status_code == 201
+        job_id = response.json()["id"]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if Job.objects.get(pk=job_id).state == "running":
+                break
+            time.sleep(0.25)
+        assert Job.objects.get(pk=job_id).state == "running", (tmp_path / "worker.log").read_text()[-3000:]
+        assert Allocation.objects.filter(job_id=job_id, active=True).count() == 16
+    finally:
+        worker.terminate()
+        worker.wait(20)
