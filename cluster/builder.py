@@ -76,10 +76,9 @@ def _insert_gpus(rows: list[tuple[int, int, str, str]]) -> None:
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             # COPY is not wrapped by Django: map driver errors to Django's (IntegrityError...)
-            with connection.wrap_database_errors:
-                with cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
-                    for row in rows:
-                        copy.write_row((*row, "ready", "ok"))
+            with connection.wrap_database_errors, cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row((*row, "ready", "ok"))
         else:
             cursor.executemany(
                 f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, 'ready', 'ok')", rows

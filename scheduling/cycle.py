@@ -186,10 +186,12 @@ def _insert_allocations(rows: list[tuple[int, int]], now: datetime) -> None:
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             # COPY is not wrapped by Django: map driver errors to Django's (IntegrityError...)
-            with connection.wrap_database_errors:
-                with cursor.copy(f"COPY {table} (job_id, gpu_id, active, created_at) FROM STDIN") as copy:
-                    for job_id, gpu_id in rows:
-                        copy.write_row((job_id, gpu_id, True, now))
+            with (
+                connection.wrap_database_errors,
+                cursor.copy(f"COPY {table} (job_id, gpu_id, active, created_at) FROM STDIN") as copy,
+            ):
+                for job_id, gpu_id in rows:
+                    copy.write_row((job_id, gpu_id, True, now))
         else:
             cursor.executemany(
                 f"INSERT INTO {table} (job_id, gpu_id, active, created_at) VALUES (%s, %s, %s, %s)",

@@ -111,6 +111,7 @@ def test_a_real_celery_worker_runs_the_cycle_a_submit_asks_for(queues, operator_
         env["MYRIAD_REDIS_URL"] = settings.REDIS_URL
     root = Path(__file__).resolve().parent.parent
     clear_requested()  # a marker left by an earlier run would hold back the request
+    log = (tmp_path / "worker.log").open("w")  # noqa: SIM115 - closed in the finally below
     worker = subprocess.Popen(
         [
             sys.executable,
@@ -128,7 +129,7 @@ def test_a_real_celery_worker_runs_the_cycle_a_submit_asks_for(queues, operator_
         ],
         cwd=root,
         env=env,
-        stdout=open(tmp_path / "worker.log", "w"),
+        stdout=log,
         stderr=subprocess.STDOUT,
     )
     try:
@@ -147,3 +148,4 @@ def test_a_real_celery_worker_runs_the_cycle_a_submit_asks_for(queues, operator_
     finally:
         worker.terminate()
         worker.wait(20)
+        log.close()
