@@ -74,6 +74,19 @@ class Layout:
             offsets = np.searchsorted(parent[order], np.arange(self.domain_count[k] + 1))
             self.children.append((order, offsets))
         self.gpu_node = topo.gpu_node.astype(np.int64)
+        # nodes of every domain of every level (CSR), to collect a whole domain's GPUs at once
+        self.nodes_in: list[tuple[np.ndarray, np.ndarray]] = []
+        for k in range(len(LEVELS)):
+            order = np.argsort(self.node_domain[k], kind="stable")
+            offsets = np.searchsorted(self.node_domain[k][order], np.arange(self.domain_count[k] + 1))
+            self.nodes_in.append((order, offsets))
+        # the most GPUs of each chip type any single domain of each level holds (static): a gang
+        # larger than that never fits at that level, so placement skips the level outright
+        self.level_capacity = np.zeros((len(LEVELS), self.num_chips), dtype=np.int64)
+        for k in range(len(LEVELS)):
+            totals = np.zeros((self.num_chips, self.domain_count[k]), dtype=np.int64)
+            np.add.at(totals, (self.node_chip, self.node_domain[k]), self.node_gpu_count)
+            self.level_capacity[k] = totals.max(axis=1, initial=0)
 
     def with_states(self, topo: TopologySnapshot) -> Layout:
         """The same structure over a snapshot whose states (not shape) changed."""
@@ -173,7 +186,10 @@ class FreePool:
         """The (level, domain) where a gang of ``gpus`` would go, or None. Pure: changes nothing."""
         if gpus <= 0 or self.total(chip) < gpus:
             return None
+        capacity = self.layout.level_capacity[:, chip]
         for level in range(0, max_level + 1):
+            if capacity[level] < gpus:
+                continue
             counts = self.counts(level, chip)
             if within is not None:
                 if level > within[0]:
@@ -191,6 +207,17 @@ class FreePool:
         nodes = np.flatnonzero(lay.node_domain[w_level] == w_domain)
         mask[lay.node_domain[level][nodes]] = True
         return mask
+
+    def all_free_in(self, level: int, domain: int, chip: int) -> np.ndarray:
+        """Every free GPU of ``chip`` in the domain, in GPU order."""
+        lay = self.layout
+        order, offsets = lay.nodes_in[level]
+        nodes = order[offsets[domain] : offsets[domain + 1]]
+        nodes = nodes[(lay.node_chip[nodes] == chip) & (self.node_free[nodes] > 0)]
+        counts = lay.node_gpu_count[nodes]
+        starts = lay.node_gpu_start[nodes]
+        idx = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+        return idx[self.free[idx]]
 
     def choose(self, level: int, domain: int, chip: int, gpus: int) -> np.ndarray:
         """Pick ``gpus`` free GPUs of ``chip`` inside the domain, best fit level by level."""
@@ -222,7 +249,7 @@ class FreePool:
                 picked.append(self.choose(level - 1, int(children[best]), chip, remaining))
                 remaining = 0
                 break
-            picked.append(self.choose(level - 1, int(children[i]), chip, int(counts[i])))
+            picked.append(self.all_free_in(level - 1, int(children[i]), chip))
             used[i] = True
             remaining -= int(counts[i])
         if remaining:

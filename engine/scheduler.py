@@ -113,6 +113,9 @@ class Cycle:
         self.reserved = np.zeros(self.topo.num_gpus, dtype=bool)
         self.horizon = float("inf")  # earliest reservation start
         self.reservation_attempts = 0
+        self.no_room: dict[
+            tuple[int, int], int
+        ] = {}  # (chip, level limit) -> smallest gang that found no room
         self.victims: set[int] = set()
         self.started: list[RunningJob] = []  # admitted this cycle, as running jobs
         self.result = CycleResult()
@@ -184,9 +187,20 @@ class Cycle:
             if not check.ok:
                 reasons.append(check.reason)
                 continue
-            if self._admit_placed(qi, job, c, max_level):
-                return ""
-            if self.pool_all is self.pool_open or self.pool_all.find(c, job.gpus, max_level) is None:
+            # Within a cycle free GPUs only shrink (until a preemption gives some back), so once a
+            # gang of g GPUs found no room at a level, nothing larger will: skip the search.
+            known = self.no_room.get((c, max_level))
+            if known is None or job.gpus < known:
+                if self._admit_placed(qi, job, c, max_level):
+                    return ""
+                blocked_everywhere = (
+                    self.pool_all is self.pool_open or self.pool_all.find(c, job.gpus, max_level) is None
+                )
+                if blocked_everywhere:
+                    self.no_room[(c, max_level)] = min(job.gpus, known or job.gpus)
+            else:
+                blocked_everywhere = True
+            if blocked_everywhere:
                 capacity_blocked.append(c)  # blocked by capacity, not only by someone's reservation
             reasons.append(self._placement_reason(job, c, max_level))
         for c in chips:
@@ -379,6 +393,7 @@ class Cycle:
 
     def _evict_and_place(self, qi, job, c, level, domain, victims, usable, chosen_idx, max_level) -> bool:
         freed = [usable[i] for i in chosen_idx]
+        self.no_room.clear()
         for (victim, _), gpus in zip(victims, freed, strict=True):
             self.pool_all.give(gpus)
             if self.pool_open is not self.pool_all:

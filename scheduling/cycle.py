@@ -3,6 +3,7 @@ decision in one transaction with bulk writes, record events, publish after commi
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from scheduling.locks import cycle_lock
 from scheduling.models import Allocation, Job, JobEvent, Queue
 
 _layout_cache: dict[str, object] = {"key": None, "layout": None}
+log = logging.getLogger("myriad.scheduling")
 
 
 @dataclass
@@ -169,6 +171,15 @@ def run_cycle(
             timings_ms={k: round(v, 1) for k, v in timings.items()},
         )
         transaction.on_commit(lambda: _publish(summary))
+    log.info(
+        "cycle: %d considered, %d admitted, %d preempted, %d reserved, %d pending; %s",
+        summary.considered,
+        summary.admitted,
+        summary.preempted,
+        summary.reserved,
+        summary.pending,
+        summary.timings_ms,
+    )
     return summary
 
 

@@ -1,0 +1,240 @@
+"""The scheduling benchmark end to end, on SQLite and on PostgreSQL, 100k GPUs.
+
+    python -m bench.scheduling_e2e
+
+For each database, on a freshly built 100k cluster:
+- submits: the 10,000 fill jobs POSTed one by one through the API (DRF, in-process client,
+  operator token auth, validation, one transaction each); submits per second.
+- fill: a real Celery worker (embedded file-system broker on SQLite, Redis on PostgreSQL) is
+  started and warmed up, one cycle is requested, and the clock runs until 90% of the GPUs are
+  allocated in the database; job starts per second.
+- mixed: the fill jobs are cancelled and the 10,000 mixed jobs submitted; then 30 cycles run the
+  cycle task's body in-process (load, engine, apply in one transaction); between cycles, running
+  jobs whose estimated duration has passed on a virtual clock (+5 min per cycle) finish through
+  the same service the node agent uses. Admissions per second of cycle time, cycle p50/p99.
+- gang: pending jobs are cancelled and room is made in one datacenter; a 1,024-GPU gang is
+  submitted through the API with the worker running; time from submit to running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+
+from bench._backends import print_table, run_per_backend, setup_django
+
+
+def _submit_all(client, jobs, queue_of) -> float:
+    t0 = time.perf_counter()
+    for job in jobs:
+        body = {
+            "queue": queue_of(job),
+            "gpus": job.gpus,
+            "chip_types": list(job.chip_types),
+            "estimated_duration_s": job.estimated_duration,
+            "topology": job.topology,
+        }
+        response = client.post("/api/v1/jobs/", body, format="json")
+        if response.status_code != 201:
+            raise SystemExit(f"submit failed: {response.status_code} {response.content[:300]}")
+    return time.perf_counter() - t0
+
+
+def _start_worker(tmp: Path) -> subprocess.Popen:
+    from scheduling.trigger import clear_requested
+
+    clear_requested()
+    log = (tmp / "worker.log").open("w")
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "--pool=solo",
+            "--loglevel=info",
+            "--without-heartbeat",
+            "--without-mingle",
+            "--without-gossip",
+            "--purge",
+        ],
+        env=os.environ.copy(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "ready" not in (tmp / "worker.log").read_text():
+        time.sleep(0.1)
+    return worker
+
+
+def child() -> dict:
+    setup_django()
+    from django.contrib.auth.models import User
+    from django.db.models import Count
+    from django.utils import timezone
+    from rest_framework.test import APIClient
+
+    from bench.workloads import fill_workload, mixed_workload
+    from cluster.builder import build_cluster
+    from cluster.models import ChipType
+    from cluster.snapshot import topology_cache
+    from cluster.topology_files import resolve_topology
+    from scheduling.cycle import run_cycle
+    from scheduling.models import Allocation, Cohort, Job, JobEvent, Queue, QueueQuota
+    from scheduling.services import change_state
+
+    tmp = Path(os.environ["MYRIAD_DATA_DIR"])
+    build_cluster(resolve_topology("100k"))
+    snapshot = topology_cache.current()
+    total = snapshot.num_gpus
+    user = User.objects.create_superuser("bench", "bench@example.com", "bench")
+    client = APIClient()
+    client.force_authenticate(user)
+    chips = {c.name: c for c in ChipType.objects.all()}
+
+    def make_queues(specs, cohort=None):
+        for spec in specs:
+            q = Queue.objects.create(name=spec.name, cohort=cohort)
+            QueueQuota.objects.bulk_create(
+                QueueQuota(queue=q, chip_type=chips[c], nominal=n) for c, n in spec.nominal.items()
+            )
+
+    figures: dict[str, float | None] = {}
+    # --- fill ---------------------------------------------------------------------------------
+    fill_queues, fill_jobs = fill_workload(snapshot)
+    make_queues(fill_queues)
+    elapsed = _submit_all(client, fill_jobs, lambda j: "fill")
+    figures["submits_per_s"] = round(len(fill_jobs) / elapsed, 1)
+    worker = _start_worker(tmp)
+    try:
+        t0 = time.perf_counter()
+        from scheduling.tasks import run_scheduling_cycle
+
+        run_scheduling_cycle.delay()
+        allocated = 0
+        while time.perf_counter() - t0 < 120:
+            allocated = Allocation.objects.filter(active=True).count()
+            if allocated >= 0.9 * total:
+                break
+            time.sleep(0.02)
+        fill_s = time.perf_counter() - t0
+        figures["fill_90pct_s"] = round(fill_s, 2) if allocated >= 0.9 * total else None
+        started = Job.objects.filter(state="running").count()
+        figures["fill_starts_per_s"] = round(started / fill_s, 1)
+    finally:
+        worker.terminate()
+        worker.wait(30)
+
+    # --- mixed ----------------------------------------------------------------------------------
+    now = timezone.now()
+    Allocation.objects.filter(active=True).update(active=False, released_at=now)
+    Job.objects.exclude(state__in=["finished", "cancelled"]).update(state="cancelled", finished_at=now)
+    cohort = Cohort.objects.create(name="shared")
+    mixed_queues, mixed_jobs = mixed_workload(snapshot)
+    make_queues(mixed_queues, cohort)
+    _submit_all(client, mixed_jobs, lambda j: j.queue)
+    clock = timezone.now()
+    cycle_times, admissions = [], 0
+    for _ in range(30):
+        t0 = time.perf_counter()
+        summary = run_cycle(now=clock)
+        cycle_times.append(time.perf_counter() - t0)
+        admissions += summary.admitted
+        clock += timedelta(minutes=5)
+        due = [
+            job.pk
+            for job in Job.objects.filter(state="running").only("pk", "started_at", "estimated_duration_s")
+            if job.started_at + timedelta(seconds=job.estimated_duration_s) <= clock
+        ]
+        for pk in due:
+            change_state(pk, "finish", actor="bench")
+    figures["mixed_admissions_per_s"] = round(admissions / sum(cycle_times), 1)
+    figures["mixed_admissions"] = admissions
+    figures["mixed_cycle_p50_ms"] = round(float(np.percentile(cycle_times, 50)) * 1000, 1)
+    figures["mixed_cycle_p99_ms"] = round(float(np.percentile(cycle_times, 99)) * 1000, 1)
+    figures["mixed_first_cycle_ms"] = round(cycle_times[0] * 1000, 1)
+
+    # --- one 1,024-GPU gang -------------------------------------------------------------------
+    for pk in Job.objects.filter(state="pending").values_list("pk", flat=True):
+        Job.objects.filter(pk=pk).update(state="cancelled", finished_at=clock)
+    in_bj1 = (
+        Allocation.objects.filter(active=True, gpu__node__rack__pod__datacenter__name="bj1")
+        .values_list("job_id", flat=True)
+        .distinct()
+    )
+    for pk in list(in_bj1):
+        change_state(pk, "cancel", actor="bench")
+    busy = Allocation.objects.filter(active=True).count()
+    figures["gang_background_busy_pct"] = round(100 * busy / total, 1)
+    Queue.objects.create(name="urgent")
+    QueueQuota.objects.create(
+        queue=Queue.objects.get(name="urgent"), chip_type=chips["H100-SXM"], nominal=2048
+    )
+    worker = _start_worker(tmp)
+    try:
+        t0 = time.perf_counter()
+        response = client.post(
+            "/api/v1/jobs/",
+            {"queue": "urgent", "gpus": 1024, "chip_types": ["H100-SXM"], "topology": "datacenter"},
+            format="json",
+        )
+        job_id = response.json()["id"]
+        while time.perf_counter() - t0 < 60:
+            if Job.objects.filter(pk=job_id, state="running").exists():
+                break
+            time.sleep(0.005)
+        latency = time.perf_counter() - t0
+        job = Job.objects.get(pk=job_id)
+        figures["gang_submit_to_running_ms"] = round(latency * 1000, 1) if job.state == "running" else None
+        figures["gang_placement"] = job.placement
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    events = dict(JobEvent.objects.values_list("kind").annotate(n=Count("id")))
+    figures["events_recorded"] = sum(events.values())
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--child", action="store_true")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child()))
+        return
+    results = run_per_backend("bench.scheduling_e2e")
+    rows = []
+    for key, label, target in [
+        ("submits_per_s", "submits per second (API)", "> 200"),
+        ("fill_90pct_s", "fill: time to 90% allocated (s)", "< 2"),
+        ("fill_starts_per_s", "fill: job starts per second", "> 200"),
+        ("mixed_admissions_per_s", "mixed: admissions per second of cycle time", ""),
+        ("mixed_cycle_p50_ms", "mixed: cycle p50 (ms)", "< 1,000"),
+        ("mixed_cycle_p99_ms", "mixed: cycle p99 (ms)", "< 1,000"),
+        ("gang_submit_to_running_ms", "1,024-GPU gang: submit to running (ms)", "< 200"),
+    ]:
+        rows.append((label, *(str(results[db].get(key)) for db in results), target))
+    print_table("Scheduling end to end, 100k GPUs", rows, ("figure", *results.keys(), "target"))
+    print(
+        json.dumps(
+            {
+                "benchmark": "scheduling_e2e",
+                **{f"{db}_{k}": v for db, r in results.items() for k, v in r.items()},
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""The scheduling engine alone on the 100k preset: fill, mixed, and one 1,024-GPU gang.
+
+    python -m bench.scheduling_engine
+
+- fill: cycles back to back over 10,000 pending whole-node jobs on an empty cluster until 90% of
+  the GPUs are allocated; job starts per second of engine time, cycle time p50/p99.
+- mixed: 10,000 pending jobs of 1 to 2,048 GPUs over four borrowing queues; a virtual clock moves
+  60 s between cycles and jobs end at their estimated duration; admissions per second of engine
+  time over 60 cycles, cycle time p50/p99 (each cycle looks at every pending job).
+- gang: with the cluster about 70% busy, the time to place one 1,024-GPU gang (FreePool.place).
+The invariant checker is not run here (tests do that); the numbers are the engine's own.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from bench._backends import print_table
+from bench.workloads import fill_workload, mixed_workload
+from engine.chips import BY_NAME
+from engine.placement import FreePool, Layout
+from engine.presets import preset_document
+from engine.scheduler import schedule
+from engine.synthetic import snapshot_from_spec
+from engine.topology_spec import parse_topology
+from engine.workload import RunningJob
+
+
+def _apply(result, pending, running, now):
+    by_id = {j.id: j for j in pending}
+    started = {a.job_id for a in result.admissions}
+    for a in result.admissions:
+        job = by_id[a.job_id]
+        running.append(
+            RunningJob(
+                job.id, job.queue, a.gpus, a.chip, job.priority, now, now + job.estimated_duration, now
+            )
+        )
+    return [j for j in pending if j.id not in started], running
+
+
+def bench_fill(layout: Layout) -> dict:
+    queues, pending = fill_workload(layout.topo)
+    running: list[RunningJob] = []
+    total = layout.topo.num_gpus
+    cycle_times, starts, engine_time = [], 0, 0.0
+    allocated = 0
+    while allocated < 0.9 * total and len(cycle_times) < 50:
+        t0 = time.perf_counter()
+        result = schedule(layout, queues, running, pending, 0.0)
+        dt = time.perf_counter() - t0
+        cycle_times.append(dt)
+        engine_time += dt
+        starts += len(result.admissions)
+        pending, running = _apply(result, pending, running, 0.0)
+        allocated = sum(len(j.gpus) for j in running)
+        if not result.admissions:
+            break
+    return {
+        "fill_90pct_s": round(engine_time, 3) if allocated >= 0.9 * total else None,
+        "fill_allocated_pct": round(100 * allocated / total, 1),
+        "fill_starts": starts,
+        "fill_starts_per_s": round(starts / engine_time, 1),
+        "fill_cycles": len(cycle_times),
+        "fill_cycle_p50_ms": round(float(np.percentile(cycle_times, 50)) * 1000, 1),
+        "fill_cycle_p99_ms": round(float(np.percentile(cycle_times, 99)) * 1000, 1),
+    }
+
+
+def bench_mixed(layout: Layout, cycles: int = 60, step_s: float = 60.0) -> dict:
+    queues, pending = mixed_workload(layout.topo)
+    running: list[RunningJob] = []
+    now = 0.0
+    cycle_times, admissions, preemptions = [], 0, 0
+    for _ in range(cycles):
+        running = [j for j in running if j.estimated_end > now]
+        t0 = time.perf_counter()
+        result = schedule(layout, queues, running, pending, now)
+        cycle_times.append(time.perf_counter() - t0)
+        admissions += len(result.admissions)
+        preemptions += len(result.preemptions)
+        pending, running = _apply(result, pending, running, now)
+        now += step_s
+    engine_time = sum(cycle_times)
+    return {
+        "mixed_admissions": admissions,
+        "mixed_admissions_per_s": round(admissions / engine_time, 1),
+        "mixed_cycle_p50_ms": round(float(np.percentile(cycle_times, 50)) * 1000, 1),
+        "mixed_cycle_p99_ms": round(float(np.percentile(cycle_times, 99)) * 1000, 1),
+        "mixed_first_cycle_ms": round(cycle_times[0] * 1000, 1),
+    }
+
+
+def bench_gang(layout: Layout, repeats: int = 50) -> dict:
+    rng = np.random.default_rng(5)
+    free = np.ones(layout.topo.num_gpus, dtype=bool)
+    busy_nodes = rng.choice(layout.topo.num_nodes, size=int(0.7 * layout.topo.num_nodes), replace=False)
+    for n in busy_nodes:
+        start = layout.node_gpu_start[n]
+        free[start : start + 8] = False
+    pool = FreePool(layout, free)
+    h100 = layout.topo.chip_names.index("H100-SXM")
+    times = []
+    for _ in range(repeats):
+        trial = pool.copy()
+        t0 = time.perf_counter()
+        placed = trial.place(h100, 1024, 3)
+        times.append(time.perf_counter() - t0)
+        assert placed is not None and len(placed[0]) == 1024
+    return {
+        "gang_1024_place_ms_p50": round(float(np.percentile(times, 50)) * 1000, 2),
+        "gang_1024_place_ms_p99": round(float(np.percentile(times, 99)) * 1000, 2),
+        "gang_1024_domain": layout.domain_name(placed[1], placed[2]),
+    }
+
+
+def main() -> None:
+    topo = snapshot_from_spec(parse_topology(preset_document("100k"), set(BY_NAME)))
+    layout = Layout(topo)
+    figures = {**bench_fill(layout), **bench_mixed(layout), **bench_gang(layout)}
+    rows = [
+        ("fill: time to 90% allocated", f"{figures['fill_90pct_s']} s", "target < 2 s (end to end)"),
+        ("fill: job starts per second", f"{figures['fill_starts_per_s']:,}", "target > 200 (end to end)"),
+        ("fill: cycle p50 / p99", f"{figures['fill_cycle_p50_ms']} / {figures['fill_cycle_p99_ms']} ms", ""),
+        ("mixed: admissions per second", f"{figures['mixed_admissions_per_s']:,}", "target > 1,000"),
+        (
+            "mixed: cycle p50 / p99",
+            f"{figures['mixed_cycle_p50_ms']} / {figures['mixed_cycle_p99_ms']} ms",
+            "target < 1,000 ms",
+        ),
+        (
+            "gang: place 1,024 GPUs p50 / p99",
+            f"{figures['gang_1024_place_ms_p50']} / {figures['gang_1024_place_ms_p99']} ms",
+            "target < 10 ms",
+        ),
+    ]
+    print_table("Scheduling engine alone, 100k GPUs (12,500 nodes x 8)", rows, ("figure", "value", "target"))
+    print(json.dumps({"benchmark": "scheduling_engine", **figures}))
+
+
+if __name__ == "__main__":
+    main()
