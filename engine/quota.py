@@ -48,6 +48,7 @@ class QuotaBook:
         self.lendable = np.minimum(np.asarray(lending_limit, dtype=np.int64), self.nominal)
         self.guaranteed = self.nominal - self.lendable
         self.usage = np.asarray(usage, dtype=np.int64).copy()
+        self.queue_total = self.usage.sum(axis=1)
         n_cohorts = len(cohort_names)
         self.pool_capacity = np.zeros((n_cohorts, len(self.chip_names)), dtype=np.int64)
         members = self.cohort_of >= 0
@@ -86,7 +87,7 @@ class QuotaBook:
         return int(self.pool_capacity[cohort, c] - self.pool_usage[cohort, c])
 
     def share(self, q: int, weight: float) -> float:
-        return float(self.usage[q].sum()) / max(weight, 1e-9)
+        return float(self.queue_total[q]) / max(weight, 1e-9)
 
     def check(self, q: int, c: int, gpus: int) -> QuotaCheck:
         name, chip = self.queue_names[q], self.chip_names[c]
@@ -137,6 +138,7 @@ class QuotaBook:
             new = max(0, int(self.usage[q, c] + gpus - self.guaranteed[q, c]))
             self.pool_usage[cohort, c] += new - old
         self.usage[q, c] += gpus
+        self.queue_total[q] += gpus
 
     def remove(self, q: int, c: int, gpus: int) -> None:
         self.add(q, c, -gpus)

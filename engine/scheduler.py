@@ -113,9 +113,10 @@ class Cycle:
         self.reserved = np.zeros(self.topo.num_gpus, dtype=bool)
         self.horizon = float("inf")  # earliest reservation start
         self.reservation_attempts = 0
-        self.no_room: dict[
-            tuple[int, int], int
-        ] = {}  # (chip, level limit) -> smallest gang that found no room
+        # (chip, level limit) -> the smallest gang that found no room this cycle
+        self.no_room: dict[tuple[int, int], int] = {}
+        # (chip, level limit) -> (size, name) of the largest free block, for reasons
+        self.largest_blocks: dict[tuple[int, int], tuple[int, str]] = {}
         self.victims: set[int] = set()
         self.started: list[RunningJob] = []  # admitted this cycle, as running jobs
         self.result = CycleResult()
@@ -244,6 +245,7 @@ class Cycle:
         return job.estimated_duration is not None and self.now + job.estimated_duration <= self.horizon
 
     def _record_admission(self, qi, job, c, gpus, level, domain, *, backfilled=False, preempted=()):
+        self.largest_blocks.clear()
         self.quota.add(qi, c, job.gpus)
         chip = self.topo.chip_names[c]
         end = self.now + job.estimated_duration if job.estimated_duration is not None else None
@@ -262,9 +264,12 @@ class Cycle:
 
     def _placement_reason(self, job: PendingJob, c: int, max_level: int) -> str:
         chip = self.topo.chip_names[c]
-        level_name = "cluster" if LEVELS[max_level] == "cluster" else LEVELS[max_level]
-        size, level, domain = self.pool_open.largest_block(c, max_level)
-        where = self.layout.domain_name(level, domain)
+        level_name = LEVELS[max_level]
+        block = self.largest_blocks.get((c, max_level))
+        if block is None:
+            size, level, domain = self.pool_open.largest_block(c, max_level)
+            block = self.largest_blocks[(c, max_level)] = (size, self.layout.domain_name(level, domain))
+        size, where = block
         if self.pool_open is not self.pool_all and self.pool_all.find(c, job.gpus, max_level) is not None:
             return (
                 f"{job.gpus} {chip} GPUs are free only on GPUs reserved for a larger job starting in "
@@ -394,6 +399,7 @@ class Cycle:
     def _evict_and_place(self, qi, job, c, level, domain, victims, usable, chosen_idx, max_level) -> bool:
         freed = [usable[i] for i in chosen_idx]
         self.no_room.clear()
+        self.largest_blocks.clear()
         for (victim, _), gpus in zip(victims, freed, strict=True):
             self.pool_all.give(gpus)
             if self.pool_open is not self.pool_all:
@@ -445,6 +451,7 @@ class Cycle:
                 self.pool_open = self.pool_all.copy()
             self.reserved[chosen] = True
             self.pool_open.take_where_free(chosen)
+            self.largest_blocks.clear()
             self.horizon = min(self.horizon, start)
             reservation = Reservation(job.id, chip, chosen, start, self.layout.domain_name(*where))
             self.result.reservations.append(reservation)
