@@ -16,9 +16,10 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	MYRIAD_DEBUG=$${MYRIAD_DEBUG:-1} $(PY) manage.py migrate --noinput
 	MYRIAD_DEBUG=$${MYRIAD_DEBUG:-1} $(PY) manage.py build_cluster demo --if-empty
+	MYRIAD_DEBUG=$${MYRIAD_DEBUG:-1} $(PY) manage.py seed_queues
 	MYRIAD_DEBUG=$${MYRIAD_DEBUG:-1} $(PY) manage.py create_login operator --role operator
 	@echo "Serving Myriad on http://$(HOST):$(PORT)/ (log in with the operator login above)"
-	MYRIAD_DEBUG=$${MYRIAD_DEBUG:-1} $(PY) manage.py runserver $(HOST):$(PORT)
+	MYRIAD_DEBUG=$${MYRIAD_DEBUG:-1} $(PY) manage.py runstack $(HOST):$(PORT)
 
 test: $(VENV)/.installed
 	$(PY) -m ruff check .

@@ -6,6 +6,7 @@ state or health is not the default come from a second, selective query.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -23,6 +24,16 @@ def _positions(sorted_ids: np.ndarray, ids) -> np.ndarray:
     if len(ids) and (pos.max(initial=0) >= len(sorted_ids) or np.any(sorted_ids[pos] != ids)):
         raise ValueError("inventory changed while the snapshot was read; load it again")
     return pos.astype(np.int32)
+
+
+# Written as IN lists (not <>) so the state and health indexes serve it without a table scan.
+_UNUSUAL_GPUS_SQL = (
+    "SELECT id, state, health FROM {table} WHERE state IN ("
+    + ", ".join(f"'{s}'" for s in GPU_STATE_CODE if s != "ready")
+    + ") OR health IN ("
+    + ", ".join(f"'{h}'" for h in GPU_HEALTH_CODE if h != "ok")
+    + ")"
+)
 
 
 def _rows(sql: str) -> list[tuple]:
@@ -58,7 +69,7 @@ def load_topology() -> TopologySnapshot:
     gpu_id = gpus[:, 0]
     gpu_state = np.zeros(len(gpus), dtype=np.int8)  # "ready" is code 0
     gpu_health = np.zeros(len(gpus), dtype=np.int8)  # "ok" is code 0
-    unusual = _rows(f"SELECT id, state, health FROM {table} WHERE state <> 'ready' OR health <> 'ok'")
+    unusual = _rows(_UNUSUAL_GPUS_SQL.format(table=table))
     if unusual:
         order = np.argsort(gpu_id)
         where = order[np.searchsorted(gpu_id, [u[0] for u in unusual], sorter=order)]
@@ -102,6 +113,8 @@ class TopologyCache:
         self._key: tuple | None = None
         self._snapshot: TopologySnapshot | None = None
         self.gpu_order: np.ndarray | None = None
+        self._checked_at = 0.0
+        self._capacity: dict[tuple, tuple[int, int]] = {}
 
     @staticmethod
     def _structure_key() -> tuple:
@@ -111,8 +124,36 @@ class TopologyCache:
         )
         return tuple(_rows(sql))
 
+    def reset(self) -> None:
+        self.__init__()
+
+    def structure(self, max_age_s: float = 2.0) -> TopologySnapshot:
+        """The cached snapshot for questions about the cluster's shape (not its states); the
+        inventory is re-checked at most every ``max_age_s`` seconds."""
+        now = time.monotonic()
+        if self._snapshot is None or now - self._checked_at > max_age_s:
+            self.current()
+        return self._snapshot
+
+    def capacity(self, chips: tuple[int, ...], level: str) -> tuple[int, int]:
+        """(GPUs of these chip types in the cluster, most in any one domain of ``level``), memoized
+        per inventory version."""
+        snap = self.structure()
+        key = (self._key, chips, level)
+        if key not in self._capacity:
+            best_total = best_domain = 0
+            for c in chips:
+                mask = snap.gpu_chip == c
+                total = int(mask.sum())
+                best_total = max(best_total, total)
+                domain = total if level == "cluster" else int(snap.count_by(level, mask).max(initial=0))
+                best_domain = max(best_domain, domain)
+            self._capacity[key] = (best_total, best_domain)
+        return self._capacity[key]
+
     def current(self) -> TopologySnapshot:
         key = self._structure_key()
+        self._checked_at = time.monotonic()
         if key != self._key or self._snapshot is None:
             self._snapshot = load_topology()
             self._key = key
@@ -133,7 +174,7 @@ class TopologyCache:
     def _refresh_states(self, snap: TopologySnapshot) -> TopologySnapshot:
         table = GPU._meta.db_table
         node_state = np.zeros(snap.num_nodes, dtype=np.int8)
-        odd_nodes = _rows(f"SELECT id, state FROM {Node._meta.db_table} WHERE state <> 'ready'")
+        odd_nodes = _rows(f"SELECT id, state FROM {Node._meta.db_table} WHERE state <> 'ready'")  # 12.5k rows
         if odd_nodes:
             where = np.searchsorted(snap.node_id, [n[0] for n in odd_nodes])
             node_state[where] = [NODE_STATE_CODE[n[1]] for n in odd_nodes]
@@ -143,7 +184,7 @@ class TopologyCache:
             spare[np.searchsorted(snap.node_id, [s[0] for s in spares])] = True
         gpu_state = np.zeros(snap.num_gpus, dtype=np.int8)
         gpu_health = np.zeros(snap.num_gpus, dtype=np.int8)
-        unusual = _rows(f"SELECT id, state, health FROM {table} WHERE state <> 'ready' OR health <> 'ok'")
+        unusual = _rows(_UNUSUAL_GPUS_SQL.format(table=table))
         if unusual:
             where = self.gpu_indices([u[0] for u in unusual])
             gpu_state[where] = [GPU_STATE_CODE[u[1]] for u in unusual]

@@ -19,19 +19,11 @@ class JobStateError(ValueError):
 
 def capacity_problem(gpus: int, chip_types: list[str], topology: str) -> tuple[str, str] | None:
     """(field, message) when no domain of the cluster could ever hold the job, whatever runs."""
-    snap = topology_cache.current()
+    snap = topology_cache.structure()
     names = list(snap.chip_names)
-    wanted = [names.index(c) for c in chip_types] if chip_types else list(range(len(names)))
-    best_total, best_domain = 0, 0
-    for c in wanted:
-        mask = snap.gpu_chip == c
-        total = int(mask.sum())
-        best_total = max(best_total, total)
-        level = level_limit(topology)
-        if LEVELS[level] == "cluster":
-            best_domain = max(best_domain, total)
-        else:
-            best_domain = max(best_domain, int(snap.count_by(LEVELS[level], mask).max(initial=0)))
+    wanted = tuple(names.index(c) for c in chip_types) if chip_types else tuple(range(len(names)))
+    level = LEVELS[level_limit(topology)]
+    best_total, best_domain = topology_cache.capacity(wanted, level)
     label = ", ".join(chip_types) if chip_types else "any chip type"
     if gpus > best_total:
         return "gpus", f"the cluster has only {best_total} GPUs of {label}; {gpus} requested"

@@ -65,6 +65,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_redis)
 
 
+@pytest.fixture(autouse=True)
+def fresh_topology_cache():
+    """Each test builds its own cluster: never reuse a snapshot cached by an earlier test."""
+    from cluster.snapshot import topology_cache
+
+    topology_cache.reset()
+    yield
+    topology_cache.reset()
+
+
 @pytest.fixture
 def small_cluster(db):
     return build_cluster(parse_topology(SMALL_TOPOLOGY, known_chip_names()))
