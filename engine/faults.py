@@ -1,0 +1,166 @@
+"""Fault classification: what a fault means for the GPU, the node and the job, and what to do.
+
+XID codes follow NVIDIA's XID catalogue (Ampere and later; docs.nvidia.com/deploy/xid-errors):
+its immediate-action buckets are RESTART_APP (restart the job, the GPU is fine), RESET_GPU,
+RESTART_BM (reboot the node), a few decision trees, and IGNORE. Non-XID sources (heartbeat loss,
+a hang reported by the job's collective watchdog, link and switch faults, an operator) are
+classified here too so every fault gets one documented action. The table is in docs/faults.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Action(StrEnum):
+    RESTART_JOB = "restart_job"  # the job restarts from its checkpoint; hardware stays in service
+    RESET_GPU = "reset_gpu"  # the GPU leaves service until it is reset
+    REBOOT_NODE = "reboot_node"  # the node leaves service until it is rebooted
+    RESET_WHEN_CONVENIENT = "reset_when_convenient"  # keep running; reset at the next job boundary
+    REPAIR_NODE = "repair_node"  # the node needs hands-on repair or an RMA
+    LINK_DOWN = "link_down"  # a network link or switch: jobs crossing it restart elsewhere
+    OBSERVE = "observe"  # record only
+
+
+class Scope(StrEnum):
+    GPU = "gpu"
+    NODE = "node"
+    LINK = "link"
+    JOB = "job"
+
+
+@dataclass(frozen=True)
+class Classification:
+    action: Action
+    scope: Scope
+    interrupts_job: bool  # the running job stops (and restarts from a checkpoint)
+    memory_readable: bool  # GPU memory still readable, so a triggered checkpoint may succeed
+    detection_s: float  # typical time from the fault to the controller knowing of it
+    cause: str  # the cause category used in reports (Llama 3 Table 5 categories)
+    description: str
+
+
+XID_DETECTION_S = 30.0  # XID events surface through the driver log / DCGM within seconds to ~30 s
+HANG_DETECTION_S = 300.0  # a hang is found by the collective watchdog; default kept well under NCCL's 10 min
+HEARTBEAT_DETECTION_S = 60.0  # node agent heartbeat missed for a minute
+
+
+def _xid(action, interrupts, readable, cause, text, scope=Scope.GPU):
+    return Classification(action, scope, interrupts, readable, XID_DETECTION_S, cause, text)
+
+
+XID_TABLE: dict[int, Classification] = {
+    13: _xid(
+        Action.RESTART_JOB, True, True, "software", "graphics engine exception (usually the application)"
+    ),
+    31: _xid(Action.RESTART_JOB, True, True, "software", "GPU memory page fault"),
+    43: _xid(Action.RESTART_JOB, True, True, "software", "GPU stopped processing (application fault)"),
+    45: _xid(
+        Action.OBSERVE, False, True, "gpu", "preemptive cleanup after an earlier error; follow the other XID"
+    ),
+    46: _xid(Action.RESET_GPU, True, False, "gpu", "GPU timeout"),
+    61: _xid(Action.RESET_GPU, True, False, "gpu", "internal micro-controller breakpoint (treated as 62)"),
+    62: _xid(Action.RESET_GPU, True, False, "gpu", "internal micro-controller halt"),
+    63: _xid(Action.RESET_WHEN_CONVENIENT, False, True, "gpu_memory", "row remap / page retirement event"),
+    64: _xid(Action.RESET_GPU, True, False, "gpu_memory", "row remap / page retirement failure"),
+    79: _xid(Action.REBOOT_NODE, True, False, "gpu", "GPU has fallen off the bus", Scope.NODE),
+    92: _xid(Action.OBSERVE, False, True, "gpu_memory", "high single-bit ECC error rate"),
+    94: _xid(Action.RESTART_JOB, True, True, "gpu_memory", "contained ECC error"),
+    95: _xid(Action.RESET_GPU, True, False, "gpu_memory", "uncontained ECC error"),
+    109: _xid(Action.RESET_GPU, True, False, "gpu", "context-switch timeout"),
+    119: _xid(Action.RESET_GPU, True, False, "gpu", "GSP RPC timeout"),
+    120: _xid(Action.RESET_GPU, True, False, "gpu", "GSP error"),
+    136: _xid(Action.RESET_GPU, True, False, "gpu", "link training failure"),
+    140: _xid(Action.RESET_GPU, True, False, "gpu_memory", "ECC unrecovered error escape"),
+    143: _xid(Action.RESET_GPU, True, False, "gpu", "GPU initialization failure"),
+    158: _xid(Action.RESET_GPU, True, False, "gpu", "fatal timeout"),
+}
+
+# The two decision trees of the catalogue, kept as code below: 48 (double-bit ECC) and 74 (NVLink).
+TREE_XIDS = (48, 74)
+
+
+def classify_xid(
+    xid: int, *, dbe_over_threshold: bool = False, peer_faulted: bool = False, repeated_on_node: bool = False
+) -> Classification:
+    """Classify an XID. ``dbe_over_threshold``: the GPU's retired-page / SRAM DBE count is over the
+    RMA threshold (XID 48). ``peer_faulted``: another GPU on the NVLink fabric reported a fault at
+    the same time, so this XID 74 is sympathetic. ``repeated_on_node``: the same fault repeats on
+    this node within the lemon window."""
+    if xid == 48:
+        if dbe_over_threshold:
+            return _xid(
+                Action.REPAIR_NODE,
+                True,
+                False,
+                "gpu_memory",
+                "double-bit ECC error with DBEs over the threshold: replace the GPU",
+                Scope.NODE,
+            )
+        return _xid(Action.RESET_GPU, True, False, "gpu_memory", "double-bit ECC error: reset to clear")
+    if xid == 74:
+        if peer_faulted:
+            return _xid(
+                Action.RESTART_JOB,
+                True,
+                True,
+                "gpu",
+                "NVLink error caused by a peer GPU's fault: the peer is handled, this GPU stays",
+            )
+        if repeated_on_node:
+            return _xid(
+                Action.REBOOT_NODE, True, False, "gpu", "repeated NVLink error: reboot the node", Scope.NODE
+            )
+        return _xid(Action.RESET_GPU, True, False, "gpu", "NVLink error: reset the GPU")
+    if 144 <= xid <= 150:
+        return _xid(Action.REBOOT_NODE, True, False, "gpu", "NVLink5 error: reboot the node", Scope.NODE)
+    known = XID_TABLE.get(xid)
+    if known is not None:
+        return known
+    # An XID we do not know: take the GPU out until someone looks, rather than trust it.
+    return _xid(Action.RESET_GPU, True, False, "unknown", f"XID {xid} is not in the catalogue; reset the GPU")
+
+
+SOURCE_TABLE: dict[str, Classification] = {
+    "heartbeat_loss": Classification(
+        Action.REBOOT_NODE,
+        Scope.NODE,
+        True,
+        False,
+        HEARTBEAT_DETECTION_S,
+        "host",
+        "node agent heartbeat lost",
+    ),
+    "job_hang": Classification(
+        Action.RESTART_JOB,
+        Scope.JOB,
+        True,
+        True,
+        HANG_DETECTION_S,
+        "unknown",
+        "collective watchdog reported a hang",
+    ),
+    "link_down": Classification(
+        Action.LINK_DOWN, Scope.LINK, True, True, XID_DETECTION_S, "network", "network link or switch down"
+    ),
+    "health_check": Classification(
+        Action.RESET_GPU, Scope.GPU, True, False, XID_DETECTION_S, "gpu", "DCGM-style health check failed"
+    ),
+    "host_maintenance": Classification(
+        Action.REPAIR_NODE, Scope.NODE, True, True, 0.0, "host_maintenance", "unplanned host maintenance"
+    ),
+    "operator": Classification(
+        Action.REPAIR_NODE, Scope.NODE, True, True, 0.0, "operator", "taken out of service by an operator"
+    ),
+}
+
+
+def classify(source: str, xid: int | None = None, **context) -> Classification:
+    if source == "xid":
+        if xid is None:
+            raise ValueError("an XID fault needs its code")
+        return classify_xid(xid, **context)
+    if source not in SOURCE_TABLE:
+        raise ValueError(f"unknown fault source {source!r}; known: xid, {', '.join(SOURCE_TABLE)}")
+    return SOURCE_TABLE[source]
