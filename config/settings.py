@@ -114,6 +114,8 @@ else:
         "data_folder_in": str(_broker_dir / "out"),
         "data_folder_out": str(_broker_dir / "out"),
         "data_folder_processed": str(_broker_dir / "processed"),
+        # the file-system transport polls its folder; poll often so a submit is seen within 50 ms
+        "polling_interval": 0.05,
     }
 CELERY_TASK_ALWAYS_EAGER = env_bool("MYRIAD_CELERY_EAGER", False)
 CELERY_TASK_SERIALIZER = "json"

@@ -17,6 +17,7 @@ from cluster.snapshot import topology_cache
 from engine.placement import Layout
 from engine.scheduler import SchedulerConfig, schedule
 from engine.workload import CycleResult, PendingJob, QueueSpec, RunningJob
+from scheduling.bulk import update_rows
 from scheduling.choices import EventKind, JobState
 from scheduling.locks import cycle_lock
 from scheduling.models import Allocation, Job, JobEvent, Queue
@@ -252,16 +253,7 @@ def apply_decisions(result: CycleResult, snapshot, now: datetime, old_reasons: d
     for a in result.admissions:
         gpu_ids = snapshot.gpu_id[a.gpus]
         rows.extend((a.job_id, int(g)) for g in gpu_ids)
-        admitted_jobs.append(
-            Job(
-                pk=a.job_id,
-                state=JobState.RUNNING,
-                started_at=now,
-                chip_id=chip_ids[a.chip],
-                placement=a.domain,
-                pending_reason="",
-            )
-        )
+        admitted_jobs.append((a.job_id, JobState.RUNNING.value, now, chip_ids[a.chip], a.domain[:128], ""))
         admit_data = {"chip": a.chip, "gpus": len(a.gpus), "borrowed": a.borrowed}
         if a.preempted:
             admit_data["preempted"] = list(a.preempted)
@@ -284,18 +276,15 @@ def apply_decisions(result: CycleResult, snapshot, now: datetime, old_reasons: d
             )
         )
     if admitted_jobs:
-        Job.objects.bulk_update(
-            admitted_jobs, ["state", "started_at", "chip", "placement", "pending_reason"], batch_size=500
-        )
+        update_rows(Job, ["state", "started_at", "chip", "placement", "pending_reason"], admitted_jobs)
         _insert_allocations(rows, now)
 
     changed = [
-        Job(pk=job_id, pending_reason=reason[:2000])
+        (job_id, reason[:2000])
         for job_id, reason in result.pending.items()
         if old_reasons.get(job_id) != reason
     ]
-    if changed:
-        Job.objects.bulk_update(changed, ["pending_reason"], batch_size=1000)
+    update_rows(Job, ["pending_reason"], changed)
     JobEvent.objects.bulk_create(events, batch_size=1000)
     return len(rows)
 
