@@ -135,6 +135,9 @@ class Node(models.Model):
     state_reason = models.CharField(max_length=255, blank=True)
     state_changed_at = models.DateTimeField(null=True, blank=True)
     is_spare = models.BooleanField("spare", default=False, db_index=True)
+    is_lemon = models.BooleanField(
+        "lemon", default=False, help_text="Faults repeatedly: quarantined until an operator clears it"
+    )
 
     class Meta:
         ordering = ["id"]

@@ -3,6 +3,7 @@ decision in one transaction with bulk writes, record events, publish after commi
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -117,22 +118,34 @@ def load_running() -> list[RunningJob]:
 
 
 def load_pending() -> tuple[list[PendingJob], dict[int, str]]:
-    rows = Job.objects.filter(state=JobState.PENDING).values_list(
-        "id",
-        "queue__name",
-        "gpus",
-        "priority",
-        "chip_types",
-        "topology",
-        "submitted_at",
-        "estimated_duration_s",
-        "pending_reason",
-    )
+    """Pending jobs in one plain query (10,000 of them are normal on a busy cluster)."""
+    job, queue = Job._meta.db_table, Queue._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT j.id, q.name, j.gpus, j.priority, j.chip_types, j.topology, j.submitted_at, "
+            f"j.estimated_duration_s, j.pending_reason FROM {job} j JOIN {queue} q ON q.id = j.queue_id "
+            f"WHERE j.state = %s",
+            [JobState.PENDING.value],
+        )
+        rows = cursor.fetchall()
     pending, reasons = [], {}
-    for job_id, queue, gpus, priority, chips, topology, submitted, duration, reason in rows:
+    for job_id, queue_name, gpus, priority, chips, topology, submitted, duration, reason in rows:
+        if isinstance(chips, str):  # SQLite returns JSON as text
+            chips = json.loads(chips)
+        if isinstance(submitted, str):
+            submitted = datetime.fromisoformat(submitted)
+        if submitted.tzinfo is None:
+            submitted = submitted.replace(tzinfo=UTC)
         pending.append(
             PendingJob(
-                job_id, queue, gpus, priority, tuple(chips or ()), topology, submitted.timestamp(), duration
+                job_id,
+                queue_name,
+                gpus,
+                priority,
+                tuple(chips or ()),
+                topology,
+                submitted.timestamp(),
+                duration,
             )
         )
         reasons[job_id] = reason
@@ -197,13 +210,14 @@ def _insert_allocations(rows: list[tuple[int, int]], now: datetime) -> None:
     table = Allocation._meta.db_table
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
+            stamp = now.isoformat()
+            block = "".join(f"{job_id}\t{gpu_id}\tt\t{stamp}\n" for job_id, gpu_id in rows)
             # COPY is not wrapped by Django: map driver errors to Django's (IntegrityError...)
             with (
                 connection.wrap_database_errors,
                 cursor.copy(f"COPY {table} (job_id, gpu_id, active, created_at) FROM STDIN") as copy,
             ):
-                for job_id, gpu_id in rows:
-                    copy.write_row((job_id, gpu_id, True, now))
+                copy.write(block)
         else:
             cursor.executemany(
                 f"INSERT INTO {table} (job_id, gpu_id, active, created_at) VALUES (%s, %s, %s, %s)",

@@ -120,8 +120,10 @@ class Job(models.Model):
 
 
 class Allocation(models.Model):
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
-    gpu = models.ForeignKey(GPU, on_delete=models.CASCADE, related_name="allocations")
+    # No separate single-column indexes: (job, active) serves job lookups and the partial unique
+    # index serves "who holds this GPU"; fewer indexes keep a 100k-GPU fill's inserts fast.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations", db_index=False)
+    gpu = models.ForeignKey(GPU, on_delete=models.CASCADE, related_name="allocations", db_index=False)
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField()
     released_at = models.DateTimeField(null=True, blank=True)
