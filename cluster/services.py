@@ -32,9 +32,17 @@ def apply_node_action(nodes: Iterable[Node], action: str, *, actor: str, reason:
     text = f"{action} by {actor}" + (f": {reason}" if reason else "")
     for node in locked:
         node.state = targets[node.pk]
-        node.state_reason = "" if action == "uncordon" else text[:255]
+        node.state_reason = "" if action in ("uncordon", "return") else text[:255]
         node.state_changed_at = now
     Node.objects.bulk_update(locked, ["state", "state_reason", "state_changed_at"])
+    if action == "return":
+        # a repaired node comes back whole: its GPUs were reset, its open faults are cleared
+        from cluster.models import GPU
+        from monitoring.models import FaultEvent
+
+        GPU.objects.filter(node__in=locked).update(state="ready", health="ok")
+        FaultEvent.objects.filter(node__in=locked, cleared_at__isnull=True).update(cleared_at=now)
+        FaultEvent.objects.filter(gpu__node__in=locked, cleared_at__isnull=True).update(cleared_at=now)
     return locked
 
 

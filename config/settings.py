@@ -171,6 +171,10 @@ SPECTACULAR_SETTINGS = {
         "TopologyConstraintEnum": "scheduling.choices.TopologyConstraint",
         "ReclaimPolicyEnum": "scheduling.choices.ReclaimPolicy",
         "WithinQueuePolicyEnum": "scheduling.choices.WithinQueuePolicy",
+        "CheckpointKindEnum": "scheduling.choices.CheckpointKind",
+        "FaultSourceEnum": "monitoring.choices.FaultSource",
+        "FaultActionEnum": "monitoring.choices.FaultAction",
+        "SeverityEnum": "monitoring.choices.Severity",
     },
     # The API's description is public; the data behind it is not.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],

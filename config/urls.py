@@ -12,6 +12,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("cluster.api.urls")),
     path("api/v1/", include("scheduling.api.urls")),
+    path("api/v1/", include("monitoring.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),

@@ -15,7 +15,8 @@ default only with a cited source, never to flatter a result.
 - Checkpoint state: 16 bytes per parameter (bf16 weights, fp32 master weights and Adam moments).
 - Storage: durable storage bandwidth scales with the job: 2 TB/s per 16,384 GPUs (122 MB/s per
   GPU), what Meta's Tectonic sustained for Llama 3's checkpoints; 50 GB/s GPU-to-host copy per GPU
-  (PCIe Gen5 x16); 25 GB/s to load a shard from a peer's host memory (one 200 Gb/s NIC).
+  (PCIe Gen5 x16); 25 GB/s to load a shard from a peer's host memory (one 200 Gb/s NIC). A small
+  job is limited by its nodes' storage NICs (100 Gb/s each) and gets at least a 200 GB/s share.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class Physics:
     comm_init_s_per_doubling: float = 2.0  # communicator init: 2 s x log2(GPUs): 27 s at 10k, 33 s at 100k
     bytes_per_parameter: float = 16.0
     storage_gbps_per_gpu: float = 2000.0 / 16384
+    storage_floor_gbps: float = 200.0  # what a small job can get from the file system
+    node_storage_gbps: float = 12.5  # one 100 Gb/s storage NIC per node
     host_copy_gbps: float = 50.0
     peer_load_gbps: float = 25.0  # a replacement node loads its shard from a peer's host memory
 
@@ -65,8 +68,11 @@ class Physics:
     def repair_sigma(self) -> float:
         return math.sqrt(2.0 * math.log(self.repair_mean_days / self.repair_median_days))
 
-    def storage_gbps(self, gpus: int) -> float:
-        return self.storage_gbps_per_gpu * gpus
+    def storage_gbps(self, gpus: int, gpus_per_node: int = 8) -> float:
+        """Durable-storage bandwidth a job of this size gets: its share of the file system (never
+        below the file system's floor), but no more than its nodes' storage NICs can carry."""
+        share = max(self.storage_gbps_per_gpu * gpus, self.storage_floor_gbps)
+        return min(share, self.node_storage_gbps * max(1, gpus // gpus_per_node))
 
     def comm_init_s(self, gpus: int) -> float:
         return self.comm_init_s_per_doubling * math.log2(max(gpus, 2))

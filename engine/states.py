@@ -19,6 +19,10 @@ NODE_ACTIONS: dict[str, tuple[frozenset[str], str]] = {
     "cordon": (frozenset({"ready"}), "cordoned"),
     "drain": (frozenset({"ready", "cordoned"}), "draining"),
     "uncordon": (frozenset({"cordoned", "draining"}), "ready"),
+    # the health path: a fault takes a node down, repair starts, the repaired node returns
+    "mark_down": (frozenset({"ready", "cordoned", "draining"}), "down"),
+    "repair": (frozenset({"down"}), "repairing"),
+    "return": (frozenset({"repairing"}), "ready"),
 }
 
 

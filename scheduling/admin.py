@@ -2,8 +2,25 @@ from django.contrib import admin, messages
 from django.utils.html import format_html
 
 from scheduling.choices import STATE_COLOURS
-from scheduling.models import Cohort, Job, JobEvent, Queue, QueueQuota
+from scheduling.models import Checkpoint, CheckpointPolicy, Cohort, Job, JobEvent, Queue, QueueQuota
 from scheduling.services import JobStateError, change_state
+
+
+@admin.register(CheckpointPolicy)
+class CheckpointPolicyAdmin(admin.ModelAdmin):
+    list_display = ["name", "kind", "interval_s", "triggered_success", "updated_at"]
+    list_filter = ["kind"]
+    search_fields = ["name"]
+
+
+class CheckpointInline(admin.TabularInline):
+    model = Checkpoint
+    extra = 0
+    can_delete = False
+    readonly_fields = ["step", "at", "progress_s", "size_bytes", "kind", "durable", "stall_s"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Cohort)
@@ -91,7 +108,7 @@ class JobAdmin(admin.ModelAdmin):
         "preemptions",
     ]
     raw_id_fields = ["owner"]
-    inlines = [JobEventInline]
+    inlines = [JobEventInline, CheckpointInline]
     actions = [_job_action("cancel"), _job_action("suspend"), _job_action("resume")]
     show_full_result_count = False
 

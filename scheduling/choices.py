@@ -23,6 +23,12 @@ ACTIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)
 DONE_STATES = (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)
 
 
+class CheckpointKind(models.TextChoices):
+    PERIODIC = "periodic", "Periodic (synchronous)"
+    ASYNC = "async", "Asynchronous"
+    TRIGGERED = "triggered", "Triggered (with periodic fallback)"
+
+
 class EventKind(models.TextChoices):
     SUBMITTED = "submitted", "Submitted"
     ADMITTED = "admitted", "Admitted"
@@ -34,6 +40,9 @@ class EventKind(models.TextChoices):
     FINISHED = "finished", "Finished"
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
+    FAULTED = "faulted", "Faulted"
+    CHECKPOINTED = "checkpointed", "Checkpointed"
+    RECOVERED = "recovered", "Recovered"
 
 
 class TopologyConstraint(models.TextChoices):

@@ -12,6 +12,7 @@ from django.db.models import Q
 
 from cluster.models import GPU, ChipType
 from scheduling.choices import (
+    CheckpointKind,
     EventKind,
     JobKind,
     JobState,
@@ -29,6 +30,40 @@ class Cohort(models.Model):
 
     class Meta:
         ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class CheckpointPolicy(models.Model):
+    """How a job saves its state: periodic (synchronous), asynchronous, or triggered at a fault with
+    a periodic asynchronous fallback. An empty interval means "auto": the Young/Daly interval from
+    the job's measured mean time between faults and its checkpoint stall."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.TextField(blank=True)
+    kind = models.CharField(max_length=16, choices=CheckpointKind.choices, default=CheckpointKind.ASYNC)
+    interval_s = models.FloatField(
+        null=True, blank=True, help_text="Seconds between checkpoints; empty: auto"
+    )
+    triggered_success = models.FloatField(
+        default=0.95, help_text="Probability that a triggered save succeeds when GPU memory is readable"
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name_plural = "checkpoint policies"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(interval_s__isnull=True) | Q(interval_s__gt=0),
+                name="checkpoint_interval_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(triggered_success__gte=0) & Q(triggered_success__lte=1),
+                name="checkpoint_triggered_success_probability",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -52,6 +87,9 @@ class Queue(models.Model):
     )
     stopped = models.BooleanField(
         default=False, help_text="A stopped queue admits nothing and keeps running work"
+    )
+    default_checkpoint_policy = models.ForeignKey(
+        CheckpointPolicy, null=True, blank=True, on_delete=models.SET_NULL, related_name="queues"
     )
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -96,6 +134,15 @@ class Job(models.Model):
     chip_types = models.JSONField(default=list, blank=True, help_text="Allowed chip types, preferred first")
     topology = models.CharField(max_length=16, choices=TopologyConstraint.choices, default="datacenter")
     estimated_duration_s = models.FloatField(null=True, blank=True)
+    parameters = models.FloatField(null=True, blank=True, help_text="Model parameters, for checkpoint size")
+    checkpoint_policy = models.ForeignKey(
+        CheckpointPolicy,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="jobs",
+        help_text="Empty: the queue's default",
+    )
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING, db_index=True)
     pending_reason = models.TextField(blank=True)
     submitted_at = models.DateTimeField(db_index=True)
@@ -138,6 +185,30 @@ class Allocation(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} on GPU {self.gpu_id}" + ("" if self.active else " (released)")
+
+
+class Checkpoint(models.Model):
+    """One saved checkpoint of a job, as reported by its nodes or taken at a fault."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.PositiveBigIntegerField(default=0)
+    at = models.DateTimeField(db_index=True)
+    progress_s = models.FloatField(help_text="Training progress saved, in seconds of work")
+    size_bytes = models.FloatField(default=0)
+    kind = models.CharField(max_length=16, choices=CheckpointKind.choices)
+    durable = models.BooleanField(
+        default=True, help_text="Written to durable storage, not only to host memory"
+    )
+    stall_s = models.FloatField(default=0, help_text="How long training stopped for it")
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(stall_s__gte=0), name="checkpoint_stall_not_negative")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} step {self.step} ({self.kind})"
 
 
 class JobEvent(models.Model):

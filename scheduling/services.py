@@ -9,7 +9,7 @@ from django.utils import timezone
 from cluster.snapshot import topology_cache
 from engine.placement import LEVELS, level_limit
 from scheduling.choices import EventKind, JobState
-from scheduling.models import Allocation, Job, JobEvent
+from scheduling.models import Allocation, Checkpoint, Job, JobEvent
 from scheduling.trigger import request_cycle
 
 
@@ -97,3 +97,28 @@ def change_state(job_id: int, action: str, *, actor: str = "", reason: str = "")
     if freed or action == "resume":
         request_cycle()
     return job
+
+
+@transaction.atomic
+def record_checkpoint(job: Job, **fields) -> Checkpoint:
+    """A checkpoint reported by the job's nodes: its progress becomes the job's saved progress."""
+    fields.setdefault("at", timezone.now())
+    checkpoint = Checkpoint.objects.create(job=job, **fields)
+    if checkpoint.durable:
+        Job.objects.filter(pk=job.pk).update(
+            progress_s=checkpoint.progress_s, last_checkpoint_at=checkpoint.at
+        )
+    JobEvent.objects.create(
+        job=job,
+        kind=EventKind.CHECKPOINTED,
+        at=checkpoint.at,
+        reason=f"{checkpoint.kind} checkpoint at step {checkpoint.step}"
+        + ("" if checkpoint.durable else " (in memory)"),
+        data={
+            "step": checkpoint.step,
+            "progress_s": checkpoint.progress_s,
+            "stall_s": checkpoint.stall_s,
+            "durable": checkpoint.durable,
+        },
+    )
+    return checkpoint

@@ -126,6 +126,24 @@ class NodeViewSet(viewsets.ModelViewSet):
         return self._act(request, "drain")
 
     @extend_schema(request=s.NodeActionSerializer, responses=s.NodeSerializer)
+    @action(detail=True, methods=["post"], url_path="mark-down")
+    def mark_down(self, request, pk=None):
+        """Take the node out of service as down (a fault the controller did not see)."""
+        return self._act(request, "mark_down")
+
+    @extend_schema(request=s.NodeActionSerializer, responses=s.NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def repair(self, request, pk=None):
+        """A down node goes to repair."""
+        return self._act(request, "repair")
+
+    @extend_schema(request=s.NodeActionSerializer, responses=s.NodeSerializer)
+    @action(detail=True, methods=["post"], url_path="return")
+    def return_to_service(self, request, pk=None):
+        """A repaired node returns to service: its GPUs are ready again and its faults cleared."""
+        return self._act(request, "return")
+
+    @extend_schema(request=s.NodeActionSerializer, responses=s.NodeSerializer)
     @action(detail=True, methods=["post"])
     def uncordon(self, request, pk=None):
         """Return a cordoned or draining node to service."""

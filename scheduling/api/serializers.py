@@ -5,8 +5,38 @@ from rest_framework import serializers
 
 from cluster.models import ChipType
 from scheduling.choices import STATE_COLOURS, JobKind, TopologyConstraint
-from scheduling.models import Cohort, Job, JobEvent, Queue, QueueQuota
+from scheduling.models import Checkpoint, CheckpointPolicy, Cohort, Job, JobEvent, Queue, QueueQuota
 from scheduling.services import capacity_problem
+
+
+class CheckpointPolicySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = CheckpointPolicy
+        fields = ["id", "name", "description", "kind", "interval_s", "triggered_success", "updated_at"]
+        read_only_fields = ["updated_at"]
+
+    def validate_interval_s(self, value):
+        if value is not None and value <= 0:
+            raise serializers.ValidationError("must be greater than zero, or empty for auto")
+        return value
+
+    def validate_triggered_success(self, value):
+        if not 0 <= value <= 1:
+            raise serializers.ValidationError("is a probability: between 0 and 1")
+        return value
+
+
+class CheckpointSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Checkpoint
+        fields = ["id", "step", "at", "progress_s", "size_bytes", "kind", "durable", "stall_s"]
+        extra_kwargs = {"at": {"required": False}}
+
+    def validate(self, attrs):
+        for field in ("progress_s", "size_bytes", "stall_s"):
+            if attrs.get(field, 0) < 0:
+                raise serializers.ValidationError({field: "must not be negative"})
+        return attrs
 
 
 class CohortSerializer(serializers.ModelSerializer):
@@ -48,6 +78,9 @@ class QueueSerializer(serializers.ModelSerializer):
     )
     quotas = QuotaSerializer(many=True, required=False)
     usage = serializers.SerializerMethodField()
+    default_checkpoint_policy = serializers.SlugRelatedField(
+        slug_field="name", queryset=CheckpointPolicy.objects.all(), allow_null=True, required=False
+    )
 
     class Meta:
         model = Queue
@@ -61,6 +94,7 @@ class QueueSerializer(serializers.ModelSerializer):
             "reclaim_within_cohort",
             "within_queue",
             "stopped",
+            "default_checkpoint_policy",
             "quotas",
             "usage",
             "updated_at",
@@ -123,6 +157,10 @@ class JobSerializer(serializers.ModelSerializer):
     state_colour = serializers.SerializerMethodField()
     gpus = serializers.IntegerField(min_value=1, max_value=1_000_000)
     estimated_duration_s = serializers.FloatField(required=False, allow_null=True, min_value=1)
+    parameters = serializers.FloatField(required=False, allow_null=True, min_value=1)
+    checkpoint_policy = serializers.SlugRelatedField(
+        slug_field="name", queryset=CheckpointPolicy.objects.all(), allow_null=True, required=False
+    )
 
     class Meta:
         model = Job
@@ -136,6 +174,8 @@ class JobSerializer(serializers.ModelSerializer):
             "chip_types",
             "topology",
             "estimated_duration_s",
+            "parameters",
+            "checkpoint_policy",
             "state",
             "state_colour",
             "pending_reason",
@@ -186,9 +226,32 @@ class JobSerializer(serializers.ModelSerializer):
 class JobDetailSerializer(JobSerializer):
     events = JobEventSerializer(many=True, read_only=True)
     gpu_ids = serializers.SerializerMethodField()
+    ettr = serializers.SerializerMethodField()
+    checkpoint_recommendation = serializers.SerializerMethodField()
+    recent_checkpoints = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "events", "gpu_ids"]
+        fields = [
+            *JobSerializer.Meta.fields,
+            "events",
+            "gpu_ids",
+            "ettr",
+            "checkpoint_recommendation",
+            "recent_checkpoints",
+        ]
+
+    def get_ettr(self, job: Job) -> dict | None:
+        from scheduling.ettr import job_ettr
+
+        return job_ettr([job]).get(job.pk)
+
+    def get_checkpoint_recommendation(self, job: Job) -> dict:
+        from scheduling.checkpoints import recommendation
+
+        return recommendation(job)
+
+    def get_recent_checkpoints(self, job: Job) -> list[dict]:
+        return CheckpointSerializer(job.checkpoints.all()[:20], many=True).data
 
     def get_gpu_ids(self, job: Job) -> list[int]:
         return list(job.allocations.filter(active=True).order_by("gpu_id").values_list("gpu_id", flat=True))
@@ -196,3 +259,18 @@ class JobDetailSerializer(JobSerializer):
 
 class JobActionSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+class ETTRQuerySerializer(serializers.Serializer):
+    since = serializers.DateTimeField(required=False)
+    until = serializers.DateTimeField(required=False)
+    queue = serializers.CharField(required=False)
+
+
+class ETTRSerializer(serializers.Serializer):
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    jobs = serializers.IntegerField()
+    gpu_seconds = serializers.FloatField()
+    ettr = serializers.FloatField(allow_null=True)
+    loss_share = serializers.DictField(child=serializers.FloatField())

@@ -1,15 +1,28 @@
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from datetime import timedelta
+
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from scheduling import filtersets
 from scheduling.api import serializers as s
-from scheduling.models import Cohort, Job, Queue
-from scheduling.services import JobStateError, change_state, submit_job
+from scheduling.ettr import cluster_ettr
+from scheduling.models import CheckpointPolicy, Cohort, Job, Queue
+from scheduling.services import JobStateError, change_state, record_checkpoint, submit_job
 from scheduling.trigger import request_cycle
+
+
+class CheckpointPolicyViewSet(viewsets.ModelViewSet):
+    queryset = CheckpointPolicy.objects.all()
+    serializer_class = s.CheckpointPolicySerializer
+    ordering_fields = ["name", "interval_s"]
+    search_fields = ["name"]
 
 
 class CohortViewSet(viewsets.ModelViewSet):
@@ -94,6 +107,21 @@ class JobViewSet(
             return Response({"state": [str(exc)]}, status=status.HTTP_409_CONFLICT)
         return Response(s.JobDetailSerializer(job, context=self.get_serializer_context()).data)
 
+    @extend_schema(request=s.CheckpointSerializer, responses=s.CheckpointSerializer)
+    @action(detail=True, methods=["post"], url_path="checkpoints")
+    def report_checkpoint(self, request, pk=None):
+        """A running job's nodes report a saved checkpoint (the node agent calls this)."""
+        job = self.get_object()
+        if job.state != "running":
+            return Response(
+                {"state": [f"only a running job saves checkpoints; this one is {job.state}"]},
+                status=status.HTTP_409_CONFLICT,
+            )
+        body = s.CheckpointSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        checkpoint = record_checkpoint(job, **body.validated_data)
+        return Response(s.CheckpointSerializer(checkpoint).data, status=status.HTTP_201_CREATED)
+
     @extend_schema(request=s.JobActionSerializer, responses=s.JobDetailSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
@@ -111,3 +139,25 @@ class JobViewSet(
     def resume(self, request, pk=None):
         """Put a suspended job back in its queue."""
         return self._act(request, "resume")
+
+
+class ETTRView(APIView):
+    """Effective training time over a window, GPU-weighted over every job that held GPUs in it,
+    with the share of each loss bucket."""
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("since", OpenApiTypes.DATETIME, description="Start (default: 24 hours ago)"),
+            OpenApiParameter("until", OpenApiTypes.DATETIME, description="End (default: now)"),
+            OpenApiParameter("queue", OpenApiTypes.STR, description="Only this queue's jobs"),
+        ],
+        responses=s.ETTRSerializer,
+    )
+    def get(self, request):
+        params = s.ETTRQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        until = params.validated_data.get("until") or timezone.now()
+        since = params.validated_data.get("since") or until - timedelta(hours=24)
+        if since >= until:
+            return Response({"since": ["must be before until"]}, status=status.HTTP_400_BAD_REQUEST)
+        return Response(s.ETTRSerializer(cluster_ettr(since, until, params.validated_data.get("queue"))).data)

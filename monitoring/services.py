@@ -1,0 +1,252 @@
+"""Faults: record them, classify them, take the hardware out of service, recover the jobs they hit.
+
+``report_fault`` records a fault and asks a worker to handle it after commit; ``handle_fault``
+(the Celery task's body) runs under the scheduling lock so recovery and scheduling never race:
+it classifies the fault (engine.faults), applies the node health state machine, quarantines
+lemon nodes, plans each hit job's recovery (engine.recovery) and applies the plan, recording every
+step as a job event with its duration.
+"""
+
+from __future__ import annotations
+
+import zlib
+from datetime import timedelta
+
+import numpy as np
+from django.db import transaction
+from django.utils import timezone
+
+from cluster.models import GPU, Node
+from cluster.snapshot import topology_cache
+from engine.checkpoint import PolicyKind
+from engine.faults import Action, Scope, classify
+from engine.physics import Physics
+from engine.recovery import plan_recovery
+from monitoring.models import FaultEvent
+from scheduling.choices import CheckpointKind, EventKind, JobState
+from scheduling.cycle import _insert_allocations, _layout
+from scheduling.locks import cycle_lock
+from scheduling.models import Allocation, Checkpoint, Job, JobEvent
+from scheduling.trigger import request_cycle
+
+LEMON_WINDOW = timedelta(days=7)
+LEMON_THRESHOLD = 3  # faults on one node within the window
+PHYSICS = Physics()
+
+
+def report_fault(**fields) -> FaultEvent:
+    """Record a fault (validated by the caller) and have it handled once the record commits."""
+    fields.setdefault("at", timezone.now())
+    with transaction.atomic():
+        fault = FaultEvent.objects.create(**fields)
+
+        def enqueue() -> None:
+            from monitoring.tasks import handle_fault_task
+
+            handle_fault_task.delay(fault.pk)
+
+        transaction.on_commit(enqueue)
+    return fault
+
+
+def _affected_gpus(fault: FaultEvent) -> tuple[list[int], Node | None]:
+    if fault.gpu_id:
+        return [fault.gpu_id], fault.gpu.node
+    if fault.node_id:
+        return list(fault.node.gpus.values_list("id", flat=True)), fault.node
+    if fault.pod_id:
+        return list(GPU.objects.filter(node__rack__pod=fault.pod).values_list("id", flat=True)), None
+    return [], None
+
+
+def _jobs_hit(fault: FaultEvent, gpu_ids: list[int]) -> list[int]:
+    active = Allocation.objects.filter(active=True, job__state=JobState.RUNNING)
+    if fault.link_id:
+        link = fault.link
+        in_a = set(active.filter(gpu__node__rack__pod__datacenter=link.a).values_list("job_id", flat=True))
+        in_b = set(active.filter(gpu__node__rack__pod__datacenter=link.b).values_list("job_id", flat=True))
+        return sorted(in_a & in_b)  # jobs whose traffic crosses the link
+    return sorted(set(active.filter(gpu_id__in=gpu_ids).values_list("job_id", flat=True)))
+
+
+def _take_out_of_service(
+    fault: FaultEvent, action: Action, gpu_ids: list[int], node: Node | None, now
+) -> None:
+    text = f"{fault}: {action.value.replace('_', ' ')}"[:255]
+    if action == Action.RESET_GPU:
+        GPU.objects.filter(pk__in=gpu_ids).update(state="down", health="critical")
+    elif action == Action.RESET_WHEN_CONVENIENT:
+        GPU.objects.filter(pk__in=gpu_ids).update(health="warning")
+    elif action in (Action.REBOOT_NODE, Action.REPAIR_NODE) and node is not None:
+        Node.objects.filter(pk=node.pk).exclude(state__in=["down", "repairing"]).update(
+            state="down", state_reason=text, state_changed_at=now
+        )
+    if node is not None:
+        recent = (
+            FaultEvent.objects.filter(node=node, at__gte=now - LEMON_WINDOW).count()
+            + FaultEvent.objects.filter(gpu__node=node, at__gte=now - LEMON_WINDOW).count()
+        )
+        if recent >= LEMON_THRESHOLD:
+            Node.objects.filter(pk=node.pk).update(
+                is_lemon=True,
+                state="down",
+                state_changed_at=now,
+                state_reason=f"quarantined as a lemon: {recent} faults in {LEMON_WINDOW.days} days",
+            )
+
+
+def _policy_kind(job: Job) -> tuple[PolicyKind | None, float]:
+    policy = job.checkpoint_policy or job.queue.default_checkpoint_policy
+    if policy is None:
+        return None, 0.95
+    return PolicyKind(policy.kind), policy.triggered_success
+
+
+def _recover(job: Job, fault: FaultEvent, classification, faulty_ids: list[int], now) -> float | None:
+    """Plan and apply one job's recovery; returns the modelled time to recover (None: requeued)."""
+    snapshot = topology_cache.current()
+    layout = _layout(snapshot)
+    held = list(Allocation.objects.filter(active=True).values_list("job_id", "gpu_id"))
+    owned = np.zeros(snapshot.num_gpus, dtype=bool)
+    if held:
+        owned[topology_cache.gpu_indices([g for _, g in held])] = True
+    job_ids = [g for j, g in held if j == job.pk]
+    job_gpus = topology_cache.gpu_indices(job_ids)
+    faulty = topology_cache.gpu_indices(faulty_ids) if faulty_ids else np.array([], dtype=np.int64)
+    kind, success = _policy_kind(job)
+    # a seeded draw per (fault, job): replaying the same fault gives the same outcome
+    luck = np.random.default_rng(zlib.crc32(f"{fault.pk}/{job.pk}".encode())).random()
+    triggered_ok = luck < success if kind == PolicyKind.TRIGGERED and classification.memory_readable else None
+    state_bytes = (job.parameters or 0.0) * PHYSICS.bytes_per_parameter
+    plan = plan_recovery(
+        layout,
+        job_gpus,
+        faulty,
+        classification,
+        owned=owned,
+        topology=job.topology,
+        policy=kind,
+        triggered_ok=triggered_ok,
+        state_bytes=state_bytes,
+        physics=PHYSICS,
+    )
+    detected = fault.at + timedelta(seconds=classification.detection_s)
+    last = job.checkpoints.filter(durable=True).order_by("-at").first()
+    since = max(job.started_at or fault.at, last.at if last else job.started_at or fault.at)
+    lost_s = 0.0 if triggered_ok else max(0.0, (fault.at - since).total_seconds())
+    JobEvent.objects.create(
+        job=job,
+        kind=EventKind.FAULTED,
+        at=fault.at,
+        reason=f"{fault} ({classification.description})",
+        data={
+            "fault": fault.pk,
+            "action": classification.action.value,
+            "detection_s": classification.detection_s,
+            "lost_s": lost_s,
+        },
+    )
+    if triggered_ok is not None:
+        if triggered_ok:
+            progress = (last.progress_s if last else job.progress_s) + (fault.at - since).total_seconds()
+            Checkpoint.objects.create(
+                job=job,
+                at=detected,
+                progress_s=progress,
+                kind=CheckpointKind.TRIGGERED,
+                durable=True,
+                size_bytes=state_bytes,
+            )
+            job.progress_s = progress
+        JobEvent.objects.create(
+            job=job,
+            kind=EventKind.CHECKPOINTED,
+            at=detected,
+            reason="triggered checkpoint saved at the fault"
+            if triggered_ok
+            else "triggered checkpoint failed; restoring the newest periodic checkpoint",
+            data={"triggered": True, "succeeded": bool(triggered_ok)},
+        )
+    steps = {s.name: round(s.seconds, 3) for s in plan.steps}
+    if plan.outcome == "requeue":
+        Allocation.objects.filter(job=job, active=True).update(active=False, released_at=now)
+        job.state, job.started_at, job.placement = JobState.PENDING, None, ""
+        job.pending_reason = f"requeued after a fault: {plan.reason}"
+        job.save(update_fields=["state", "started_at", "placement", "pending_reason", "progress_s"])
+        JobEvent.objects.create(
+            job=job,
+            kind=EventKind.REQUEUED,
+            at=detected,
+            reason=plan.reason,
+            data={"fault": fault.pk, "steps": steps, "progress_s": job.progress_s},
+        )
+        return None
+    if len(plan.lost_gpus):
+        lost_ids = snapshot.gpu_id[plan.lost_gpus].tolist()
+        Allocation.objects.filter(job=job, active=True, gpu_id__in=lost_ids).update(
+            active=False, released_at=now
+        )
+        _insert_allocations([(job.pk, int(g)) for g in snapshot.gpu_id[plan.replacement_gpus]], now)
+    restart_s = plan.seconds - steps.get("detect", 0.0)
+    job.save(update_fields=["progress_s"])
+    JobEvent.objects.create(
+        job=job,
+        kind=EventKind.RECOVERED,
+        at=fault.at + timedelta(seconds=plan.seconds),
+        reason=plan.reason,
+        data={
+            "fault": fault.pk,
+            "outcome": plan.outcome,
+            "steps": steps,
+            "restart_s": restart_s,
+            "recovery_s": plan.seconds,
+            "replaced_gpus": len(plan.replacement_gpus),
+        },
+    )
+    return plan.seconds
+
+
+def handle_fault(fault_id: int) -> dict:
+    now = timezone.now()
+    with transaction.atomic(), cycle_lock(wait=True):
+        fault = (
+            FaultEvent.objects.select_for_update()
+            .select_related("gpu__node", "node", "pod", "link")
+            .get(pk=fault_id)
+        )
+        gpu_ids, node = _affected_gpus(fault)
+        repeated = (
+            node is not None
+            and FaultEvent.objects.filter(
+                node=node, at__gte=fault.at - LEMON_WINDOW, source=fault.source, xid=fault.xid
+            )
+            .exclude(pk=fault.pk)
+            .exists()
+        )
+        if fault.source == "xid":
+            c = classify("xid", fault.xid, repeated_on_node=repeated)
+        else:
+            c = classify(fault.source)
+        fault.action = c.action.value
+        fault.cause = c.cause
+        fault.description = fault.description or c.description
+        fault.detected_at = fault.at + timedelta(seconds=c.detection_s)
+        _take_out_of_service(fault, c.action, gpu_ids, node, now)
+        faulty = gpu_ids if c.action in (Action.RESET_GPU, Action.REBOOT_NODE, Action.REPAIR_NODE) else []
+        if c.scope == Scope.NODE and node is not None:
+            faulty = list(node.gpus.values_list("id", flat=True))
+        recoveries = []
+        hit = _jobs_hit(fault, gpu_ids) if c.interrupts_job else []
+        for job in Job.objects.select_related("queue__default_checkpoint_policy", "checkpoint_policy").filter(
+            pk__in=hit
+        ):
+            if fault.job_id is None:
+                fault.job = job
+            recoveries.append(_recover(job, fault, c, faulty, now))
+        done = [r for r in recoveries if r is not None]
+        fault.recovery_s = max(done) if done else None
+        fault.data = {**fault.data, "jobs_hit": hit, "interrupts_job": c.interrupts_job}
+        fault.save()
+        if hit or faulty:
+            request_cycle()
+    return {"fault": fault_id, "action": c.action.value, "jobs_hit": len(hit)}

@@ -1,0 +1,107 @@
+"""Effective training time (ETTR) of jobs, from their event log and checkpoint records.
+
+ETTR = time with forward progress that survived to a durable or replicated checkpoint / wall time
+from the job's first allocation to its end (or now). The loss buckets are reported separately:
+checkpoint stalls (checkpoint records), detection latency and lost work (fault events), restart
+(reschedule + re-initialize + load, recovery events) and waiting for resources (time spent pending
+again after a preemption or a fault). Productive time is the wall time less the buckets.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+
+from django.db.models import Q
+from django.utils import timezone
+
+from scheduling.choices import EventKind
+from scheduling.models import Checkpoint, Job, JobEvent
+
+BUCKETS = ("checkpoint_stall", "detection", "restart", "lost_work", "waiting")
+
+
+def _overlap(a0: datetime, a1: datetime, b0: datetime, b1: datetime) -> float:
+    return max(0.0, (min(a1, b1) - max(a0, b0)).total_seconds())
+
+
+def job_ettr(
+    jobs: list[Job], since: datetime | None = None, until: datetime | None = None
+) -> dict[int, dict]:
+    """{job id: {"wall_s", "productive_s", "ettr", "<bucket>_s"...}} within [since, until]."""
+    now = timezone.now()
+    ids = [j.pk for j in jobs]
+    events = defaultdict(list)
+    for e in (
+        JobEvent.objects.filter(job_id__in=ids).order_by("at", "id").values("job_id", "kind", "at", "data")
+    ):
+        events[e["job_id"]].append(e)
+    stalls = defaultdict(list)
+    for c in Checkpoint.objects.filter(job_id__in=ids, stall_s__gt=0).values("job_id", "at", "stall_s"):
+        stalls[c["job_id"]].append(c)
+    out = {}
+    for job in jobs:
+        evs = events[job.pk]
+        admitted = [e["at"] for e in evs if e["kind"] == EventKind.ADMITTED]
+        if not admitted:
+            continue
+        start, end = admitted[0], job.finished_at or now
+        lo, hi = since or start, until or end
+        wall = _overlap(start, end, lo, hi)
+        if wall <= 0:
+            continue
+
+        def in_window(at: datetime, since=since, until=until) -> bool:
+            # without a window every event of the job counts (a modelled recovery may end after now)
+            return (since is None or at >= since) and (until is None or at <= until)
+
+        b = dict.fromkeys(BUCKETS, 0.0)
+        b["checkpoint_stall"] = sum(c["stall_s"] for c in stalls[job.pk] if in_window(c["at"]))
+        waiting_since = None
+        for e in evs:
+            data = e["data"] or {}
+            if e["kind"] == EventKind.FAULTED and in_window(e["at"]):
+                b["detection"] += data.get("detection_s", 0.0)
+                b["lost_work"] += data.get("lost_s", 0.0)
+            elif e["kind"] == EventKind.RECOVERED and in_window(e["at"]):
+                b["restart"] += data.get("restart_s", 0.0)
+            elif e["kind"] == EventKind.REQUEUED:
+                waiting_since = e["at"]
+            elif e["kind"] == EventKind.ADMITTED and waiting_since is not None:
+                b["waiting"] += _overlap(waiting_since, e["at"], lo, hi)
+                waiting_since = None
+        if waiting_since is not None:
+            b["waiting"] += _overlap(waiting_since, end, lo, hi)
+        lost = min(sum(b.values()), wall)
+        out[job.pk] = {
+            "wall_s": round(wall, 3),
+            "productive_s": round(wall - lost, 3),
+            "ettr": round((wall - lost) / wall, 5),
+            **{f"{k}_s": round(v, 3) for k, v in b.items()},
+        }
+    return out
+
+
+def cluster_ettr(since: datetime, until: datetime, queue: str | None = None) -> dict:
+    """ETTR over every job that held GPUs in the window: productive time / wall time, GPU-weighted."""
+    jobs = (
+        Job.objects.filter(events__kind=EventKind.ADMITTED, events__at__lte=until)
+        .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=since))
+        .distinct()
+    )
+    if queue:
+        jobs = jobs.filter(queue__name=queue)
+    jobs = list(jobs)
+    per_job = job_ettr(jobs, since, until)
+    gpus = {j.pk: j.gpus for j in jobs}
+    wall = sum(r["wall_s"] * gpus[j] for j, r in per_job.items())
+    totals = {k: sum(r[f"{k}_s"] * gpus[j] for j, r in per_job.items()) for k in BUCKETS}
+    productive = sum(r["productive_s"] * gpus[j] for j, r in per_job.items())
+    return {
+        "since": since,
+        "until": until,
+        "jobs": len(per_job),
+        "gpu_seconds": round(wall, 1),
+        "ettr": round(productive / wall, 5) if wall else None,
+        "loss_share": {k: round(v / wall, 5) if wall else 0.0 for k, v in totals.items()},
+    }
