@@ -18,13 +18,13 @@ from bench._backends import print_table
 from engine.checkpoint import PolicyKind
 from engine.reliability import BUCKETS, RunPolicy, simulate_training
 
-POLICIES = [
-    RunPolicy("periodic 1 h (sync)", PolicyKind.PERIODIC, 3600),
-    RunPolicy("async 30 min", PolicyKind.ASYNC, 1800),
-    RunPolicy("triggered + async 30 min", PolicyKind.TRIGGERED, 1800),
-    RunPolicy("auto (async, Daly interval)", PolicyKind.ASYNC, None),
-    RunPolicy("triggered + auto", PolicyKind.TRIGGERED, None),
-]
+POLICIES = {
+    "periodic_1h": RunPolicy("periodic 1 h (sync)", PolicyKind.PERIODIC, 3600),
+    "async_30m": RunPolicy("async 30 min", PolicyKind.ASYNC, 1800),
+    "triggered_30m": RunPolicy("triggered + async 30 min", PolicyKind.TRIGGERED, 1800),
+    "auto": RunPolicy("auto (async, Daly interval)", PolicyKind.ASYNC, None),
+    "triggered_auto": RunPolicy("triggered + auto", PolicyKind.TRIGGERED, None),
+}
 JOBS = [(10_000, 405e9), (100_000, 2e12)]
 
 
@@ -36,7 +36,7 @@ def main() -> None:
     rows, figures = [], {}
     for gpus, params in JOBS:
         best = None
-        for policy in POLICIES:
+        for short, policy in POLICIES.items():
             runs = [
                 simulate_training(gpus, params, policy, days=args.days, seed=s) for s in range(args.seeds)
             ]
@@ -55,8 +55,7 @@ def main() -> None:
                     f"{recovery:.0f}",
                 )
             )
-            key = f"{gpus // 1000}k_{policy.name.split(' ')[0]}{'_auto' if policy.interval_s is None else ''}"
-            figures[f"ettr_{key}"] = round(ettr, 4)
+            figures[f"ettr_{gpus // 1000}k_{short}"] = round(ettr, 4)
             if best is None or ettr > best[0]:
                 best = (ettr, policy.name, losses, recovery)
         figures[f"best_ettr_{gpus // 1000}k"] = round(best[0], 4)

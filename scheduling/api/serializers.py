@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import copy
+
 from django.db import transaction
 from rest_framework import serializers
 
 from cluster.models import ChipType
+from cluster.snapshot import topology_cache
 from scheduling.choices import STATE_COLOURS, JobKind, TopologyConstraint
 from scheduling.models import Checkpoint, CheckpointPolicy, Cohort, Job, JobEvent, Queue, QueueQuota
 from scheduling.services import capacity_problem
@@ -201,8 +204,18 @@ class JobSerializer(serializers.ModelSerializer):
     def get_state_colour(self, job: Job) -> str:
         return STATE_COLOURS.get(job.state, "#999999")
 
+    _field_cache: dict = {}
+
+    def get_fields(self):
+        # Building a ModelSerializer's fields by introspection costs milliseconds per request; the
+        # submit path is hot (pipelines submit thousands of jobs), so build them once per class.
+        cls = type(self)
+        if cls not in JobSerializer._field_cache:
+            JobSerializer._field_cache[cls] = super().get_fields()
+        return copy.deepcopy(JobSerializer._field_cache[cls])
+
     def validate_chip_types(self, chips):
-        known = set(ChipType.objects.values_list("name", flat=True))
+        known = set(topology_cache.structure().chip_names)
         unknown = [c for c in chips if c not in known]
         if unknown:
             raise serializers.ValidationError(
