@@ -64,5 +64,5 @@ class FaultEvent(models.Model):
 
     def __str__(self) -> str:
         what = self.gpu or self.node or self.pod or self.link
-        code = f" XID {self.xid}" if self.xid is not None else ""
-        return f"{self.get_source_display()}{code} on {what}"
+        name = f"XID {self.xid}" if self.source == "xid" else self.get_source_display()
+        return f"{name} on {what}"

@@ -210,7 +210,7 @@ def handle_fault(fault_id: int) -> dict:
     now = timezone.now()
     with transaction.atomic(), cycle_lock(wait=True):
         fault = (
-            FaultEvent.objects.select_for_update()
+            FaultEvent.objects.select_for_update(of=("self",))
             .select_related("gpu__node", "node", "pod", "link")
             .get(pk=fault_id)
         )

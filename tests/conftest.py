@@ -126,10 +126,11 @@ def eager_celery():
     """Run Celery tasks inline (the worker itself is tested in test_scheduling_worker)."""
     from config.celery import app
 
-    previous = app.conf.task_always_eager
+    previous = app.conf.task_always_eager, app.conf.task_eager_propagates
     app.conf.task_always_eager = True
+    app.conf.task_eager_propagates = True  # a failing task fails the test
     yield app
-    app.conf.task_always_eager = previous
+    app.conf.task_always_eager, app.conf.task_eager_propagates = previous
 
 
 @pytest.fixture

@@ -209,3 +209,13 @@ def test_the_openapi_schema_covers_scheduling(db, tmp_path):
         "/api/v1/cohorts/",
     ):
         assert path in paths
+
+
+def test_the_partial_unique_index_exists_after_every_migration(db):
+    """Schema changes on the allocation table must never lose the guard against double allocation."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, Allocation._meta.db_table)
+    guard = constraints.get("gpu_in_one_active_allocation")
+    assert guard is not None and guard["unique"] and guard["columns"] == ["gpu_id"]

@@ -11,7 +11,10 @@ class Migration(migrations.Migration):
         ('scheduling', '0001_initial'),
     ]
 
+    # Dropping the plain index on gpu_id makes PostgreSQL's schema editor drop every index on that
+    # column, the partial unique one included; take the constraint off first and put it back after.
     operations = [
+        migrations.RemoveConstraint(model_name='allocation', name='gpu_in_one_active_allocation'),
         migrations.AlterField(
             model_name='allocation',
             name='gpu',
@@ -21,5 +24,11 @@ class Migration(migrations.Migration):
             model_name='allocation',
             name='job',
             field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='allocations', to='scheduling.job'),
+        ),
+        migrations.AddConstraint(
+            model_name='allocation',
+            constraint=models.UniqueConstraint(
+                condition=models.Q(('active', True)), fields=('gpu',), name='gpu_in_one_active_allocation'
+            ),
         ),
     ]
