@@ -81,6 +81,25 @@ def load_queues() -> list[QueueSpec]:
     return specs
 
 
+def _active_allocations() -> np.ndarray:
+    """(job id, GPU id) of every active allocation, ordered by job. One row per job comes back, its
+    GPU ids packed in a string, so 100,000 allocations are not 100,000 Python tuples."""
+    table = Allocation._meta.db_table
+    if connection.vendor == "postgresql":
+        packed = "string_agg(gpu_id::text, ',')"
+    else:
+        packed = "group_concat(gpu_id, ',')"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT job_id, {packed} FROM {table} WHERE active GROUP BY job_id ORDER BY job_id")
+        rows = cursor.fetchall()
+    if not rows:
+        return np.zeros((0, 2), dtype=np.int64)
+    gpus = np.array(",".join(r[1] for r in rows).split(","), dtype=np.int64)
+    counts = [r[1].count(",") + 1 for r in rows]
+    jobs = np.repeat(np.array([r[0] for r in rows], dtype=np.int64), counts)
+    return np.stack([jobs, gpus], axis=1)
+
+
 def load_running() -> list[RunningJob]:
     jobs = list(
         Job.objects.filter(state=JobState.RUNNING).values_list(
@@ -95,9 +114,7 @@ def load_running() -> list[RunningJob]:
     )
     if not jobs:
         return []
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT job_id, gpu_id FROM {Allocation._meta.db_table} WHERE active ORDER BY job_id")
-        pairs = np.array(cursor.fetchall(), dtype=np.int64).reshape(-1, 2)
+    pairs = _active_allocations()
     gpu_index = topology_cache.gpu_indices(pairs[:, 1])
     bounds = np.searchsorted(pairs[:, 0], [j[0] for j in jobs])
     ends = np.searchsorted(pairs[:, 0], [j[0] for j in jobs], side="right")
