@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from bench._backends import print_table, run_per_backend, setup_django
+from scheduling.worker import worker_command
 
 
 def _submit_all(client, jobs, queue_of) -> float:
@@ -54,20 +54,7 @@ def _start_worker(tmp: Path) -> subprocess.Popen:
     clear_requested()
     log = (tmp / "worker.log").open("w")
     worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "config",
-            "worker",
-            "--pool=solo",
-            "--loglevel=info",
-            "--without-heartbeat",
-            "--without-mingle",
-            "--without-gossip",
-            "--purge",
-        ],
+        worker_command(purge=True),
         env=os.environ.copy(),
         stdout=log,
         stderr=subprocess.STDOUT,

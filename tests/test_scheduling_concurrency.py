@@ -3,7 +3,6 @@ worker runs the cycle a submit asks for."""
 
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from engine.workload import Admission, CycleResult
 from scheduling.cycle import apply_decisions, run_cycle
 from scheduling.models import Allocation, Job
 from scheduling.trigger import clear_requested
+from scheduling.worker import worker_command
 
 
 def _make_jobs(queues, n, gpus):
@@ -113,20 +113,7 @@ def test_a_real_celery_worker_runs_the_cycle_a_submit_asks_for(queues, operator_
     clear_requested()  # a marker left by an earlier run would hold back the request
     log = (tmp_path / "worker.log").open("w")  # noqa: SIM115 - closed in the finally below
     worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "config",
-            "worker",
-            "--pool=solo",
-            "--concurrency=1",
-            "--loglevel=warning",
-            "--without-heartbeat",
-            "--without-mingle",
-            "--without-gossip",
-        ],
+        worker_command(loglevel="warning"),
         cwd=root,
         env=env,
         stdout=log,

@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+
+from scheduling.worker import worker_command
 
 
 class Command(BaseCommand):
@@ -18,22 +19,7 @@ class Command(BaseCommand):
         parser.add_argument("addrport", nargs="?", default="127.0.0.1:8000")
 
     def handle(self, *args, addrport: str, **options):
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "--beat",
-                "--pool=solo",
-                "--loglevel=info",
-                "--without-heartbeat",
-                "--without-mingle",
-                "--without-gossip",
-            ],
-        )
+        worker = subprocess.Popen(worker_command(beat=True))
         self.stdout.write(f"Celery worker with beat started (pid {worker.pid})")
         try:
             call_command("runserver", addrport, use_reloader=False)
