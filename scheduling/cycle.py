@@ -25,6 +25,7 @@ from scheduling.locks import cycle_lock
 from scheduling.models import Allocation, Job, JobEvent, Queue
 
 _layout_cache: dict[str, object] = {"key": None, "layout": None}
+_allocation_cache: dict[str, object] = {}
 log = logging.getLogger("myriad.scheduling")
 REASON_REFRESH_CYCLES = 10
 _reason_state = {"cycles": 0}
@@ -44,6 +45,12 @@ class CycleSummary:
 
     def as_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
+
+
+def reset_caches() -> None:
+    """Forget what earlier cycles read (tests that roll the database back call this)."""
+    _layout_cache.update(key=None, layout=None)
+    _allocation_cache.clear()
 
 
 def _layout(snapshot) -> Layout:
@@ -85,19 +92,28 @@ def _active_allocations() -> np.ndarray:
     """(job id, GPU id) of every active allocation, ordered by job. One row per job comes back, its
     GPU ids packed in a string, so 100,000 allocations are not 100,000 Python tuples."""
     table = Allocation._meta.db_table
-    if connection.vendor == "postgresql":
-        packed = "string_agg(gpu_id::text, ',')"
-    else:
-        packed = "group_concat(gpu_id, ',')"
     with connection.cursor() as cursor:
+        # Allocation ids only grow, so (number of active rows, newest active id) changes whenever an
+        # allocation is added or released: an exact and cheap test for "same as last cycle".
+        cursor.execute(f"SELECT COUNT(*), COALESCE(MAX(id), 0) FROM {table} WHERE active")
+        key = (connection.alias, connection.settings_dict["NAME"], *cursor.fetchone())
+        if _allocation_cache.get("key") == key:
+            return _allocation_cache["pairs"]
+        if connection.vendor == "postgresql":
+            packed = "string_agg(gpu_id::text, ',')"
+        else:
+            packed = "group_concat(gpu_id, ',')"
         cursor.execute(f"SELECT job_id, {packed} FROM {table} WHERE active GROUP BY job_id ORDER BY job_id")
         rows = cursor.fetchall()
     if not rows:
-        return np.zeros((0, 2), dtype=np.int64)
-    gpus = np.array(",".join(r[1] for r in rows).split(","), dtype=np.int64)
-    counts = [r[1].count(",") + 1 for r in rows]
-    jobs = np.repeat(np.array([r[0] for r in rows], dtype=np.int64), counts)
-    return np.stack([jobs, gpus], axis=1)
+        pairs = np.zeros((0, 2), dtype=np.int64)
+    else:
+        gpus = np.array(",".join(r[1] for r in rows).split(","), dtype=np.int64)
+        counts = [r[1].count(",") + 1 for r in rows]
+        jobs = np.repeat(np.array([r[0] for r in rows], dtype=np.int64), counts)
+        pairs = np.stack([jobs, gpus], axis=1)
+    _allocation_cache.update(key=key, pairs=pairs)
+    return pairs
 
 
 def load_running() -> list[RunningJob]:

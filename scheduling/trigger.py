@@ -20,10 +20,16 @@ MARKER_TTL_S = 60
 _KEY = "myriad:scheduling:cycle-requested"
 
 
+_clients: dict[str, object] = {}
+
+
 def _redis():
     import redis
 
-    return redis.Redis.from_url(settings.REDIS_URL)
+    client = _clients.get(settings.REDIS_URL)
+    if client is None:  # one connection pool per process, not one per request
+        client = _clients[settings.REDIS_URL] = redis.Redis.from_url(settings.REDIS_URL)
+    return client
 
 
 def _marker_path() -> Path:
