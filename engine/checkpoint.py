@@ -17,9 +17,6 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-BYTES_PER_PARAMETER = 16.0  # bf16 weights + fp32 master weights and Adam moments: 14-16 B/param
-HOST_COPY_GBPS = 50.0  # GPU -> host memory copy per GPU (PCIe Gen5 x16 is ~64 GB/s), GB/s
-
 
 class PolicyKind(StrEnum):
     PERIODIC = "periodic"  # synchronous: training stalls while the checkpoint is written
@@ -27,15 +24,7 @@ class PolicyKind(StrEnum):
     TRIGGERED = "triggered"  # save when a fault is detected, with a periodic fallback
 
 
-@dataclass(frozen=True)
-class Policy:
-    kind: PolicyKind
-    interval_s: float | None  # None: the recommended (auto) interval
-    triggered_success: float = 0.95  # probability a triggered save succeeds on a readable-memory fault
-    fallback: PolicyKind = PolicyKind.ASYNC  # the periodic mechanism under a triggered policy
-
-
-def state_bytes(parameters: float, bytes_per_parameter: float = BYTES_PER_PARAMETER) -> float:
+def state_bytes(parameters: float, bytes_per_parameter: float) -> float:
     return parameters * bytes_per_parameter
 
 
@@ -44,13 +33,15 @@ def write_seconds(state: float, storage_gbps: float) -> float:
     return state / (storage_gbps * 1e9)
 
 
-def stall_seconds(kind: PolicyKind, state: float, gpus: int, storage_gbps: float) -> float:
+def stall_seconds(
+    kind: PolicyKind, state: float, gpus: int, storage_gbps: float, host_copy_gbps: float
+) -> float:
     """How long training stops for one checkpoint under this mechanism."""
     if kind == PolicyKind.PERIODIC:
         return write_seconds(state, storage_gbps)
     # async (and the periodic part of triggered): each GPU copies its shard to host memory
     per_gpu = state / max(gpus, 1)
-    return per_gpu / (HOST_COPY_GBPS * 1e9)
+    return per_gpu / (host_copy_gbps * 1e9)
 
 
 def young_interval(stall: float, mtbf: float) -> float:
@@ -67,11 +58,6 @@ def daly_interval(stall: float, mtbf: float) -> float:
 def expected_ettr(interval: float, stall: float, mtbf: float, restart: float) -> float:
     """First-order expected ETTR of a periodic policy (never below zero)."""
     return max(0.0, 1.0 - stall / interval - (interval / 2.0 + restart) / mtbf)
-
-
-def expected_loss_per_hour(interval: float, stall: float, mtbf: float, restart: float) -> float:
-    """Expected seconds lost per hour of wall time with this interval."""
-    return 3600.0 * (1.0 - expected_ettr(interval, stall, mtbf, restart))
 
 
 @dataclass(frozen=True)

@@ -74,5 +74,9 @@ class Physics:
         share = max(self.storage_gbps_per_gpu * gpus, self.storage_floor_gbps)
         return min(share, self.node_storage_gbps * max(1, gpus // gpus_per_node))
 
+    def restart_s(self, gpus: int) -> float:
+        """Reschedule + process start + communicator initialization (checkpoint load not included)."""
+        return self.reschedule_s + self.process_start_s + self.comm_init_s(gpus)
+
     def comm_init_s(self, gpus: int) -> float:
         return self.comm_init_s_per_doubling * math.log2(max(gpus, 2))

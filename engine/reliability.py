@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.checkpoint import PolicyKind, daly_interval
+from engine.checkpoint import PolicyKind, daly_interval, stall_seconds
 from engine.faults import Action, classify
 from engine.physics import Physics
 
@@ -107,10 +107,7 @@ def simulate_training(
     state = parameters * ph.bytes_per_parameter
     durable_write = state / (ph.storage_gbps(gpus) * 1e9)
     shard_per_gpu = state / gpus
-    if policy.kind == PolicyKind.PERIODIC:
-        stall = durable_write
-    else:
-        stall = shard_per_gpu / (ph.host_copy_gbps * 1e9)
+    stall = stall_seconds(policy.kind, state, gpus, ph.storage_gbps(gpus), ph.host_copy_gbps)
     job_rate = float(rate[in_job].sum())
     if policy.interval_s is None:
         interval = max(
@@ -200,7 +197,7 @@ def simulate_training(
         since_ckpt = 0.0
         # replace hardware that left service
         replace = c.action in (Action.RESET_GPU, Action.REBOOT_NODE, Action.REPAIR_NODE)
-        restart = ph.reschedule_s + ph.process_start_s + ph.comm_init_s(gpus)
+        restart = ph.restart_s(gpus)
         if replace:
             in_job.pop(victim_pos)
             lemon_now = len(history) >= 2

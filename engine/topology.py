@@ -15,8 +15,6 @@ import numpy as np
 
 from engine.states import GPU_HEALTH_CODE, GPU_STATE_CODE, NODE_STATE_CODE
 
-LEVELS = ("node", "rack", "pod", "datacenter", "region")
-
 
 @dataclass(frozen=True, eq=False)
 class TopologySnapshot:

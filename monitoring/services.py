@@ -24,7 +24,7 @@ from engine.physics import Physics
 from engine.recovery import plan_recovery
 from monitoring.models import FaultEvent
 from scheduling.choices import CheckpointKind, EventKind, JobState
-from scheduling.cycle import _insert_allocations, _layout
+from scheduling.cycle import _active_allocations, _insert_allocations, _layout
 from scheduling.locks import cycle_lock
 from scheduling.models import Allocation, Checkpoint, Job, JobEvent
 from scheduling.trigger import request_cycle
@@ -102,17 +102,30 @@ def _policy_kind(job: Job) -> tuple[PolicyKind | None, float]:
     return PolicyKind(policy.kind), policy.triggered_success
 
 
-def _recover(job: Job, fault: FaultEvent, classification, faulty_ids: list[int], now) -> float | None:
-    """Plan and apply one job's recovery; returns the modelled time to recover (None: requeued)."""
-    snapshot = topology_cache.current()
-    layout = _layout(snapshot)
-    held = list(Allocation.objects.filter(active=True).values_list("job_id", "gpu_id"))
-    owned = np.zeros(snapshot.num_gpus, dtype=bool)
-    if held:
-        owned[topology_cache.gpu_indices([g for _, g in held])] = True
-    job_ids = [g for j, g in held if j == job.pk]
-    job_gpus = topology_cache.gpu_indices(job_ids)
-    faulty = topology_cache.gpu_indices(faulty_ids) if faulty_ids else np.array([], dtype=np.int64)
+class _Held:
+    """Who holds which GPUs, read once per fault (the cycle's packed, cached read)."""
+
+    def __init__(self) -> None:
+        self.snapshot = topology_cache.current()
+        self.layout = _layout(self.snapshot)
+        pairs = _active_allocations()
+        self.jobs = pairs[:, 0]
+        self.gpus = topology_cache.gpu_indices(pairs[:, 1])
+        self.owned = np.zeros(self.snapshot.num_gpus, dtype=bool)
+        self.owned[self.gpus] = True
+
+    def gpus_of(self, job_id: int) -> np.ndarray:
+        lo, hi = np.searchsorted(self.jobs, [job_id, job_id + 1])
+        return self.gpus[lo:hi]
+
+
+def _recover(
+    job: Job, fault: FaultEvent, classification, faulty: np.ndarray, held: _Held, now
+) -> float | None:
+    """Plan and apply one job's recovery; returns the modelled time to recover (None: requeued).
+    ``held`` is updated with the GPUs the job gave up and took, for the next job of the same fault."""
+    snapshot, layout, owned = held.snapshot, held.layout, held.owned
+    job_gpus = held.gpus_of(job.pk)
     kind, success = _policy_kind(job)
     # a seeded draw per (fault, job): replaying the same fault gives the same outcome
     luck = np.random.default_rng(zlib.crc32(f"{fault.pk}/{job.pk}".encode())).random()
@@ -170,6 +183,7 @@ def _recover(job: Job, fault: FaultEvent, classification, faulty_ids: list[int],
     steps = {s.name: round(s.seconds, 3) for s in plan.steps}
     if plan.outcome == "requeue":
         Allocation.objects.filter(job=job, active=True).update(active=False, released_at=now)
+        owned[job_gpus] = False
         job.state, job.started_at, job.placement = JobState.PENDING, None, ""
         job.pending_reason = f"requeued after a fault: {plan.reason}"
         job.save(update_fields=["state", "started_at", "placement", "pending_reason", "progress_s"])
@@ -187,6 +201,8 @@ def _recover(job: Job, fault: FaultEvent, classification, faulty_ids: list[int],
             active=False, released_at=now
         )
         _insert_allocations([(job.pk, int(g)) for g in snapshot.gpu_id[plan.replacement_gpus]], now)
+        owned[plan.lost_gpus] = False
+        owned[plan.replacement_gpus] = True
     restart_s = plan.seconds - steps.get("detect", 0.0)
     job.save(update_fields=["progress_s"])
     JobEvent.objects.create(
@@ -237,12 +253,14 @@ def handle_fault(fault_id: int) -> dict:
             faulty = list(node.gpus.values_list("id", flat=True))
         recoveries = []
         hit = _jobs_hit(fault, gpu_ids) if c.interrupts_job else []
+        held = _Held() if hit else None
+        faulty_idx = topology_cache.gpu_indices(faulty) if hit and faulty else np.array([], dtype=np.int64)
         for job in Job.objects.select_related("queue__default_checkpoint_policy", "checkpoint_policy").filter(
             pk__in=hit
         ):
             if fault.job_id is None:
                 fault.job = job
-            recoveries.append(_recover(job, fault, c, faulty, now))
+            recoveries.append(_recover(job, fault, c, faulty_idx, held, now))
         done = [r for r in recoveries if r is not None]
         fault.recovery_s = max(done) if done else None
         fault.data = {**fault.data, "jobs_hit": hit, "interrupts_job": c.interrupts_job}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.utils import timezone
 
 from engine.checkpoint import PolicyKind, recommend, stall_seconds, state_bytes
+from engine.faults import XID_DETECTION_S
 from engine.physics import Physics
 from scheduling.models import Job
 
@@ -29,9 +30,9 @@ def recommendation(job: Job) -> dict:
     kind = PolicyKind(policy.kind) if policy else PolicyKind.ASYNC
     state = state_bytes(job.parameters or 0.0, PHYSICS.bytes_per_parameter)
     storage = PHYSICS.storage_gbps(job.gpus)
-    stall = max(stall_seconds(kind, state, job.gpus, storage), 1e-3)
+    stall = max(stall_seconds(kind, state, job.gpus, storage, PHYSICS.host_copy_gbps), 1e-3)
     mtbf, source = job_mtbf(job)
-    restart = 30 + PHYSICS.reschedule_s + PHYSICS.process_start_s + PHYSICS.comm_init_s(job.gpus)
+    restart = XID_DETECTION_S + PHYSICS.restart_s(job.gpus)
     rec = recommend(stall, mtbf, restart, policy.interval_s if policy else None)
     return {
         "policy": policy.name if policy else None,

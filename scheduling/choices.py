@@ -20,7 +20,6 @@ class JobState(models.TextChoices):
 
 
 ACTIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)
-DONE_STATES = (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)
 
 
 class CheckpointKind(models.TextChoices):

@@ -8,7 +8,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 import numpy as np
 from django.db import connection, transaction
@@ -336,7 +336,3 @@ def apply_decisions(result: CycleResult, snapshot, now: datetime, old_reasons: d
     update_rows(Job, ["pending_reason"], changed)
     JobEvent.objects.bulk_create(events, batch_size=1000)
     return len(rows)
-
-
-def epoch(value: float) -> datetime:
-    return datetime.fromtimestamp(value, tz=UTC)

@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from scheduling import filtersets
 from scheduling.api import serializers as s
+from scheduling.choices import ACTIVE_STATES
 from scheduling.ettr import cluster_ettr
 from scheduling.models import CheckpointPolicy, Cohort, Job, Queue
 from scheduling.services import JobStateError, change_state, record_checkpoint, submit_job
@@ -45,7 +46,7 @@ class QueueViewSet(viewsets.ModelViewSet):
 
     def destroy(self, request, *args, **kwargs):
         queue = self.get_object()
-        active = queue.jobs.filter(state__in=["pending", "running", "suspended"]).count()
+        active = queue.jobs.filter(state__in=ACTIVE_STATES).count()
         if active:
             return Response(
                 {"detail": f"queue {queue.name} still has {active} active jobs"},
