@@ -1,14 +1,18 @@
 """Invariants that must hold after every scheduling cycle. Tests and the simulator run them.
 
 - no GPU is held by two jobs;
-- every admitted gang is whole (exactly the GPUs it asked for), on one chip type it allows,
+- every admitted gang is whole (exactly the GPUs it asked for, or for an elastic job one of its
+  sizes), on one chip type it allows,
   within the topology domain it allows, on GPUs that were free and schedulable;
 - no job of a stopped queue is admitted;
 - quotas, borrowing and lending limits hold (no rule broken that was not already broken before);
-- a job is either admitted or pending with a reason, never both; victims were running.
+- a job is either admitted or pending with a reason, never both; victims were running;
+- a resized job was running, keeps its chip type and stays within its size range.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -24,12 +28,28 @@ class InvariantViolation(AssertionError):
 def running_after(running: list[RunningJob], result: CycleResult, pending: list[PendingJob], now: float):
     """The running set after applying a cycle's decisions."""
     victims = {p.job_id for p in result.preemptions}
+    resized = {r.job_id: r.gpus for r in result.resizes}
     by_id = {j.id: j for j in pending}
-    after = [j for j in running if j.id not in victims]
+    after = [replace(j, gpus=resized.get(j.id, j.gpus)) for j in running if j.id not in victims]
     for a in result.admissions:
         job = by_id[a.job_id]
         end = now + job.estimated_duration if job.estimated_duration is not None else None
-        after.append(RunningJob(a.job_id, job.queue, a.gpus, a.chip, job.priority, now, end, now))
+        after.append(
+            RunningJob(
+                a.job_id,
+                job.queue,
+                a.gpus,
+                a.chip,
+                job.priority,
+                now,
+                end,
+                now,
+                min_gpus=job.min_gpus,
+                max_gpus=job.gpus if job.elastic else None,
+                size_step=job.size_step,
+                topology=job.topology,
+            )
+        )
     return after
 
 
@@ -71,13 +91,33 @@ def check_cycle(
         if j.id in victims:
             freed[j.gpus] = True
     schedulable = topo.schedulable()
+    freed_by_shrink = np.zeros(topo.num_gpus, dtype=bool)
+    by_running = {j.id: j for j in running}
+    for r in result.resizes:
+        job = by_running.get(r.job_id)
+        if job is None:
+            problems.append(f"resized job {r.job_id} was not running")
+            continue
+        if r.job_id in victims:
+            problems.append(f"job {r.job_id} was both resized and preempted")
+        low = job.min_gpus if job.min_gpus is not None else len(job.gpus)
+        high = job.max_gpus if job.max_gpus is not None else len(job.gpus)
+        if not low <= len(r.gpus) <= high:
+            problems.append(f"job {r.job_id} resized to {len(r.gpus)} GPUs, outside {low}-{high}")
+        if len(r.added):
+            chips = {topo.chip_names[c] for c in np.unique(topo.gpu_chip[r.added])}
+            if chips != {job.chip}:
+                problems.append(f"job {r.job_id} grew onto chip types {sorted(chips)}, not {job.chip}")
+            if not schedulable[r.added].all():
+                problems.append(f"job {r.job_id} grew onto GPUs that are not schedulable")
+        freed_by_shrink[r.released] = True
     for a in result.admissions:
         job = by_id.get(a.job_id)
         if job is None:
             problems.append(f"admitted job {a.job_id} was not pending")
             continue
         gpus = np.asarray(a.gpus)
-        if len(gpus) != job.gpus or len(np.unique(gpus)) != job.gpus:
+        if len(np.unique(gpus)) != len(gpus) or len(gpus) not in job.sizes():
             problems.append(f"job {job.id} asked for {job.gpus} GPUs and got {len(np.unique(gpus))}")
         if job.chip_types and a.chip not in job.chip_types:
             problems.append(f"job {job.id} placed on {a.chip}, not one of {job.chip_types}")
@@ -86,7 +126,7 @@ def check_cycle(
             problems.append(f"job {job.id} placed on chip types {sorted(chips)} but admitted as {a.chip}")
         if not schedulable[gpus].all():
             problems.append(f"job {job.id} placed on GPUs that are not schedulable")
-        busy = (held_before[gpus] > 0) & ~freed[gpus]
+        busy = (held_before[gpus] > 0) & ~freed[gpus] & ~freed_by_shrink[gpus]
         if busy.any():
             problems.append(f"job {job.id} placed on {int(busy.sum())} GPUs held by running jobs")
         max_level = level_limit(job.topology)

@@ -4,7 +4,9 @@ Order of preference for the GPUs the job lost:
 1. a spare node of the same chip type in the same pod (the pool recovery takes first),
 2. the best healthy placement for the lost GPUs inside the domain the job is allowed to span,
    as close to the job's other GPUs as the placement rules allow,
-3. otherwise the job is requeued whole, keeping its progress up to its last usable checkpoint.
+3. an elastic job shrinks onto the GPUs it still has (whole steps, at or above its minimum) and
+   re-plans with the global batch fixed,
+4. otherwise the job is requeued whole, keeping its progress up to its last usable checkpoint.
 The plan never uses a GPU that is faulty, not schedulable, or held by another job.
 """
 
@@ -29,7 +31,7 @@ class RecoveryStep:
 
 @dataclass(frozen=True)
 class RecoveryPlan:
-    outcome: str  # "restart_in_place", "spare", "replacement", "requeue"
+    outcome: str  # "restart_in_place", "spare", "replacement", "shrink", "requeue"
     lost_gpus: np.ndarray  # job GPUs that leave the job
     replacement_gpus: np.ndarray  # GPUs that join it
     steps: tuple[RecoveryStep, ...] = field(default_factory=tuple)
@@ -75,6 +77,8 @@ def plan_recovery(
     triggered_ok: bool | None = None,
     state_bytes: float = 0.0,
     physics: Physics | None = None,
+    min_gpus: int | None = None,
+    size_step: int = 1,
 ) -> RecoveryPlan:
     """Plan the recovery of one job.
 
@@ -144,6 +148,26 @@ def plan_recovery(
                 tuple(steps),
                 triggered,
                 f"{need} GPUs replaced by healthy GPUs in {layout.domain_name(level, domain)}",
+            )
+    # 3. an elastic job shrinks onto what it has left
+    if min_gpus is not None:
+        size = len(kept) - len(kept) % size_step
+        if size >= min_gpus and size > 0:
+            # drop the GPUs of the nodes the job holds least of (a partly lost node goes first)
+            nodes = topo.gpu_node[kept]
+            held = np.bincount(nodes, minlength=topo.num_nodes)[nodes]
+            order = np.lexsort((kept, -held))
+            keep = np.sort(kept[order[:size]])
+            dropped = np.setdiff1d(job_gpus, keep)
+            steps = _steps(classification, size, state_bytes, from_memory, True, ph)
+            return RecoveryPlan(
+                "shrink",
+                dropped,
+                lost[:0],
+                tuple(steps),
+                triggered,
+                f"no spare or healthy {topo.chip_names[chip]} GPUs near the job: shrunk from "
+                f"{len(job_gpus)} to {size} GPUs and re-planned",
             )
     steps = [RecoveryStep("detect", classification.detection_s, classification.description)]
     return RecoveryPlan(

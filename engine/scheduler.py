@@ -13,12 +13,18 @@ snapshot and returns decisions; the caller applies them.
 5. Reservation and backfill: a gang blocked by capacity reserves the GPUs it will get first (when
    running jobs end, by their estimates); later jobs may use those GPUs only if they end before.
 6. Every job left pending gets a specific reason.
+
+Elastic jobs (a size range, in steps such as whole nodes) are admitted at the largest size the
+quota and the free GPUs allow, at or above their minimum. When a job cannot be placed, elastic
+jobs that the preemption policies would let it evict are shrunk first (only as far as needed,
+never below their minimum); only if that is not enough are whole jobs evicted. At the end of
+the cycle, elastic jobs below their maximum grow into GPUs nobody else could use this cycle.
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -31,6 +37,7 @@ from engine.workload import (
     Preemption,
     QueueSpec,
     Reservation,
+    Resize,
     RunningJob,
 )
 
@@ -118,6 +125,8 @@ class Cycle:
         # (chip, level limit) -> (size, name) of the largest free block, for reasons
         self.largest_blocks: dict[tuple[int, int], tuple[int, str]] = {}
         self.victims: set[int] = set()
+        self.resized: set[int] = set()  # elastic jobs shrunk or grown this cycle
+        self.capacity_blocked_chips: set[int] = set()  # chips some pending job found no room on
         self.started: list[RunningJob] = []  # admitted this cycle, as running jobs
         self.result = CycleResult()
 
@@ -156,6 +165,7 @@ class Cycle:
             reason = self._schedule_job(qi, job)
             if reason:
                 self.result.pending[job.id] = reason
+        self._grow()
         return self.result
 
     def _chip_options(self, qi: int, job: PendingJob) -> list[int]:
@@ -181,6 +191,12 @@ class Cycle:
             wanted = ", ".join(job.chip_types) if job.chip_types else "any chip type"
             return f"queue {queue.name} has no quota for {wanted} and its cohort has none to lend"
         max_level = level_limit(job.topology)
+        if job.elastic:
+            for c in chips:
+                if self._admit_elastic(qi, job, c, max_level):
+                    return ""
+            # from here on it asks for its minimum, like a rigid job of that size
+            job = replace(job, gpus=job.min_gpus, min_gpus=None)
         reasons: list[str] = []
         capacity_blocked: list[int] = []
         for c in chips:
@@ -203,11 +219,14 @@ class Cycle:
                 blocked_everywhere = True
             if blocked_everywhere:
                 capacity_blocked.append(c)  # blocked by capacity, not only by someone's reservation
+                self.capacity_blocked_chips.add(c)
             reasons.append(self._placement_reason(job, c, max_level))
         for c in chips:
             if self.result.preemption_attempts >= self.config.max_preemption_attempts:
                 reasons.append("preemption deferred to the next cycle (attempt limit reached)")
                 break
+            if self._admit_by_shrinking(qi, job, c, max_level):
+                return ""
             if self._admit_by_preemption(qi, job, c, max_level):
                 return ""
         for c in capacity_blocked:
@@ -281,6 +300,131 @@ class Cycle:
                 )
             )
         return f"no {level_name} with {job.gpus} free {chip} GPUs (largest free block: {size} in {where})"
+
+    # --- elastic sizes ------------------------------------------------------------------
+    def _quota_headroom(self, qi: int, c: int, sizes: list[int]) -> int:
+        """The largest of ``sizes`` (descending) the quota allows now, or 0."""
+        lo, hi = 0, len(sizes)  # quota checks are monotone in size: binary search
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.quota.check(qi, c, sizes[mid]).ok:
+                hi = mid
+            else:
+                lo = mid + 1
+        return sizes[lo] if lo < len(sizes) else 0
+
+    def _admit_elastic(self, qi: int, job: PendingJob, c: int, max_level: int) -> bool:
+        sizes = list(job.sizes())
+        allowed = self._quota_headroom(qi, c, sizes)
+        if not allowed:
+            return False
+        block, _, _ = self.pool_open.largest_block(c, max_level)
+        size = next((x for x in sizes if x <= min(allowed, block)), 0)
+        if not size:
+            return False
+        return self._admit_placed(qi, replace(job, gpus=size, min_gpus=None), c, max_level)
+
+    def _admit_by_shrinking(self, qi: int, job: PendingJob, c: int, max_level: int) -> bool:
+        """Make room by shrinking elastic jobs the policies would let this job evict."""
+        candidates = [
+            (v, why)
+            for v, why in self._victim_candidates(qi, job, c)
+            if v.shrinkable and v.id not in self.resized
+        ]
+        if not candidates:
+            return False
+        candidates.sort(key=lambda vc: (vc[0].priority, -len(vc[0].gpus)))
+        trial = self.pool_open.copy()
+        chosen: list[tuple[RunningJob, str, np.ndarray]] = []
+
+        def deficit() -> int:
+            quota_short = job.gpus - (self._quota_headroom(qi, c, list(range(job.gpus, 0, -1))) or 0)
+            if trial.find(c, job.gpus, max_level) is not None:
+                return max(0, quota_short)
+            block, _, _ = trial.largest_block(c, max_level)
+            return max(quota_short, job.gpus - block, 1)
+
+        for victim, why in candidates:
+            need = deficit()
+            if need == 0:
+                break
+            step = victim.size_step
+            count = min(victim.shrinkable, -(-need // step) * step)
+            release = np.sort(victim.gpus)[len(victim.gpus) - count :]  # the tail: whole nodes first
+            trial.give(release[self.schedulable[release] & ~self.reserved[release]])
+            self.quota.remove(self.queue_index[victim.queue], c, count)
+            chosen.append((victim, why, release))
+        if deficit() != 0:
+            for victim, _, release in chosen:
+                self.quota.add(self.queue_index[victim.queue], c, len(release))
+            return False
+        self.no_room.clear()
+        self.largest_blocks.clear()
+        for victim, why, release in chosen:
+            usable = release[self.schedulable[release] & ~self.reserved[release]]
+            self.pool_all.give(usable)
+            if self.pool_open is not self.pool_all:
+                self.pool_open.give(usable)
+            keep = np.setdiff1d(victim.gpus, release)
+            self._replace_running(victim, replace(victim, gpus=keep))
+            reason = f"shrunk from {len(victim.gpus)} to {len(keep)} GPUs for job {job.id} ({why})"
+            self.result.resizes.append(
+                Resize(victim.id, len(victim.gpus), keep, np.empty(0, np.int64), release, reason, job.id)
+            )
+        placed = self.pool_open.place(c, job.gpus, max_level)
+        if placed is None:
+            raise AssertionError("a shrink simulated to make room did not")  # counts are exact
+        if self.pool_open is not self.pool_all:
+            self.pool_all.take(placed[0])
+        gpus, level, domain = placed
+        self._record_admission(qi, job, c, gpus, level, domain)
+        return True
+
+    def _replace_running(self, old: RunningJob, new: RunningJob) -> None:
+        self.resized.add(old.id)
+        self.running = [new if j.id == old.id else j for j in self.running]
+        key = (self.queue_index.get(old.queue, -1), self.chip_index.get(old.chip, -1))
+        self.running_by_queue_chip[key] = [
+            new if j.id == old.id else j for j in self.running_by_queue_chip[key]
+        ]
+
+    def _grow(self) -> None:
+        """Elastic jobs below their maximum take GPUs no pending job could use this cycle."""
+        growing = [
+            j for j in self.running if j.growable and j.id not in self.victims and j.id not in self.resized
+        ]
+        growing.sort(key=lambda j: (-j.priority, j.started_at, j.id))
+        for job in growing:
+            qi, c = self.queue_index.get(job.queue, -1), self.chip_index.get(job.chip, -1)
+            if qi < 0 or c < 0 or self.queues[qi].stopped or c in self.capacity_blocked_chips:
+                continue
+            level = level_limit(job.topology)
+            domain = int(self.layout.node_domain[level][self.layout.gpu_node[job.gpus[0]]])
+            room = int(self.pool_open.counts(level, c)[domain])
+            step = job.size_step
+            sizes = list(range(min(job.growable, room - room % step), 0, -step))
+            add = self._quota_headroom(qi, c, sizes) if sizes else 0
+            if not add:
+                continue
+            placed = self.pool_open.place(c, add, level, within=(level, domain))
+            if placed is None:
+                continue
+            if self.pool_open is not self.pool_all:
+                self.pool_all.take(placed[0])
+            self.quota.add(qi, c, add)
+            gpus = np.sort(np.concatenate([job.gpus, placed[0]]))
+            self._replace_running(job, replace(job, gpus=gpus))
+            self.result.resizes.append(
+                Resize(
+                    job.id,
+                    len(job.gpus),
+                    gpus,
+                    placed[0],
+                    np.empty(0, np.int64),
+                    f"grew from {len(job.gpus)} to {len(gpus)} GPUs: free {job.chip} GPUs in its "
+                    f"{LEVELS[level]}",
+                )
+            )
 
     # --- 4. preemption -------------------------------------------------------------------
     def _victim_candidates(self, qi: int, job: PendingJob, c: int) -> list[tuple[RunningJob, str]]:

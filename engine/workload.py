@@ -34,6 +34,18 @@ class PendingJob:
     topology: str = "datacenter"  # largest domain the gang may span: node .. region, or any
     submitted_at: float = 0.0
     estimated_duration: float | None = None  # seconds; None: unknown (never backfilled)
+    min_gpus: int | None = None  # elastic: the smallest size it runs at; None: rigid (gpus)
+    size_step: int = 1  # elastic sizes are multiples of this (8: whole nodes)
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_gpus is not None and self.min_gpus < self.gpus
+
+    def sizes(self) -> range:
+        """Sizes this job may run at, largest first (rigid: just ``gpus``)."""
+        if not self.elastic:
+            return range(self.gpus, self.gpus - 1, -1)
+        return range(self.gpus, self.min_gpus - 1, -self.size_step)
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,25 @@ class RunningJob:
     started_at: float = 0.0
     estimated_end: float | None = None
     last_checkpoint_at: float | None = None  # None: no checkpoint yet (all work since start is lost)
+    min_gpus: int | None = None  # elastic: may shrink down to this; None: rigid
+    max_gpus: int | None = None  # elastic: may grow back up to this
+    size_step: int = 1
+    topology: str = "datacenter"
+
+    @property
+    def shrinkable(self) -> int:
+        """GPUs this job can give up by shrinking (0 for a rigid job)."""
+        if self.min_gpus is None:
+            return 0
+        spare = len(self.gpus) - self.min_gpus
+        return max(0, spare - spare % self.size_step)
+
+    @property
+    def growable(self) -> int:
+        if self.max_gpus is None:
+            return 0
+        room = self.max_gpus - len(self.gpus)
+        return max(0, room - room % self.size_step)
 
     def lost_work(self, now: float) -> float:
         """GPU-seconds of work lost if this job were evicted now."""
@@ -80,11 +111,29 @@ class Reservation:
     domain: str
 
 
+@dataclass(frozen=True)
+class Resize:
+    """An elastic job changes size: it keeps running on ``gpus`` (its whole new set)."""
+
+    job_id: int
+    old_size: int
+    gpus: np.ndarray  # the job's GPUs after the resize
+    added: np.ndarray  # GPUs it gained (empty when shrinking)
+    released: np.ndarray  # GPUs it gave up (empty when growing)
+    reason: str
+    by_job: int | None = None  # the job it shrank for
+
+    @property
+    def new_size(self) -> int:
+        return len(self.gpus)
+
+
 @dataclass
 class CycleResult:
     admissions: list[Admission] = field(default_factory=list)
     preemptions: list[Preemption] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
+    resizes: list[Resize] = field(default_factory=list)
     pending: dict[int, str] = field(default_factory=dict)  # job id -> why it is still pending
     considered: int = 0
     preemption_attempts: int = 0

@@ -27,6 +27,7 @@ from scheduling.choices import CheckpointKind, EventKind, JobState
 from scheduling.cycle import _active_allocations, _insert_allocations, _layout
 from scheduling.locks import cycle_lock
 from scheduling.models import Allocation, Checkpoint, Job, JobEvent
+from scheduling.plans import plan_for, plan_summary
 from scheduling.trigger import request_cycle
 
 LEMON_WINDOW = timedelta(days=7)
@@ -142,6 +143,8 @@ def _recover(
         triggered_ok=triggered_ok,
         state_bytes=state_bytes,
         physics=PHYSICS,
+        min_gpus=job.min_gpus,
+        size_step=job.size_step,
     )
     detected = fault.at + timedelta(seconds=classification.detection_s)
     last = job.checkpoints.filter(durable=True).order_by("-at").first()
@@ -185,8 +188,18 @@ def _recover(
         Allocation.objects.filter(job=job, active=True).update(active=False, released_at=now)
         owned[job_gpus] = False
         job.state, job.started_at, job.placement = JobState.PENDING, None, ""
+        job.allocated_gpus = 0
         job.pending_reason = f"requeued after a fault: {plan.reason}"
-        job.save(update_fields=["state", "started_at", "placement", "pending_reason", "progress_s"])
+        job.save(
+            update_fields=[
+                "state",
+                "started_at",
+                "placement",
+                "pending_reason",
+                "progress_s",
+                "allocated_gpus",
+            ]
+        )
         JobEvent.objects.create(
             job=job,
             kind=EventKind.REQUEUED,
@@ -205,6 +218,21 @@ def _recover(
         owned[plan.replacement_gpus] = True
     restart_s = plan.seconds - steps.get("detect", 0.0)
     job.save(update_fields=["progress_s"])
+    if plan.outcome == "shrink":
+        kept = np.setdiff1d(job_gpus, plan.lost_gpus)
+        old_plan, new_plan = job.plan, plan_for(job, job.chip.name if job.chip else "", snapshot, kept)
+        Job.objects.filter(pk=job.pk).update(allocated_gpus=len(kept), plan=new_plan)
+        data = {"old_gpus": len(job_gpus), "new_gpus": len(kept), "old_plan": old_plan, "new_plan": new_plan}
+        if old_plan.get("tokens_per_s") and new_plan.get("tokens_per_s"):
+            data["throughput_ratio"] = new_plan["tokens_per_s"] / old_plan["tokens_per_s"]
+        JobEvent.objects.create(
+            job=job,
+            kind=EventKind.RESIZED,
+            at=detected,
+            reason=f"shrunk from {len(job_gpus)} to {len(kept)} GPUs after a fault"
+            + (f"; re-planned {plan_summary(new_plan)}" if new_plan and "error" not in new_plan else ""),
+            data={**data, "fault": fault.pk},
+        )
     JobEvent.objects.create(
         job=job,
         kind=EventKind.RECOVERED,

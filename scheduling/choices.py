@@ -42,6 +42,8 @@ class EventKind(models.TextChoices):
     FAULTED = "faulted", "Faulted"
     CHECKPOINTED = "checkpointed", "Checkpointed"
     RECOVERED = "recovered", "Recovered"
+    RESIZED = "resized", "Resized"
+    PLANNED = "planned", "Planned"
 
 
 class TopologyConstraint(models.TextChoices):

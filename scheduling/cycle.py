@@ -23,6 +23,7 @@ from scheduling.bulk import update_rows
 from scheduling.choices import EventKind, JobState
 from scheduling.locks import cycle_lock
 from scheduling.models import Allocation, Job, JobEvent, Queue
+from scheduling.plans import plan_for, plan_summary
 
 _layout_cache: dict[str, object] = {"key": None, "layout": None}
 _allocation_cache: dict[str, object] = {}
@@ -126,6 +127,10 @@ def load_running() -> list[RunningJob]:
             "started_at",
             "estimated_duration_s",
             "last_checkpoint_at",
+            "min_gpus",
+            "gpus",
+            "size_step",
+            "topology",
         )
     )
     if not jobs:
@@ -135,9 +140,19 @@ def load_running() -> list[RunningJob]:
     bounds = np.searchsorted(pairs[:, 0], [j[0] for j in jobs])
     ends = np.searchsorted(pairs[:, 0], [j[0] for j in jobs], side="right")
     running = []
-    for (job_id, queue, chip, priority, started, duration, checkpoint), lo, hi in zip(
-        jobs, bounds, ends, strict=True
-    ):
+    for (
+        job_id,
+        queue,
+        chip,
+        priority,
+        started,
+        duration,
+        checkpoint,
+        low,
+        high,
+        step,
+        topology,
+    ), lo, hi in zip(jobs, bounds, ends, strict=True):
         start = _ts(started) or 0.0
         running.append(
             RunningJob(
@@ -149,6 +164,10 @@ def load_running() -> list[RunningJob]:
                 started_at=start,
                 estimated_end=start + duration if duration is not None else None,
                 last_checkpoint_at=_ts(checkpoint),
+                min_gpus=low,
+                max_gpus=high if low is not None else None,
+                size_step=step,
+                topology=topology,
             )
         )
     return running
@@ -165,17 +184,29 @@ def load_pending() -> tuple[list[PendingJob], dict[int, str]]:
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT j.id, q.name, j.gpus, j.priority, j.chip_types, j.topology, {epoch}, "
-            f"j.estimated_duration_s, j.pending_reason FROM {job} j JOIN {queue} q ON q.id = j.queue_id "
+            f"j.estimated_duration_s, j.pending_reason, j.min_gpus, j.size_step "
+            f"FROM {job} j JOIN {queue} q ON q.id = j.queue_id "
             f"WHERE j.state = %s",
             [JobState.PENDING.value],
         )
         rows = cursor.fetchall()
     pending, reasons = [], {}
-    for job_id, queue_name, gpus, priority, chips, topology, submitted, duration, reason in rows:
+    for job_id, queue_name, gpus, priority, chips, topology, submitted, duration, reason, low, step in rows:
         if isinstance(chips, str):  # SQLite returns JSON as text
             chips = json.loads(chips)
         pending.append(
-            PendingJob(job_id, queue_name, gpus, priority, tuple(chips or ()), topology, submitted, duration)
+            PendingJob(
+                job_id,
+                queue_name,
+                gpus,
+                priority,
+                tuple(chips or ()),
+                topology,
+                submitted,
+                duration,
+                low,
+                step,
+            )
         )
         reasons[job_id] = reason
     return pending, reasons
@@ -270,6 +301,7 @@ def apply_decisions(result: CycleResult, snapshot, now: datetime, old_reasons: d
             job.preemptions += 1
             job.started_at = None
             job.placement = ""
+            job.allocated_gpus = 0
             job.pending_reason = f"requeued after preemption: {p.reason}"
             events.append(
                 JobEvent(
@@ -289,14 +321,22 @@ def apply_decisions(result: CycleResult, snapshot, now: datetime, old_reasons: d
                     data={"progress_s": job.progress_s},
                 )
             )
-        Job.objects.bulk_update(jobs, ["state", "preemptions", "started_at", "placement", "pending_reason"])
+        Job.objects.bulk_update(
+            jobs, ["state", "preemptions", "started_at", "placement", "pending_reason", "allocated_gpus"]
+        )
 
+    # shrinks release their GPUs before anyone takes them; growths are inserted with admissions
     rows: list[tuple[int, int]] = []
+    if result.resizes:
+        events.extend(_apply_resizes(result.resizes, snapshot, now, rows))
+
     admitted_jobs = []
     for a in result.admissions:
         gpu_ids = snapshot.gpu_id[a.gpus]
         rows.extend((a.job_id, int(g)) for g in gpu_ids)
-        admitted_jobs.append((a.job_id, JobState.RUNNING.value, now, chip_ids[a.chip], a.domain[:128], ""))
+        admitted_jobs.append(
+            (a.job_id, JobState.RUNNING.value, now, chip_ids[a.chip], a.domain[:128], "", len(a.gpus))
+        )
         admit_data = {"chip": a.chip, "gpus": len(a.gpus), "borrowed": a.borrowed}
         if a.preempted:
             admit_data["preempted"] = list(a.preempted)
@@ -319,7 +359,13 @@ def apply_decisions(result: CycleResult, snapshot, now: datetime, old_reasons: d
             )
         )
     if admitted_jobs:
-        update_rows(Job, ["state", "started_at", "chip", "placement", "pending_reason"], admitted_jobs)
+        update_rows(
+            Job,
+            ["state", "started_at", "chip", "placement", "pending_reason", "allocated_gpus"],
+            admitted_jobs,
+        )
+        _plan_admitted(result, snapshot, now, events)
+    if rows:
         _insert_allocations(rows, now)
 
     # Reasons carry live numbers ("largest free block: 312 in pod bj2-p04") that move every cycle;
@@ -336,3 +382,47 @@ def apply_decisions(result: CycleResult, snapshot, now: datetime, old_reasons: d
     update_rows(Job, ["pending_reason"], changed)
     JobEvent.objects.bulk_create(events, batch_size=1000)
     return len(rows)
+
+
+def _plan_admitted(result: CycleResult, snapshot, now: datetime, events: list[JobEvent]) -> None:
+    """Jobs that describe their model get a modelled parallel plan for where they landed."""
+    admitted = {a.job_id: a for a in result.admissions}
+    modelled = Job.objects.filter(pk__in=list(admitted)).exclude(model={}).only("id", "model")
+    for job in modelled:
+        a = admitted[job.pk]
+        plan = plan_for(job, a.chip, snapshot, a.gpus)
+        Job.objects.filter(pk=job.pk).update(plan=plan)
+        events.append(
+            JobEvent(
+                job_id=job.pk, kind=EventKind.PLANNED, at=now, reason=plan_summary(plan), data={"plan": plan}
+            )
+        )
+
+
+def _apply_resizes(resizes, snapshot, now: datetime, rows: list[tuple[int, int]]) -> list[JobEvent]:
+    """Shrink and grow elastic jobs: allocations, size, re-chosen plan, and a resized event that
+    carries the old and new plan with their modelled throughput."""
+    events = []
+    jobs = {j.pk: j for j in Job.objects.filter(pk__in=[r.job_id for r in resizes]).select_related("chip")}
+    for r in resizes:
+        job = jobs[r.job_id]
+        if len(r.released):
+            released_ids = snapshot.gpu_id[r.released].tolist()
+            Allocation.objects.filter(job=job, active=True, gpu_id__in=released_ids).update(
+                active=False, released_at=now
+            )
+        rows.extend((job.pk, int(g)) for g in snapshot.gpu_id[r.added])
+        old_plan = job.plan
+        new_plan = plan_for(job, job.chip.name if job.chip else "", snapshot, r.gpus)
+        job.allocated_gpus, job.plan = r.new_size, new_plan
+        job.save(update_fields=["allocated_gpus", "plan"])
+        data = {"old_gpus": r.old_size, "new_gpus": r.new_size, "old_plan": old_plan, "new_plan": new_plan}
+        if r.by_job is not None:
+            data["by_job"] = r.by_job
+        if old_plan.get("tokens_per_s") and new_plan.get("tokens_per_s"):
+            data["throughput_ratio"] = new_plan["tokens_per_s"] / old_plan["tokens_per_s"]
+        reason = r.reason
+        if new_plan and "error" not in new_plan:
+            reason += f"; re-planned {plan_summary(new_plan)}"
+        events.append(JobEvent(job=job, kind=EventKind.RESIZED, at=now, reason=reason, data=data))
+    return events

@@ -130,7 +130,17 @@ class Job(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     kind = models.CharField(max_length=16, choices=JobKind.choices, default=JobKind.TRAINING)
     priority = models.IntegerField(default=0)
-    gpus = models.PositiveIntegerField("GPUs requested")
+    gpus = models.PositiveIntegerField("GPUs requested", help_text="For an elastic job: its maximum size")
+    min_gpus = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Elastic: the smallest size it runs at; empty: rigid"
+    )
+    size_step = models.PositiveIntegerField(default=1, help_text="Elastic sizes are multiples of this")
+    allocated_gpus = models.PositiveIntegerField(default=0, help_text="GPUs it holds now")
+    model = models.JSONField(
+        default=dict, blank=True, help_text="Model shape for the step-time model (params, layers, ...)"
+    )
+    plan = models.JSONField(default=dict, blank=True, help_text="Current parallel plan, modelled")
+    chip_ranking = models.JSONField(default=list, blank=True, help_text="Chip types by tokens per dollar")
     chip_types = models.JSONField(default=list, blank=True, help_text="Allowed chip types, preferred first")
     topology = models.CharField(max_length=16, choices=TopologyConstraint.choices, default="datacenter")
     estimated_duration_s = models.FloatField(null=True, blank=True)
@@ -159,6 +169,11 @@ class Job(models.Model):
         indexes = [models.Index(fields=["queue", "state"])]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_positive"),
+            models.CheckConstraint(
+                condition=Q(min_gpus__isnull=True) | (Q(min_gpus__gte=1) & Q(min_gpus__lte=models.F("gpus"))),
+                name="job_min_gpus_within_size",
+            ),
+            models.CheckConstraint(condition=Q(size_step__gte=1), name="job_size_step_positive"),
             models.CheckConstraint(condition=Q(state__in=JobState.values), name="job_state_valid"),
         ]
 

@@ -8,8 +8,10 @@ from django.utils import timezone
 
 from cluster.snapshot import topology_cache
 from engine.placement import LEVELS, level_limit
+from engine.steptime import ModelSpec
 from scheduling.choices import EventKind, JobState
 from scheduling.models import Allocation, Checkpoint, Job, JobEvent
+from scheduling.plans import ranking_for
 from scheduling.trigger import request_cycle
 
 
@@ -36,8 +38,24 @@ def capacity_problem(gpus: int, chip_types: list[str], topology: str) -> tuple[s
     return None
 
 
+def model_of_fields(model: dict) -> ModelSpec:
+    return ModelSpec.from_dict(model)
+
+
 @transaction.atomic
 def submit_job(**fields) -> Job:
+    model = fields.get("model")
+    if model:
+        spec = model_of_fields(model)
+        fields["model"] = spec.as_dict()
+        if not fields.get("parameters"):
+            fields["parameters"] = spec.params
+        chips = list(fields.get("chip_types") or [])
+        if len(chips) > 1:
+            # the platform picks the chip type with the best modelled cost-performance first
+            ranking = ranking_for(fields["model"], fields["gpus"], chips)
+            fields["chip_ranking"] = ranking
+            fields["chip_types"] = [r["chip"] for r in ranking if r["feasible"]] or chips
     job = Job.objects.create(
         state=JobState.PENDING,
         submitted_at=timezone.now(),
@@ -49,7 +67,13 @@ def submit_job(**fields) -> Job:
         kind=EventKind.SUBMITTED,
         at=job.submitted_at,
         reason=f"submitted to queue {job.queue.name}",
-        data={"gpus": job.gpus, "chip_types": job.chip_types, "topology": job.topology},
+        data={
+            "gpus": job.gpus,
+            "min_gpus": job.min_gpus,
+            "chip_types": job.chip_types,
+            "topology": job.topology,
+            **({"chip_ranking": job.chip_ranking} if job.chip_ranking else {}),
+        },
     )
     request_cycle()
     return job
@@ -92,6 +116,7 @@ def change_state(job_id: int, action: str, *, actor: str = "", reason: str = "")
     if job.state != JobState.PENDING and job.state != JobState.SUSPENDED:
         job.pending_reason = ""
     job.started_at = job.started_at if action in ("finish", "fail") else None
+    job.allocated_gpus = 0
     job.save()
     JobEvent.objects.create(job=job, kind=kind, at=now, reason=text or action, data=data)
     if freed or action == "resume":

@@ -7,6 +7,7 @@ from rest_framework import serializers
 
 from cluster.models import ChipType
 from cluster.snapshot import topology_cache
+from engine.steptime import ModelSpec
 from scheduling.choices import STATE_COLOURS, JobKind, TopologyConstraint
 from scheduling.models import Checkpoint, CheckpointPolicy, Cohort, Job, JobEvent, Queue, QueueQuota
 from scheduling.services import capacity_problem
@@ -159,6 +160,9 @@ class JobSerializer(serializers.ModelSerializer):
     kind = serializers.ChoiceField(choices=JobKind.choices, default=JobKind.TRAINING)
     state_colour = serializers.SerializerMethodField()
     gpus = serializers.IntegerField(min_value=1, max_value=1_000_000)
+    min_gpus = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    size_step = serializers.IntegerField(min_value=1, max_value=4096, required=False, default=1)
+    model = serializers.JSONField(required=False, default=dict)
     estimated_duration_s = serializers.FloatField(required=False, allow_null=True, min_value=1)
     parameters = serializers.FloatField(required=False, allow_null=True, min_value=1)
     checkpoint_policy = serializers.SlugRelatedField(
@@ -174,10 +178,16 @@ class JobSerializer(serializers.ModelSerializer):
             "kind",
             "priority",
             "gpus",
+            "min_gpus",
+            "size_step",
+            "allocated_gpus",
             "chip_types",
             "topology",
             "estimated_duration_s",
             "parameters",
+            "model",
+            "plan",
+            "chip_ranking",
             "checkpoint_policy",
             "state",
             "state_colour",
@@ -199,6 +209,9 @@ class JobSerializer(serializers.ModelSerializer):
             "placement",
             "progress_s",
             "preemptions",
+            "allocated_gpus",
+            "plan",
+            "chip_ranking",
         ]
 
     def get_state_colour(self, job: Job) -> str:
@@ -225,9 +238,32 @@ class JobSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError("a chip type is listed twice")
         return chips
 
+    def validate_model(self, model):
+        if not model:
+            return {}
+        try:
+            return ModelSpec.from_dict(model).as_dict()
+        except (ValueError, TypeError) as exc:
+            raise serializers.ValidationError(str(exc).removeprefix("model.")) from exc
+
     def validate(self, attrs):
+        low, step, gpus = attrs.get("min_gpus"), attrs.get("size_step", 1), attrs["gpus"]
+        if low is not None:
+            if low > gpus:
+                raise serializers.ValidationError({"min_gpus": f"must be at most gpus ({gpus})"})
+            if low % step or gpus % step:
+                raise serializers.ValidationError(
+                    {
+                        "size_step": f"gpus ({gpus}) and min_gpus ({low}) must be multiples of "
+                        f"size_step ({step})"
+                    }
+                )
+        elif step != 1:
+            raise serializers.ValidationError(
+                {"size_step": "only an elastic job (with min_gpus) has a size step"}
+            )
         problem = capacity_problem(
-            attrs["gpus"], attrs.get("chip_types", []), attrs.get("topology", "datacenter")
+            low if low is not None else gpus, attrs.get("chip_types", []), attrs.get("topology", "datacenter")
         )
         if problem:
             raise serializers.ValidationError({problem[0]: problem[1]})

@@ -1,0 +1,76 @@
+"""Parallel plans for jobs that describe their model: the engine's step-time model applied to
+where a job actually runs (how many GPUs, which chip, how far its GPUs spread)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.steptime import SPAN_LEVELS, Fabric, ModelSpec, NoFeasiblePlan, best_plan, rank_chips
+
+
+def model_of(job) -> ModelSpec | None:
+    if not job.model:
+        return None
+    return ModelSpec.from_dict(job.model)
+
+
+def span_of(snapshot, gpus: np.ndarray) -> tuple[int, list[int]]:
+    """(lowest common level index in SPAN_LEVELS, database ids of the datacenters spanned)."""
+    nodes = snapshot.gpu_node[np.asarray(gpus, dtype=np.int64)]
+    if len(nodes) == 0:
+        return 0, []
+    racks = snapshot.node_rack[nodes]
+    pods = snapshot.rack_pod[racks]
+    dcs = snapshot.pod_datacenter[pods]
+    regions = snapshot.datacenter_region[dcs]
+    dc_ids = sorted(int(snapshot.datacenter_id[d]) for d in np.unique(dcs))
+    for level, values in enumerate((nodes, racks, pods, dcs, regions)):
+        if np.all(values == values[0]):
+            return level, dc_ids
+    return len(SPAN_LEVELS) - 1, dc_ids
+
+
+def _fabric(dc_ids: list[int]) -> Fabric:
+    if len(dc_ids) < 2:
+        return Fabric()
+    from cluster.models import DatacenterLink
+
+    links = DatacenterLink.objects.filter(a_id__in=dc_ids, b_id__in=dc_ids).values_list(
+        "bandwidth_gbps", flat=True
+    )
+    slowest = min(links, default=None)
+    # without a declared link the traffic goes over the WAN: the default cross-region figure
+    return Fabric(datacenter_link_gbps=(slowest / 8) if slowest else 5 / 8)
+
+
+def plan_for(job, chip: str, snapshot, gpus: np.ndarray) -> dict:
+    """The modelled plan of ``job`` on these GPUs; {} without a model, {"error": ...} if none fits."""
+    model = model_of(job)
+    if model is None or len(gpus) == 0:
+        return {}
+    level, dc_ids = span_of(snapshot, gpus)
+    try:
+        plan = best_plan(
+            model, chip, len(gpus), fabric=_fabric(dc_ids), span_level=level, datacenters=max(1, len(dc_ids))
+        )
+    except (NoFeasiblePlan, KeyError) as exc:
+        return {"error": str(exc), "gpus": int(len(gpus)), "chip": chip}
+    data = plan.as_dict()
+    data["span"] = SPAN_LEVELS[level]
+    data["datacenters"] = max(1, len(dc_ids))
+    return data
+
+
+def ranking_for(model: dict, gpus: int, chips: list[str]) -> list[dict]:
+    return rank_chips(ModelSpec.from_dict(model), gpus, chips)
+
+
+def plan_summary(plan: dict) -> str:
+    if not plan:
+        return ""
+    if "error" in plan:
+        return plan["error"]
+    return (
+        f"TP{plan['tp']} PP{plan['pp']} DP{plan['dp']}, {plan['step_s']:.2f} s/step, "
+        f"{plan['tokens_per_s']:,.0f} tokens/s"
+    )
