@@ -1,6 +1,7 @@
 """Invariants that must hold after every scheduling cycle. Tests and the simulator run them.
 
-- no GPU is held by two jobs;
+- no GPU is held by two jobs, except fractions of a shared GPU that add up to at most 1000
+  thousandths (a whole-GPU job never shares);
 - every admitted gang is whole (exactly the GPUs it asked for, or for an elastic job one of its
   sizes), on one chip type it allows,
   within the topology domain it allows, on GPUs that were free and schedulable;
@@ -18,7 +19,7 @@ import numpy as np
 
 from engine.placement import Layout, level_limit
 from engine.scheduler import build_quota_book
-from engine.workload import CycleResult, PendingJob, QueueSpec, RunningJob
+from engine.workload import MILLI, CycleResult, PendingJob, QueueSpec, RunningJob
 
 
 class InvariantViolation(AssertionError):
@@ -48,6 +49,7 @@ def running_after(running: list[RunningJob], result: CycleResult, pending: list[
                 max_gpus=job.gpus if job.elastic else None,
                 size_step=job.size_step,
                 topology=job.topology,
+                share=job.share,
             )
         )
     return after
@@ -82,14 +84,12 @@ def check_cycle(
         if p.job_id not in running_ids:
             problems.append(f"preempted job {p.job_id} was not running")
 
-    held_before = np.zeros(topo.num_gpus, dtype=np.int32)
-    for j in running:
-        np.add.at(held_before, j.gpus, 1)
     victims = {p.job_id for p in result.preemptions}
-    freed = np.zeros(topo.num_gpus, dtype=bool)
+    # thousandths of each GPU in use before the cycle by jobs that keep running
+    used_before = np.zeros(topo.num_gpus, dtype=np.int32)
     for j in running:
-        if j.id in victims:
-            freed[j.gpus] = True
+        if j.id not in victims:
+            np.add.at(used_before, j.gpus, j.share)
     schedulable = topo.schedulable()
     freed_by_shrink = np.zeros(topo.num_gpus, dtype=bool)
     by_running = {j.id: j for j in running}
@@ -126,9 +126,11 @@ def check_cycle(
             problems.append(f"job {job.id} placed on chip types {sorted(chips)} but admitted as {a.chip}")
         if not schedulable[gpus].all():
             problems.append(f"job {job.id} placed on GPUs that are not schedulable")
-        busy = (held_before[gpus] > 0) & ~freed[gpus] & ~freed_by_shrink[gpus]
+        busy = used_before[gpus] * ~freed_by_shrink[gpus] + job.share > MILLI
         if busy.any():
             problems.append(f"job {job.id} placed on {int(busy.sum())} GPUs held by running jobs")
+        if job.fractional and len(gpus) != 1:
+            problems.append(f"job {job.id} shares GPUs but was given {len(gpus)}")
         max_level = level_limit(job.topology)
         if max_level < len(layout.node_domain) - 1:
             domains = np.unique(layout.node_domain[max_level][topo.gpu_node[gpus]])
@@ -139,11 +141,11 @@ def check_cycle(
             problems.append(f"job {job.id} admitted from stopped queue {job.queue}")
 
     after = running_after(running, result, pending, now)
-    held = np.zeros(topo.num_gpus, dtype=np.int32)
+    used = np.zeros(topo.num_gpus, dtype=np.int32)
     for j in after:
-        np.add.at(held, j.gpus, 1)
-    if (held > 1).any():
-        problems.append(f"{int((held > 1).sum())} GPUs are held by more than one job")
+        np.add.at(used, j.gpus, j.share)
+    if (used > MILLI).any():
+        problems.append(f"{int((used > MILLI).sum())} GPUs are held beyond their capacity")
 
     before_violations = set(build_quota_book(queues, topo.chip_names, running).violations())
     new_violations = set(build_quota_book(queues, topo.chip_names, after).violations()) - before_violations

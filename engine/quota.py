@@ -7,6 +7,9 @@ A cohort pools its members' lendable quota: a member's usage beyond its guarante
 that pool, so when others have borrowed a queue's lendable quota, the queue gets it back by
 reclaiming (preempting the borrowers) as its policy allows. Queues without a cohort use their
 nominal quota and nothing more.
+
+Amounts are integers in ``unit``s per GPU: the scheduler counts in thousandths of a GPU
+(unit=1000) so jobs that share GPUs are charged their fraction; messages speak GPUs.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ class QuotaBook:
         borrowing_limit: np.ndarray,
         lending_limit: np.ndarray,
         usage: np.ndarray,
+        unit: int = 1,
     ):
+        self.unit = unit
         self.queue_names = list(queue_names)
         self.chip_names = list(chip_names)
         self.cohort_names = list(cohort_names)
@@ -62,6 +67,11 @@ class QuotaBook:
 
     def _pool_draw(self, usage: np.ndarray) -> np.ndarray:
         return np.maximum(0, usage - self.guaranteed)
+
+    def gpus(self, amount) -> str:
+        """An amount in units, written in GPUs ("32", "0.25")."""
+        value = int(amount) / self.unit
+        return f"{value:.0f}" if value == int(value) else f"{value:g}"
 
     # --- queries -------------------------------------------------------------------------
     def borrowed(self, q: int, c: int) -> int:
@@ -91,6 +101,7 @@ class QuotaBook:
 
     def check(self, q: int, c: int, gpus: int) -> QuotaCheck:
         name, chip = self.queue_names[q], self.chip_names[c]
+        g = self.gpus
         used, nominal = int(self.usage[q, c]), int(self.nominal[q, c])
         after = used + gpus
         cohort = int(self.cohort_of[q])
@@ -99,15 +110,15 @@ class QuotaBook:
                 return QuotaCheck(True)
             return QuotaCheck(
                 False,
-                f"quota of queue {name} exhausted for {chip}: {used} of {nominal} in use, "
-                f"needs {gpus}; the queue is in no cohort, so it cannot borrow",
+                f"quota of queue {name} exhausted for {chip}: {g(used)} of {g(nominal)} in use, "
+                f"needs {g(gpus)}; the queue is in no cohort, so it cannot borrow",
                 "nominal",
             )
         if after - nominal > self.borrowing_limit[q, c]:
             return QuotaCheck(
                 False,
-                f"queue {name} would borrow {after - nominal} {chip} GPUs, above its borrowing limit "
-                f"of {int(self.borrowing_limit[q, c])}",
+                f"queue {name} would borrow {g(after - nominal)} {chip} GPUs, above its borrowing "
+                f"limit of {g(self.borrowing_limit[q, c])}",
                 "borrowing_limit",
             )
         old_draw = max(0, used - int(self.guaranteed[q, c]))
@@ -119,14 +130,14 @@ class QuotaBook:
         if after <= nominal:
             return QuotaCheck(
                 False,
-                f"queue {name}'s nominal {chip} quota ({nominal}) is lent to other queues of cohort "
-                f"{cohort_name}; {used} in use, needs {gpus}: reclaim by preemption",
+                f"queue {name}'s nominal {chip} quota ({g(nominal)}) is lent to other queues of "
+                f"cohort {cohort_name}; {g(used)} in use, needs {g(gpus)}: reclaim by preemption",
                 "cohort",
             )
         return QuotaCheck(
             False,
-            f"quota of queue {name} exhausted for {chip} ({used} of nominal {nominal} in use, needs {gpus}) "
-            f"and cohort {cohort_name} has {max(available, 0)} to lend",
+            f"quota of queue {name} exhausted for {chip} ({g(used)} of nominal {g(nominal)} in "
+            f"use, needs {g(gpus)}) and cohort {cohort_name} has {g(max(available, 0))} to lend",
             "cohort",
         )
 
@@ -150,14 +161,18 @@ class QuotaBook:
             for c, chip in enumerate(self.chip_names):
                 over = int(self.usage[q, c] - self.nominal[q, c])
                 if self.cohort_of[q] < 0 and over > 0:
-                    problems.append(f"queue {name} uses {over} {chip} GPUs above nominal without a cohort")
+                    problems.append(
+                        f"queue {name} uses {self.gpus(over)} {chip} GPUs above nominal without a cohort"
+                    )
                 elif over > self.borrowing_limit[q, c]:
-                    problems.append(f"queue {name} borrows {over} {chip} GPUs, above its borrowing limit")
+                    problems.append(
+                        f"queue {name} borrows {self.gpus(over)} {chip} GPUs, above its borrowing limit"
+                    )
         for k, cohort in enumerate(self.cohort_names):
             for c, chip in enumerate(self.chip_names):
                 if self.pool_usage[k, c] > self.pool_capacity[k, c]:
                     problems.append(
-                        f"cohort {cohort} lends {int(self.pool_usage[k, c])} {chip} GPUs of "
-                        f"{int(self.pool_capacity[k, c])} lendable"
+                        f"cohort {cohort} lends {self.gpus(self.pool_usage[k, c])} {chip} GPUs of "
+                        f"{self.gpus(self.pool_capacity[k, c])} lendable"
                     )
         return problems

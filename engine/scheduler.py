@@ -31,6 +31,7 @@ import numpy as np
 from engine.placement import LEVELS, FreePool, Layout, level_limit
 from engine.quota import UNLIMITED, QuotaBook
 from engine.workload import (
+    MILLI,
     Admission,
     CycleResult,
     PendingJob,
@@ -54,8 +55,10 @@ def build_quota_book(
     chip_names,
     running: list[RunningJob],
     usage_by: dict[tuple[str, str], int] | None = None,
+    unit: int = MILLI,
 ) -> QuotaBook:
-    """Quota book for the queues; usage from running jobs, or from {(queue, chip): GPUs}."""
+    """Quota book for the queues, in ``unit``s per GPU (default thousandths); usage from running
+    jobs (charged their share of each GPU), or from {(queue, chip): amount in units}."""
     chips = {name: i for i, name in enumerate(chip_names)}
     cohorts = sorted({q.cohort for q in queues if q.cohort})
     cohort_index = {name: i for i, name in enumerate(cohorts)}
@@ -66,18 +69,18 @@ def build_quota_book(
     for qi, q in enumerate(queues):
         for chip, value in q.nominal.items():
             if chip in chips:
-                nominal[qi, chips[chip]] = value
+                nominal[qi, chips[chip]] = value * unit
         for chip, value in q.borrowing_limit.items():
             if chip in chips and value is not None:
-                borrowing[qi, chips[chip]] = value
+                borrowing[qi, chips[chip]] = value * unit
         for chip, value in q.lending_limit.items():
             if chip in chips and value is not None:
-                lending[qi, chips[chip]] = value
+                lending[qi, chips[chip]] = value * unit
     usage = np.zeros(shape, dtype=np.int64)
     queue_index = {q.name: i for i, q in enumerate(queues)}
     for job in running:
         if job.queue in queue_index and job.chip in chips:
-            usage[queue_index[job.queue], chips[job.chip]] += len(job.gpus)
+            usage[queue_index[job.queue], chips[job.chip]] += len(job.gpus) * job.share * unit // MILLI
     for (queue, chip), gpus in (usage_by or {}).items():
         if queue in queue_index and chip in chips:
             usage[queue_index[queue], chips[chip]] += gpus
@@ -90,6 +93,7 @@ def build_quota_book(
         borrowing,
         lending,
         usage,
+        unit,
     )
 
 
@@ -109,8 +113,15 @@ class Cycle:
         self.quota = build_quota_book(self.queues, self.topo.chip_names, self.running)
         self.schedulable = self.topo.schedulable()
         owned = np.zeros(self.topo.num_gpus, dtype=bool)
+        # thousandths used on shared GPUs; a shared GPU is never free for whole-GPU jobs
+        self.gpu_used = np.zeros(self.topo.num_gpus, dtype=np.int32)
         for job in self.running:
             owned[job.gpus] = True
+            if job.fractional:
+                self.gpu_used[job.gpus] += job.share
+        self.shared = np.flatnonzero(self.gpu_used)  # GPUs with fractions on them
+        shares = [j.share for j in self.pending if j.fractional]
+        self.min_share = min(shares) if shares else MILLI
         self.pool_all = FreePool(layout, self.schedulable & ~owned)
         self.running_by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
         for job in self.running:
@@ -186,6 +197,8 @@ class Cycle:
         queue = self.queues[qi]
         if queue.stopped:
             return f"queue {queue.name} is stopped"
+        if job.fractional:
+            return self._admit_fraction(qi, job)
         chips = self._chip_options(qi, job)
         if not chips:
             wanted = ", ".join(job.chip_types) if job.chip_types else "any chip type"
@@ -200,7 +213,7 @@ class Cycle:
         reasons: list[str] = []
         capacity_blocked: list[int] = []
         for c in chips:
-            check = self.quota.check(qi, c, job.gpus)
+            check = self.quota.check(qi, c, job.demand)
             if not check.ok:
                 reasons.append(check.reason)
                 continue
@@ -265,17 +278,19 @@ class Cycle:
 
     def _record_admission(self, qi, job, c, gpus, level, domain, *, backfilled=False, preempted=()):
         self.largest_blocks.clear()
-        self.quota.add(qi, c, job.gpus)
+        self.quota.add(qi, c, job.demand)
         chip = self.topo.chip_names[c]
         end = self.now + job.estimated_duration if job.estimated_duration is not None else None
-        self.started.append(RunningJob(job.id, job.queue, gpus, chip, job.priority, self.now, end, self.now))
+        self.started.append(
+            RunningJob(job.id, job.queue, gpus, chip, job.priority, self.now, end, self.now, share=job.share)
+        )
         self.result.admissions.append(
             Admission(
                 job_id=job.id,
                 chip=chip,
                 gpus=gpus,
                 domain=self.layout.domain_name(level, domain),
-                borrowed=self.quota.borrowed(qi, c),
+                borrowed=-(-self.quota.borrowed(qi, c) // MILLI),
                 backfilled=backfilled,
                 preempted=tuple(preempted),
             )
@@ -301,13 +316,56 @@ class Cycle:
             )
         return f"no {level_name} with {job.gpus} free {chip} GPUs (largest free block: {size} in {where})"
 
+    # --- shared GPUs ----------------------------------------------------------------------
+    def _admit_fraction(self, qi: int, job: PendingJob) -> str:
+        """A fraction of one GPU: onto a shared GPU where it leaves no unusable sliver, else onto a
+        fresh GPU of the fullest node (whole nodes stay free for gangs), else onto any shared GPU
+        with room."""
+        reasons = []
+        for c in self._chip_options(qi, job):
+            check = self.quota.check(qi, c, job.demand)
+            if not check.ok:
+                reasons.append(check.reason)
+                continue
+            gpu = self._shared_gpu(c, job.share, strict=True)
+            if gpu is None:
+                placed = self.pool_open.place(c, 1, 0)
+                if placed is not None:
+                    if self.pool_open is not self.pool_all:
+                        self.pool_all.take(placed[0])
+                    gpu = int(placed[0][0])
+                    self.shared = np.append(self.shared, gpu)
+            if gpu is None:
+                gpu = self._shared_gpu(c, job.share, strict=False)
+            if gpu is None:
+                reasons.append(f"no {self.topo.chip_names[c]} GPU has {job.share / MILLI:g} of a GPU free")
+                continue
+            self.gpu_used[gpu] += job.share
+            node = int(self.topo.gpu_node[gpu])
+            self._record_admission(qi, job, c, np.array([gpu], dtype=np.int64), 0, node)
+            return ""
+        return "; ".join(reasons)
+
+    def _shared_gpu(self, c: int, share: int, *, strict: bool) -> int | None:
+        idx = self.shared
+        if not len(idx):
+            return None
+        left = MILLI - self.gpu_used[idx] - share
+        ok = (left >= 0) & (self.topo.gpu_chip[idx] == c) & self.schedulable[idx] & ~self.reserved[idx]
+        if strict:
+            ok &= (left == 0) | (left >= self.min_share)  # never strand a sliver nobody can use
+        if not ok.any():
+            return None
+        cand = np.flatnonzero(ok)
+        return int(idx[cand[np.argmin(left[cand])]])
+
     # --- elastic sizes ------------------------------------------------------------------
     def _quota_headroom(self, qi: int, c: int, sizes: list[int]) -> int:
         """The largest of ``sizes`` (descending) the quota allows now, or 0."""
         lo, hi = 0, len(sizes)  # quota checks are monotone in size: binary search
         while lo < hi:
             mid = (lo + hi) // 2
-            if self.quota.check(qi, c, sizes[mid]).ok:
+            if self.quota.check(qi, c, sizes[mid] * MILLI).ok:
                 hi = mid
             else:
                 lo = mid + 1
@@ -352,11 +410,11 @@ class Cycle:
             count = min(victim.shrinkable, -(-need // step) * step)
             release = np.sort(victim.gpus)[len(victim.gpus) - count :]  # the tail: whole nodes first
             trial.give(release[self.schedulable[release] & ~self.reserved[release]])
-            self.quota.remove(self.queue_index[victim.queue], c, count)
+            self.quota.remove(self.queue_index[victim.queue], c, count * MILLI)
             chosen.append((victim, why, release))
         if deficit() != 0:
             for victim, _, release in chosen:
-                self.quota.add(self.queue_index[victim.queue], c, len(release))
+                self.quota.add(self.queue_index[victim.queue], c, len(release) * MILLI)
             return False
         self.no_room.clear()
         self.largest_blocks.clear()
@@ -411,7 +469,7 @@ class Cycle:
                 continue
             if self.pool_open is not self.pool_all:
                 self.pool_all.take(placed[0])
-            self.quota.add(qi, c, add)
+            self.quota.add(qi, c, add * MILLI)
             gpus = np.sort(np.concatenate([job.gpus, placed[0]]))
             self._replace_running(job, replace(job, gpus=gpus))
             self.result.resizes.append(
@@ -434,7 +492,7 @@ class Cycle:
         reclaiming = (
             queue.reclaim_within_cohort != "never"
             and cohort >= 0
-            and self.quota.usage[qi, c] + job.gpus <= self.quota.nominal[qi, c]
+            and self.quota.usage[qi, c] + job.demand <= self.quota.nominal[qi, c]
         )
         within = queue.within_queue == "lower_priority"
         if not reclaiming and not within:
@@ -450,7 +508,7 @@ class Cycle:
                     pool += self.running_by_queue_chip.get((int(vq), c), [])
         candidates = []
         for victim in pool:
-            if victim.id in self.victims:
+            if victim.id in self.victims or victim.fractional:  # a shared GPU frees only when all leave
                 continue
             vq = self.queue_index.get(victim.queue, -1)
             if vq == qi:
@@ -534,10 +592,10 @@ class Cycle:
 
     def _quota_ok_without(self, qi, job, c, victims: list[RunningJob]) -> bool:
         for v in victims:
-            self.quota.remove(self.queue_index[v.queue], c, len(v.gpus))
-        ok = self.quota.check(qi, c, job.gpus).ok
+            self.quota.remove(self.queue_index[v.queue], c, v.demand)
+        ok = self.quota.check(qi, c, job.demand).ok
         for v in victims:
-            self.quota.add(self.queue_index[v.queue], c, len(v.gpus))
+            self.quota.add(self.queue_index[v.queue], c, v.demand)
         return ok
 
     def _evict_and_place(self, qi, job, c, level, domain, victims, usable, chosen_idx, max_level) -> bool:
@@ -548,14 +606,14 @@ class Cycle:
             self.pool_all.give(gpus)
             if self.pool_open is not self.pool_all:
                 self.pool_open.give(gpus)
-            self.quota.remove(self.queue_index[victim.queue], c, len(victim.gpus))
+            self.quota.remove(self.queue_index[victim.queue], c, victim.demand)
         placed = self.pool_open.place(c, job.gpus, max_level, within=(level, domain))
         if placed is None:  # cannot happen when counts are right; undo and report
             for (victim, _), gpus in zip(victims, freed, strict=True):
                 self.pool_all.take_where_free(gpus)
                 if self.pool_open is not self.pool_all:
                     self.pool_open.take_where_free(gpus)
-                self.quota.add(self.queue_index[victim.queue], c, len(victim.gpus))
+                self.quota.add(self.queue_index[victim.queue], c, victim.demand)
             return False
         gpus, lvl, dom = placed
         if self.pool_open is not self.pool_all:
@@ -574,7 +632,10 @@ class Cycle:
             (
                 j
                 for j in [*self.running, *self.started]
-                if j.chip == chip and j.estimated_end is not None and j.id not in self.victims
+                if j.chip == chip
+                and not j.fractional
+                and j.estimated_end is not None
+                and j.id not in self.victims
             ),
             key=lambda j: j.estimated_end,
         )

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+MILLI = 1000  # a whole GPU, in the thousandths that shared GPUs are counted in
 RECLAIM_POLICIES = ("never", "lower_priority", "any")
 WITHIN_QUEUE_POLICIES = ("never", "lower_priority")
 
@@ -36,6 +37,16 @@ class PendingJob:
     estimated_duration: float | None = None  # seconds; None: unknown (never backfilled)
     min_gpus: int | None = None  # elastic: the smallest size it runs at; None: rigid (gpus)
     size_step: int = 1  # elastic sizes are multiples of this (8: whole nodes)
+    share: int = MILLI  # thousandths of each GPU; below 1000 (with gpus == 1): a shared GPU
+
+    @property
+    def fractional(self) -> bool:
+        return self.share < MILLI
+
+    @property
+    def demand(self) -> int:
+        """Quota this job is charged, in thousandths of a GPU."""
+        return self.gpus * self.share
 
     @property
     def elastic(self) -> bool:
@@ -62,6 +73,15 @@ class RunningJob:
     max_gpus: int | None = None  # elastic: may grow back up to this
     size_step: int = 1
     topology: str = "datacenter"
+    share: int = MILLI  # thousandths of each of its GPUs it uses (below 1000: a shared GPU)
+
+    @property
+    def fractional(self) -> bool:
+        return self.share < MILLI
+
+    @property
+    def demand(self) -> int:
+        return len(self.gpus) * self.share
 
     @property
     def shrinkable(self) -> int:

@@ -213,7 +213,9 @@ def _recover(
         Allocation.objects.filter(job=job, active=True, gpu_id__in=lost_ids).update(
             active=False, released_at=now
         )
-        _insert_allocations([(job.pk, int(g)) for g in snapshot.gpu_id[plan.replacement_gpus]], now)
+        _insert_allocations(
+            [(job.pk, int(g)) for g in snapshot.gpu_id[plan.replacement_gpus]], now, {job.pk: job.share}
+        )
         owned[plan.lost_gpus] = False
         owned[plan.replacement_gpus] = True
     restart_s = plan.seconds - steps.get("detect", 0.0)

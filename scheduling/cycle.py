@@ -131,6 +131,7 @@ def load_running() -> list[RunningJob]:
             "gpus",
             "size_step",
             "topology",
+            "share",
         )
     )
     if not jobs:
@@ -140,19 +141,8 @@ def load_running() -> list[RunningJob]:
     bounds = np.searchsorted(pairs[:, 0], [j[0] for j in jobs])
     ends = np.searchsorted(pairs[:, 0], [j[0] for j in jobs], side="right")
     running = []
-    for (
-        job_id,
-        queue,
-        chip,
-        priority,
-        started,
-        duration,
-        checkpoint,
-        low,
-        high,
-        step,
-        topology,
-    ), lo, hi in zip(jobs, bounds, ends, strict=True):
+    for row, lo, hi in zip(jobs, bounds, ends, strict=True):
+        job_id, queue, chip, priority, started, duration, checkpoint, low, high, step, topology, share = row
         start = _ts(started) or 0.0
         running.append(
             RunningJob(
@@ -168,6 +158,7 @@ def load_running() -> list[RunningJob]:
                 max_gpus=high if low is not None else None,
                 size_step=step,
                 topology=topology,
+                share=share,
             )
         )
     return running
@@ -184,14 +175,17 @@ def load_pending() -> tuple[list[PendingJob], dict[int, str]]:
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT j.id, q.name, j.gpus, j.priority, j.chip_types, j.topology, {epoch}, "
-            f"j.estimated_duration_s, j.pending_reason, j.min_gpus, j.size_step "
+            f"j.estimated_duration_s, j.pending_reason, j.min_gpus, j.size_step, j.share "
             f"FROM {job} j JOIN {queue} q ON q.id = j.queue_id "
             f"WHERE j.state = %s",
             [JobState.PENDING.value],
         )
         rows = cursor.fetchall()
     pending, reasons = [], {}
-    for job_id, queue_name, gpus, priority, chips, topology, submitted, duration, reason, low, step in rows:
+    for row in rows:
+        job_id, queue_name, gpus, priority, chips, topology, submitted, duration, reason, low, step, share = (
+            row
+        )
         if isinstance(chips, str):  # SQLite returns JSON as text
             chips = json.loads(chips)
         pending.append(
@@ -206,6 +200,7 @@ def load_pending() -> tuple[list[PendingJob], dict[int, str]]:
                 duration,
                 low,
                 step,
+                share,
             )
         )
         reasons[job_id] = reason
@@ -266,22 +261,28 @@ def _publish(summary: CycleSummary) -> None:
         async_to_sync(layer.group_send)("scheduling", {"type": "cycle.summary", "summary": summary.as_dict()})
 
 
-def _insert_allocations(rows: list[tuple[int, int]], now: datetime) -> None:
+def _insert_allocations(
+    rows: list[tuple[int, int]], now: datetime, shares: dict[int, int] | None = None
+) -> None:
+    """Active allocations for (job id, GPU id) rows; ``shares``: job id -> thousandths for jobs
+    that share a GPU (everyone else takes whole GPUs)."""
     table = Allocation._meta.db_table
+    shares = shares or {}
+    columns = "(job_id, gpu_id, active, share, created_at)"
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             stamp = now.isoformat()
-            block = "".join(f"{job_id}\t{gpu_id}\tt\t{stamp}\n" for job_id, gpu_id in rows)
+            block = "".join(f"{j}\t{g}\tt\t{shares.get(j, 1000)}\t{stamp}\n" for j, g in rows)
             # COPY is not wrapped by Django: map driver errors to Django's (IntegrityError...)
             with (
                 connection.wrap_database_errors,
-                cursor.copy(f"COPY {table} (job_id, gpu_id, active, created_at) FROM STDIN") as copy,
+                cursor.copy(f"COPY {table} {columns} FROM STDIN") as copy,
             ):
                 copy.write(block)
         else:
             cursor.executemany(
-                f"INSERT INTO {table} (job_id, gpu_id, active, created_at) VALUES (%s, %s, %s, %s)",
-                [(j, g, True, now) for j, g in rows],
+                f"INSERT INTO {table} {columns} VALUES (%s, %s, %s, %s, %s)",
+                [(j, g, True, shares.get(j, 1000), now) for j, g in rows],
             )
 
 
@@ -366,7 +367,7 @@ def apply_decisions(result: CycleResult, snapshot, now: datetime, old_reasons: d
         )
         _plan_admitted(result, snapshot, now, events)
     if rows:
-        _insert_allocations(rows, now)
+        _insert_allocations(rows, now, _shares(result))
 
     # Reasons carry live numbers ("largest free block: 312 in pod bj2-p04") that move every cycle;
     # rewriting ten thousand rows each cycle for a number is wasteful, so a reason whose wording is
@@ -426,3 +427,11 @@ def _apply_resizes(resizes, snapshot, now: datetime, rows: list[tuple[int, int]]
             reason += f"; re-planned {plan_summary(new_plan)}"
         events.append(JobEvent(job=job, kind=EventKind.RESIZED, at=now, reason=reason, data=data))
     return events
+
+
+def _shares(result: CycleResult) -> dict[int, int]:
+    """Thousandths per admitted job that shares a GPU (one query, only when some might)."""
+    single = [a.job_id for a in result.admissions if len(a.gpus) == 1]
+    if not single:
+        return {}
+    return dict(Job.objects.filter(pk__in=single, share__lt=1000).values_list("id", "share"))

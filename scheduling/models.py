@@ -135,6 +135,9 @@ class Job(models.Model):
         null=True, blank=True, help_text="Elastic: the smallest size it runs at; empty: rigid"
     )
     size_step = models.PositiveIntegerField(default=1, help_text="Elastic sizes are multiples of this")
+    share = models.PositiveSmallIntegerField(
+        default=1000, help_text="Thousandths of each GPU; below 1000 the job shares one GPU with others"
+    )
     allocated_gpus = models.PositiveIntegerField(default=0, help_text="GPUs it holds now")
     model = models.JSONField(
         default=dict, blank=True, help_text="Model shape for the step-time model (params, layers, ...)"
@@ -174,6 +177,10 @@ class Job(models.Model):
                 name="job_min_gpus_within_size",
             ),
             models.CheckConstraint(condition=Q(size_step__gte=1), name="job_size_step_positive"),
+            models.CheckConstraint(
+                condition=Q(share=1000) | (Q(share__gte=1, share__lt=1000, gpus=1, min_gpus__isnull=True)),
+                name="job_share_is_a_fraction_of_one_gpu",
+            ),
             models.CheckConstraint(condition=Q(state__in=JobState.values), name="job_state_valid"),
         ]
 
@@ -187,16 +194,25 @@ class Allocation(models.Model):
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations", db_index=False)
     gpu = models.ForeignKey(GPU, on_delete=models.CASCADE, related_name="allocations", db_index=False)
     active = models.BooleanField(default=True)
+    share = models.PositiveSmallIntegerField(default=1000, help_text="Thousandths of the GPU")
     created_at = models.DateTimeField()
     released_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
+            # a whole GPU is in at most one active allocation; the shared_gpu_guard triggers
+            # (migration 0005) refuse a whole allocation on a shared GPU and fractions past 1000
             models.UniqueConstraint(
-                fields=["gpu"], condition=Q(active=True), name="gpu_in_one_active_allocation"
+                fields=["gpu"], condition=Q(active=True, share=1000), name="gpu_in_one_active_allocation"
+            ),
+            models.CheckConstraint(condition=Q(share__gte=1, share__lte=1000), name="allocation_share_range"),
+        ]
+        indexes = [
+            models.Index(fields=["job", "active"]),
+            models.Index(
+                fields=["gpu"], condition=Q(active=True, share__lt=1000), name="allocation_shared_gpu"
             ),
         ]
-        indexes = [models.Index(fields=["job", "active"])]
 
     def __str__(self) -> str:
         return f"job {self.job_id} on GPU {self.gpu_id}" + ("" if self.active else " (released)")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from django.db.models import Count
+from django.db.models import Sum
 
 from engine.scheduler import build_quota_book
+from engine.workload import MILLI
 from scheduling.choices import JobState
 from scheduling.cycle import load_queues
 from scheduling.models import Allocation, Job
@@ -19,16 +20,21 @@ def queue_usage() -> dict[str, list[dict]]:
         (row["job__queue__name"], row["job__chip__name"]): row["n"]
         for row in Allocation.objects.filter(active=True)
         .values("job__queue__name", "job__chip__name")
-        .annotate(n=Count("id"))
+        .annotate(n=Sum("share"))  # thousandths: shared GPUs count their fraction
     }
     demand: dict[tuple[str, str], int] = defaultdict(int)
-    for queue, chips, gpus in Job.objects.filter(state=JobState.PENDING).values_list(
-        "queue__name", "chip_types", "gpus"
+    for queue, chips, gpus, share in Job.objects.filter(state=JobState.PENDING).values_list(
+        "queue__name", "chip_types", "gpus", "share"
     ):
-        demand[(queue, chips[0] if chips else "any")] += gpus
+        demand[(queue, chips[0] if chips else "any")] += gpus * share
     chip_names = sorted({c for q in specs for c in q.nominal} | {c for _, c in used} | {c for _, c in demand})
     chip_names = [c for c in chip_names if c and c != "any"]
-    book = build_quota_book(specs, chip_names, [], used)
+    book = build_quota_book(specs, chip_names, [], used, unit=MILLI)
+
+    def gpus(amount) -> float | int:
+        value = int(amount) / MILLI
+        return int(value) if value == int(value) else value
+
     out: dict[str, list[dict]] = {}
     for qi, q in enumerate(specs):
         rows = []
@@ -41,10 +47,10 @@ def queue_usage() -> dict[str, list[dict]]:
                     "nominal": q.nominal.get(chip, 0),
                     "borrowing_limit": q.borrowing_limit.get(chip),
                     "lending_limit": q.lending_limit.get(chip),
-                    "used": int(book.usage[qi, ci]),
-                    "borrowed": book.borrowed(qi, ci),
-                    "lent": book.lent(qi, ci),
-                    "pending_demand": demand.get((q.name, chip), 0),
+                    "used": gpus(book.usage[qi, ci]),
+                    "borrowed": gpus(book.borrowed(qi, ci)),
+                    "lent": gpus(book.lent(qi, ci)),
+                    "pending_demand": gpus(demand.get((q.name, chip), 0)),
                 }
             )
         if demand.get((q.name, "any")):
@@ -57,7 +63,7 @@ def queue_usage() -> dict[str, list[dict]]:
                     "used": 0,
                     "borrowed": 0,
                     "lent": 0,
-                    "pending_demand": demand[(q.name, "any")],
+                    "pending_demand": gpus(demand[(q.name, "any")]),
                 }
             )
         out[q.name] = rows

@@ -70,10 +70,10 @@ class UsageSerializer(serializers.Serializer):
     nominal = serializers.IntegerField()
     borrowing_limit = serializers.IntegerField(allow_null=True)
     lending_limit = serializers.IntegerField(allow_null=True)
-    used = serializers.IntegerField()
-    borrowed = serializers.IntegerField()
-    lent = serializers.IntegerField()
-    pending_demand = serializers.IntegerField()
+    used = serializers.FloatField(help_text="GPUs; jobs that share a GPU count their fraction")
+    borrowed = serializers.FloatField()
+    lent = serializers.FloatField()
+    pending_demand = serializers.FloatField()
 
 
 class QueueSerializer(serializers.ModelSerializer):
@@ -162,6 +162,13 @@ class JobSerializer(serializers.ModelSerializer):
     gpus = serializers.IntegerField(min_value=1, max_value=1_000_000)
     min_gpus = serializers.IntegerField(min_value=1, required=False, allow_null=True)
     size_step = serializers.IntegerField(min_value=1, max_value=4096, required=False, default=1)
+    share = serializers.IntegerField(
+        min_value=1,
+        max_value=1000,
+        required=False,
+        default=1000,
+        help_text="Thousandths of one GPU; below 1000 the job shares a GPU (gpus must be 1)",
+    )
     model = serializers.JSONField(required=False, default=dict)
     estimated_duration_s = serializers.FloatField(required=False, allow_null=True, min_value=1)
     parameters = serializers.FloatField(required=False, allow_null=True, min_value=1)
@@ -180,6 +187,7 @@ class JobSerializer(serializers.ModelSerializer):
             "gpus",
             "min_gpus",
             "size_step",
+            "share",
             "allocated_gpus",
             "chip_types",
             "topology",
@@ -261,6 +269,10 @@ class JobSerializer(serializers.ModelSerializer):
         elif step != 1:
             raise serializers.ValidationError(
                 {"size_step": "only an elastic job (with min_gpus) has a size step"}
+            )
+        if attrs.get("share", 1000) < 1000 and (gpus != 1 or low is not None):
+            raise serializers.ValidationError(
+                {"share": "a fraction of a GPU is for one-GPU jobs (gpus 1, not elastic)"}
             )
         problem = capacity_problem(
             low if low is not None else gpus, attrs.get("chip_types", []), attrs.get("topology", "datacenter")
