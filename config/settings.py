@@ -123,10 +123,15 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_TIME_LIMIT = env_int("MYRIAD_TASK_TIME_LIMIT", 300, minimum=1)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 SCHEDULING_CYCLE_INTERVAL_S = env_int("MYRIAD_CYCLE_INTERVAL_S", 5, minimum=1)
+AUTOSCALE_INTERVAL_S = env_int("MYRIAD_AUTOSCALE_INTERVAL_S", 30, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {
         "task": "scheduling.tasks.run_scheduling_cycle",
         "schedule": float(SCHEDULING_CYCLE_INTERVAL_S),
+    },
+    "autoscale-services": {
+        "task": "scheduling.tasks.autoscale_services",
+        "schedule": float(AUTOSCALE_INTERVAL_S),
     },
 }
 CELERY_TIMEZONE = "UTC"

@@ -1,8 +1,19 @@
+from django import forms
 from django.contrib import admin, messages
 from django.utils.html import format_html
 
 from scheduling.choices import STATE_COLOURS
-from scheduling.models import Checkpoint, CheckpointPolicy, Cohort, Job, JobEvent, Queue, QueueQuota
+from scheduling.models import (
+    Checkpoint,
+    CheckpointPolicy,
+    Cohort,
+    InferenceService,
+    Job,
+    JobEvent,
+    Queue,
+    QueueQuota,
+    ServiceScale,
+)
 from scheduling.services import JobStateError, change_state
 
 
@@ -88,6 +99,7 @@ class JobAdmin(admin.ModelAdmin):
         "gpus",
         "priority",
         "state_label",
+        "allocated_gpus",
         "chip",
         "placement",
         "pending_reason",
@@ -106,8 +118,11 @@ class JobAdmin(admin.ModelAdmin):
         "placement",
         "progress_s",
         "preemptions",
+        "allocated_gpus",
+        "plan",
+        "chip_ranking",
     ]
-    raw_id_fields = ["owner"]
+    raw_id_fields = ["owner", "service"]
     inlines = [JobEventInline, CheckpointInline]
     actions = [_job_action("cancel"), _job_action("suspend"), _job_action("resume")]
     show_full_result_count = False
@@ -119,3 +134,62 @@ class JobAdmin(admin.ModelAdmin):
             STATE_COLOURS.get(obj.state, "#999"),
             obj.get_state_display(),
         )
+
+
+class ServiceScaleInline(admin.TabularInline):
+    model = ServiceScale
+    extra = 0
+    can_delete = False
+    readonly_fields = ["at", "load_rps", "replicas_before", "replicas_after", "reason"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+class InferenceServiceForm(forms.ModelForm):
+    class Meta:
+        model = InferenceService
+        fields = [
+            "name",
+            "queue",
+            "chip_types",
+            "replica_gpus",
+            "replica_share",
+            "capacity_rps",
+            "headroom",
+            "min_replicas",
+            "max_replicas",
+            "load_profile",
+            "scale_down_delay_s",
+            "paused",
+        ]
+
+    def clean_load_profile(self):
+        from engine.inference import LoadProfile
+
+        try:
+            return LoadProfile.from_dict(self.cleaned_data["load_profile"]).as_dict()
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+
+
+@admin.register(InferenceService)
+class InferenceServiceAdmin(admin.ModelAdmin):
+    """Operators set the load profile and the replica bounds; the autoscaler does the rest."""
+
+    form = InferenceServiceForm
+    list_display = [
+        "name",
+        "queue",
+        "replica_gpus",
+        "replica_share",
+        "min_replicas",
+        "max_replicas",
+        "desired_replicas",
+        "load_rps",
+        "paused",
+    ]
+    list_filter = ["queue", "paused"]
+    search_fields = ["name"]
+    readonly_fields = ["load_rps", "desired_replicas", "low_since", "updated_at"]
+    inlines = [ServiceScaleInline]

@@ -26,3 +26,11 @@ def warm_up(**_kwargs) -> None:
         _layout(topology_cache.current())
     except Exception:  # noqa: BLE001 - an empty or unmigrated database: the first cycle loads it
         logging.getLogger("myriad.scheduling").warning("could not preload the topology", exc_info=True)
+
+
+@shared_task(ignore_result=True, time_limit=60, soft_time_limit=50)
+def autoscale_services() -> dict:
+    """Replicas of every inference service follow their load profile (Celery beat runs this)."""
+    from scheduling.inference import autoscale_all
+
+    return autoscale_all()

@@ -8,5 +8,6 @@ router.register("checkpoint-policies", views.CheckpointPolicyViewSet)
 router.register("cohorts", views.CohortViewSet)
 router.register("queues", views.QueueViewSet)
 router.register("jobs", views.JobViewSet)
+router.register("services", views.InferenceServiceViewSet)
 
 urlpatterns = [path("ettr/", views.ETTRView.as_view(), name="ettr"), *router.urls]

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -14,8 +15,10 @@ from scheduling import filtersets
 from scheduling.api import serializers as s
 from scheduling.choices import ACTIVE_STATES
 from scheduling.ettr import cluster_ettr
-from scheduling.models import CheckpointPolicy, Cohort, Job, Queue
+from scheduling.inference import autoscale, stop_service
+from scheduling.models import CheckpointPolicy, Cohort, InferenceService, Job, Queue
 from scheduling.services import JobStateError, change_state, record_checkpoint, submit_job
+from scheduling.tasks import autoscale_services
 from scheduling.trigger import request_cycle
 
 
@@ -162,3 +165,35 @@ class ETTRView(APIView):
         if since >= until:
             return Response({"since": ["must be before until"]}, status=status.HTTP_400_BAD_REQUEST)
         return Response(s.ETTRSerializer(cluster_ettr(since, until, params.validated_data.get("queue"))).data)
+
+
+class InferenceServiceViewSet(viewsets.ModelViewSet):
+    """Inference services: replicas follow the load profile (the autoscaler runs every
+    MYRIAD_AUTOSCALE_INTERVAL_S seconds); operators set the profile and the replica bounds."""
+
+    queryset = InferenceService.objects.select_related("queue")
+    serializer_class = s.InferenceServiceSerializer
+    ordering_fields = ["name", "load_rps", "desired_replicas"]
+    search_fields = ["name"]
+
+    def perform_create(self, serializer):
+        service = serializer.save()
+        transaction.on_commit(lambda: autoscale_services.delay())
+        return service
+
+    def perform_update(self, serializer):
+        serializer.save()
+        transaction.on_commit(lambda: autoscale_services.delay())
+
+    def perform_destroy(self, instance):
+        stop_service(instance, self.request.user.username)
+        instance.delete()
+
+    @extend_schema(request=None, responses=s.InferenceServiceSerializer)
+    @action(detail=True, methods=["post"])
+    def autoscale(self, request, pk=None):
+        """Decide now instead of waiting for the next autoscaling tick."""
+        service = self.get_object()
+        autoscale(service.pk)
+        service.refresh_from_db()
+        return Response(self.get_serializer(service).data)
