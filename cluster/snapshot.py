@@ -135,15 +135,15 @@ class TopologyCache:
             self.current()
         return self._snapshot
 
-    def capacity(self, chips: tuple[int, ...], level: str) -> tuple[int, int]:
-        """(GPUs of these chip types in the cluster, most in any one domain of ``level``), memoized
-        per inventory version."""
+    def capacity(self, chips: tuple[int, ...], level: str, combined: bool = False) -> tuple[int, int]:
+        """(GPUs of one of these chip types in the cluster, most in any one domain of ``level``),
+        or with ``combined`` of all of them together (a mixed-chip job); memoized per inventory."""
         snap = self.structure()
-        key = (self._key, chips, level)
+        key = (self._key, chips, level, combined)
         if key not in self._capacity:
+            groups = [np.isin(snap.gpu_chip, chips)] if combined else [snap.gpu_chip == c for c in chips]
             best_total = best_domain = 0
-            for c in chips:
-                mask = snap.gpu_chip == c
+            for mask in groups:
                 total = int(mask.sum())
                 best_total = max(best_total, total)
                 domain = total if level == "cluster" else int(snap.count_by(level, mask).max(initial=0))

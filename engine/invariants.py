@@ -50,6 +50,7 @@ def running_after(running: list[RunningJob], result: CycleResult, pending: list[
                 size_step=job.size_step,
                 topology=job.topology,
                 share=job.share,
+                parts=a.parts,
             )
         )
     return after
@@ -119,11 +120,23 @@ def check_cycle(
         gpus = np.asarray(a.gpus)
         if len(np.unique(gpus)) != len(gpus) or len(gpus) not in job.sizes():
             problems.append(f"job {job.id} asked for {job.gpus} GPUs and got {len(np.unique(gpus))}")
-        if job.chip_types and a.chip not in job.chip_types:
-            problems.append(f"job {job.id} placed on {a.chip}, not one of {job.chip_types}")
+        admitted_as = {chip for chip, _ in a.parts} if a.parts else {a.chip}
+        if job.chip_types and not admitted_as <= set(job.chip_types):
+            problems.append(f"job {job.id} placed on {sorted(admitted_as)}, not within {job.chip_types}")
+        if len(admitted_as) > 1 and not job.mixed:
+            problems.append(f"job {job.id} was split over chip types without allowing it")
         chips = {topo.chip_names[c] for c in np.unique(topo.gpu_chip[gpus])}
-        if chips != {a.chip}:
-            problems.append(f"job {job.id} placed on chip types {sorted(chips)} but admitted as {a.chip}")
+        if chips != admitted_as:
+            problems.append(
+                f"job {job.id} placed on chip types {sorted(chips)} but admitted as {sorted(admitted_as)}"
+            )
+        if a.parts:
+            counts = {
+                topo.chip_names[c]: int(n)
+                for c, n in zip(*np.unique(topo.gpu_chip[gpus], return_counts=True), strict=True)
+            }
+            if counts != dict(a.parts):
+                problems.append(f"job {job.id} admitted with parts {dict(a.parts)} but holds {counts}")
         if not schedulable[gpus].all():
             problems.append(f"job {job.id} placed on GPUs that are not schedulable")
         busy = used_before[gpus] * ~freed_by_shrink[gpus] + job.share > MILLI

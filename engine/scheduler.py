@@ -79,8 +79,11 @@ def build_quota_book(
     usage = np.zeros(shape, dtype=np.int64)
     queue_index = {q.name: i for i, q in enumerate(queues)}
     for job in running:
-        if job.queue in queue_index and job.chip in chips:
-            usage[queue_index[job.queue], chips[job.chip]] += len(job.gpus) * job.share * unit // MILLI
+        if job.queue not in queue_index:
+            continue
+        for chip, amount in job.demand_by_chip():
+            if chip in chips:
+                usage[queue_index[job.queue], chips[chip]] += amount * unit // MILLI
     for (queue, chip), gpus in (usage_by or {}).items():
         if queue in queue_index and chip in chips:
             usage[queue_index[queue], chips[chip]] += gpus
@@ -125,8 +128,9 @@ class Cycle:
         self.pool_all = FreePool(layout, self.schedulable & ~owned)
         self.running_by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
         for job in self.running:
-            key = (self.queue_index.get(job.queue, -1), self.chip_index.get(job.chip, -1))
-            self.running_by_queue_chip.setdefault(key, []).append(job)
+            for chip, _ in job.demand_by_chip():
+                key = (self.queue_index.get(job.queue, -1), self.chip_index.get(chip, -1))
+                self.running_by_queue_chip.setdefault(key, []).append(job)
         self.pool_open = self.pool_all  # becomes a separate pool once something is reserved
         self.reserved = np.zeros(self.topo.num_gpus, dtype=bool)
         self.horizon = float("inf")  # earliest reservation start
@@ -234,6 +238,8 @@ class Cycle:
                 capacity_blocked.append(c)  # blocked by capacity, not only by someone's reservation
                 self.capacity_blocked_chips.add(c)
             reasons.append(self._placement_reason(job, c, max_level))
+        if job.mixed and len(chips) > 1 and self._admit_mixed(qi, job, chips, max_level):
+            return ""
         for c in chips:
             if self.result.preemption_attempts >= self.config.max_preemption_attempts:
                 reasons.append("preemption deferred to the next cycle (attempt limit reached)")
@@ -315,6 +321,64 @@ class Cycle:
                 )
             )
         return f"no {level_name} with {job.gpus} free {chip} GPUs (largest free block: {size} in {where})"
+
+    def _charge(self, job: RunningJob, sign: int) -> None:
+        """Add (+1) or take back (-1) a running job's quota, per chip type it holds."""
+        qi = self.queue_index[job.queue]
+        for chip, amount in job.demand_by_chip():
+            self.quota.add(qi, self.chip_index[chip], sign * amount)
+
+    # --- mixed chips -----------------------------------------------------------------------
+    def _admit_mixed(self, qi: int, job: PendingJob, chips: list[int], max_level: int) -> bool:
+        """Split the gang over several allowed chip types inside the smallest domain that holds it
+        (preferred chip types first, each within its quota), when no single type can."""
+        sizes = list(range(job.gpus, 0, -1))
+        headroom = {c: self._quota_headroom(qi, c, sizes) for c in chips}
+        if sum(headroom.values()) < job.gpus:
+            return False
+        for level in range(max_level + 1):
+            usable = sum(np.minimum(self.pool_open.counts(level, c), headroom[c]) for c in chips)
+            fits = np.flatnonzero(usable >= job.gpus)
+            if not fits.size:
+                continue
+            domain = int(fits[np.argmin(usable[fits])])
+            parts, remaining = [], job.gpus
+            for c in chips:
+                take = int(min(self.pool_open.counts(level, c)[domain], headroom[c], remaining))
+                if take:
+                    parts.append((c, take))
+                    remaining -= take
+                if not remaining:
+                    break
+            if len(parts) < 2:
+                return False  # one type would do: the homogeneous path already said why it did not
+            gpus = np.concatenate([self.pool_open.choose(level, domain, c, n) for c, n in parts])
+            self.pool_open.take(gpus)
+            if self.pool_open is not self.pool_all:
+                self.pool_all.take(gpus)
+            self.largest_blocks.clear()
+            for c, n in parts:
+                self.quota.add(qi, c, n * job.share)
+            names = tuple((self.topo.chip_names[c], n) for c, n in parts)
+            end = self.now + job.estimated_duration if job.estimated_duration is not None else None
+            primary = names[0][0]
+            self.started.append(
+                RunningJob(
+                    job.id, job.queue, gpus, primary, job.priority, self.now, end, self.now, parts=names
+                )
+            )
+            self.result.admissions.append(
+                Admission(
+                    job_id=job.id,
+                    chip=primary,
+                    gpus=gpus,
+                    domain=self.layout.domain_name(level, domain),
+                    borrowed=-(-sum(self.quota.borrowed(qi, c) for c, _ in parts) // MILLI),
+                    parts=names,
+                )
+            )
+            return True
+        return False
 
     # --- shared GPUs ----------------------------------------------------------------------
     def _admit_fraction(self, qi: int, job: PendingJob) -> str:
@@ -537,7 +601,11 @@ class Cycle:
             return False
         self.result.preemption_attempts += 1
         lay = self.layout
-        usable = [v.gpus[self.schedulable[v.gpus] & ~self.reserved[v.gpus]] for v, _ in candidates]
+        gpu_chip = self.topo.gpu_chip
+        usable = [
+            v.gpus[self.schedulable[v.gpus] & ~self.reserved[v.gpus] & (gpu_chip[v.gpus] == c)]
+            for v, _ in candidates
+        ]
         for level in range(max_level + 1):
             base = self.pool_open.counts(level, c)
             victim_domains = [lay.node_domain[level][lay.gpu_node[g]] for g in usable]
@@ -592,10 +660,10 @@ class Cycle:
 
     def _quota_ok_without(self, qi, job, c, victims: list[RunningJob]) -> bool:
         for v in victims:
-            self.quota.remove(self.queue_index[v.queue], c, v.demand)
+            self._charge(v, -1)
         ok = self.quota.check(qi, c, job.demand).ok
         for v in victims:
-            self.quota.add(self.queue_index[v.queue], c, v.demand)
+            self._charge(v, +1)
         return ok
 
     def _evict_and_place(self, qi, job, c, level, domain, victims, usable, chosen_idx, max_level) -> bool:
@@ -606,14 +674,14 @@ class Cycle:
             self.pool_all.give(gpus)
             if self.pool_open is not self.pool_all:
                 self.pool_open.give(gpus)
-            self.quota.remove(self.queue_index[victim.queue], c, victim.demand)
+            self._charge(victim, -1)
         placed = self.pool_open.place(c, job.gpus, max_level, within=(level, domain))
         if placed is None:  # cannot happen when counts are right; undo and report
             for (victim, _), gpus in zip(victims, freed, strict=True):
                 self.pool_all.take_where_free(gpus)
                 if self.pool_open is not self.pool_all:
                     self.pool_open.take_where_free(gpus)
-                self.quota.add(self.queue_index[victim.queue], c, victim.demand)
+                self._charge(victim, +1)
             return False
         gpus, lvl, dom = placed
         if self.pool_open is not self.pool_all:
@@ -632,14 +700,17 @@ class Cycle:
             (
                 j
                 for j in [*self.running, *self.started]
-                if j.chip == chip
+                if (j.chip == chip or any(p == chip for p, _ in j.parts))
                 and not j.fractional
                 and j.estimated_end is not None
                 and j.id not in self.victims
             ),
             key=lambda j: j.estimated_end,
         )
-        releasable = [j.gpus[self.schedulable[j.gpus] & ~self.reserved[j.gpus]] for j in ending]
+        c_of = self.topo.gpu_chip
+        releasable = [
+            j.gpus[self.schedulable[j.gpus] & ~self.reserved[j.gpus] & (c_of[j.gpus] == c)] for j in ending
+        ]
         if self.pool_open.total(c) + sum(len(g) for g in releasable) < job.gpus:
             return None  # even when every running job with an estimate ends, it would not fit
         trial = self.pool_open.copy()

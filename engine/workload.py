@@ -38,6 +38,7 @@ class PendingJob:
     min_gpus: int | None = None  # elastic: the smallest size it runs at; None: rigid (gpus)
     size_step: int = 1  # elastic sizes are multiples of this (8: whole nodes)
     share: int = MILLI  # thousandths of each GPU; below 1000 (with gpus == 1): a shared GPU
+    mixed: bool = False  # may be split over several of its allowed chip types
 
     @property
     def fractional(self) -> bool:
@@ -74,6 +75,7 @@ class RunningJob:
     size_step: int = 1
     topology: str = "datacenter"
     share: int = MILLI  # thousandths of each of its GPUs it uses (below 1000: a shared GPU)
+    parts: tuple[tuple[str, int], ...] = ()  # a mixed-chip job: (chip, GPUs) per chip type
 
     @property
     def fractional(self) -> bool:
@@ -82,6 +84,12 @@ class RunningJob:
     @property
     def demand(self) -> int:
         return len(self.gpus) * self.share
+
+    def demand_by_chip(self) -> tuple[tuple[str, int], ...]:
+        """(chip, thousandths) this job is charged per chip type."""
+        if self.parts:
+            return tuple((chip, n * self.share) for chip, n in self.parts)
+        return ((self.chip, self.demand),)
 
     @property
     def shrinkable(self) -> int:
@@ -113,6 +121,7 @@ class Admission:
     borrowed: int  # GPUs above the queue's nominal quota after this admission
     backfilled: bool = False  # placed on GPUs reserved for a larger job, ending before it starts
     preempted: tuple[int, ...] = ()
+    parts: tuple[tuple[str, int], ...] = ()  # a mixed-chip job: (chip, GPUs) per chip type
 
 
 @dataclass(frozen=True)

@@ -132,23 +132,29 @@ def load_running() -> list[RunningJob]:
             "size_step",
             "topology",
             "share",
+            "mixed_chips",
         )
     )
     if not jobs:
         return []
     pairs = _active_allocations()
     gpu_index = topology_cache.gpu_indices(pairs[:, 1])
+    snapshot = topology_cache.structure()
+    snapshot_chips = (snapshot.chip_names, snapshot.gpu_chip)
     bounds = np.searchsorted(pairs[:, 0], [j[0] for j in jobs])
     ends = np.searchsorted(pairs[:, 0], [j[0] for j in jobs], side="right")
     running = []
     for row, lo, hi in zip(jobs, bounds, ends, strict=True):
-        job_id, queue, chip, priority, started, duration, checkpoint, low, high, step, topology, share = row
+        job_id, queue, chip, priority, started, duration, checkpoint = row[:7]
+        low, high, step, topology, share, mixed = row[7:]
+        gpus = gpu_index[lo:hi]
+        parts = _parts(snapshot_chips, gpus) if mixed else ()
         start = _ts(started) or 0.0
         running.append(
             RunningJob(
                 id=job_id,
                 queue=queue,
-                gpus=gpu_index[lo:hi],
+                gpus=gpus,
                 chip=chip or "",
                 priority=priority,
                 started_at=start,
@@ -159,9 +165,16 @@ def load_running() -> list[RunningJob]:
                 size_step=step,
                 topology=topology,
                 share=share,
+                parts=parts,
             )
         )
     return running
+
+
+def _parts(snapshot_chips, gpus) -> tuple[tuple[str, int], ...]:
+    chip_names, gpu_chip = snapshot_chips
+    chips, counts = np.unique(gpu_chip[gpus], return_counts=True)
+    return tuple((chip_names[c], int(n)) for c, n in zip(chips, counts, strict=True))
 
 
 def load_pending() -> tuple[list[PendingJob], dict[int, str]]:
@@ -175,7 +188,7 @@ def load_pending() -> tuple[list[PendingJob], dict[int, str]]:
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT j.id, q.name, j.gpus, j.priority, j.chip_types, j.topology, {epoch}, "
-            f"j.estimated_duration_s, j.pending_reason, j.min_gpus, j.size_step, j.share "
+            f"j.estimated_duration_s, j.pending_reason, j.min_gpus, j.size_step, j.share, j.mixed_chips "
             f"FROM {job} j JOIN {queue} q ON q.id = j.queue_id "
             f"WHERE j.state = %s",
             [JobState.PENDING.value],
@@ -183,9 +196,8 @@ def load_pending() -> tuple[list[PendingJob], dict[int, str]]:
         rows = cursor.fetchall()
     pending, reasons = [], {}
     for row in rows:
-        job_id, queue_name, gpus, priority, chips, topology, submitted, duration, reason, low, step, share = (
-            row
-        )
+        job_id, queue_name, gpus, priority, chips, topology, submitted, duration, reason = row[:9]
+        low, step, share, mixed = row[9:]
         if isinstance(chips, str):  # SQLite returns JSON as text
             chips = json.loads(chips)
         pending.append(
@@ -201,6 +213,7 @@ def load_pending() -> tuple[list[PendingJob], dict[int, str]]:
                 low,
                 step,
                 share,
+                bool(mixed),
             )
         )
         reasons[job_id] = reason
@@ -339,6 +352,8 @@ def apply_decisions(result: CycleResult, snapshot, now: datetime, old_reasons: d
             (a.job_id, JobState.RUNNING.value, now, chip_ids[a.chip], a.domain[:128], "", len(a.gpus))
         )
         admit_data = {"chip": a.chip, "gpus": len(a.gpus), "borrowed": a.borrowed}
+        if a.parts:
+            admit_data["parts"] = dict(a.parts)
         if a.preempted:
             admit_data["preempted"] = list(a.preempted)
         events.append(
@@ -346,7 +361,11 @@ def apply_decisions(result: CycleResult, snapshot, now: datetime, old_reasons: d
                 job_id=a.job_id,
                 kind=EventKind.ADMITTED,
                 at=now,
-                reason=f"admitted on {a.chip}" + (f", borrowing {a.borrowed}" if a.borrowed else ""),
+                reason=(
+                    "admitted on "
+                    + (" + ".join(f"{n} {c}" for c, n in a.parts) if a.parts else a.chip)
+                    + (f", borrowing {a.borrowed}" if a.borrowed else "")
+                ),
                 data=admit_data,
             )
         )
@@ -391,7 +410,7 @@ def _plan_admitted(result: CycleResult, snapshot, now: datetime, events: list[Jo
     modelled = Job.objects.filter(pk__in=list(admitted)).exclude(model={}).only("id", "model")
     for job in modelled:
         a = admitted[job.pk]
-        plan = plan_for(job, a.chip, snapshot, a.gpus)
+        plan = plan_for(job, a.chip, snapshot, a.gpus, a.parts)
         Job.objects.filter(pk=job.pk).update(plan=plan)
         events.append(
             JobEvent(

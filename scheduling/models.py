@@ -207,6 +207,9 @@ class Job(models.Model):
     service = models.ForeignKey(
         InferenceService, null=True, blank=True, on_delete=models.SET_NULL, related_name="replicas"
     )
+    mixed_chips = models.BooleanField(
+        default=False, help_text="May be split over several of its chip types when no one type can hold it"
+    )
     chip_types = models.JSONField(default=list, blank=True, help_text="Allowed chip types, preferred first")
     topology = models.CharField(max_length=16, choices=TopologyConstraint.choices, default="datacenter")
     estimated_duration_s = models.FloatField(null=True, blank=True)
@@ -243,6 +246,10 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=Q(share=1000) | (Q(share__gte=1, share__lt=1000, gpus=1, min_gpus__isnull=True)),
                 name="job_share_is_a_fraction_of_one_gpu",
+            ),
+            models.CheckConstraint(
+                condition=Q(mixed_chips=False) | Q(min_gpus__isnull=True, share=1000),
+                name="job_mixed_chips_rigid_and_whole",
             ),
             models.CheckConstraint(condition=Q(state__in=JobState.values), name="job_state_valid"),
         ]

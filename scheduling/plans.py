@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.steptime import SPAN_LEVELS, Fabric, ModelSpec, NoFeasiblePlan, best_plan, rank_chips
+from engine.steptime import SPAN_LEVELS, Fabric, ModelSpec, NoFeasiblePlan, best_plan, mixed_plan, rank_chips
 
 
 def model_of(job) -> ModelSpec | None:
@@ -43,12 +43,23 @@ def _fabric(dc_ids: list[int]) -> Fabric:
     return Fabric(datacenter_link_gbps=(slowest / 8) if slowest else 5 / 8)
 
 
-def plan_for(job, chip: str, snapshot, gpus: np.ndarray) -> dict:
-    """The modelled plan of ``job`` on these GPUs; {} without a model, {"error": ...} if none fits."""
+def plan_for(job, chip: str, snapshot, gpus: np.ndarray, parts=()) -> dict:
+    """The modelled plan of ``job`` on these GPUs; {} without a model, {"error": ...} if none fits.
+    ``parts``: (chip, GPUs) per chip type of a mixed-chip job."""
     model = model_of(job)
     if model is None or len(gpus) == 0:
         return {}
     level, dc_ids = span_of(snapshot, gpus)
+    if len(parts) > 1:
+        try:
+            mixed = mixed_plan(
+                model, dict(parts), fabric=_fabric(dc_ids), span_level=level, datacenters=max(1, len(dc_ids))
+            )
+        except (NoFeasiblePlan, KeyError) as exc:
+            return {"error": str(exc), "gpus": int(len(gpus)), "chip": "+".join(c for c, _ in parts)}
+        data = mixed.as_dict()
+        data.update(mixed=True, gpus=int(len(gpus)), span=SPAN_LEVELS[level], datacenters=max(1, len(dc_ids)))
+        return data
     try:
         plan = best_plan(
             model, chip, len(gpus), fabric=_fabric(dc_ids), span_level=level, datacenters=max(1, len(dc_ids))
@@ -70,6 +81,14 @@ def plan_summary(plan: dict) -> str:
         return ""
     if "error" in plan:
         return plan["error"]
+    if plan.get("mixed"):
+        parts = ", ".join(
+            f"TP{p['tp']} PP{p['pp']} DP{p['dp']} on {p['gpus']} {p['chip']}" for p in plan["parts"]
+        )
+        return (
+            f"{parts}; {plan['step_s']:.2f} s/step, {plan['tokens_per_s']:,.0f} tokens/s, "
+            f"mixed efficiency {plan['efficiency']:.1%}"
+        )
     return (
         f"TP{plan['tp']} PP{plan['pp']} DP{plan['dp']}, {plan['step_s']:.2f} s/step, "
         f"{plan['tokens_per_s']:,.0f} tokens/s"

@@ -19,13 +19,15 @@ class JobStateError(ValueError):
     """The action does not apply to the job's current state."""
 
 
-def capacity_problem(gpus: int, chip_types: list[str], topology: str) -> tuple[str, str] | None:
+def capacity_problem(
+    gpus: int, chip_types: list[str], topology: str, mixed: bool = False
+) -> tuple[str, str] | None:
     """(field, message) when no domain of the cluster could ever hold the job, whatever runs."""
     snap = topology_cache.structure()
     names = list(snap.chip_names)
     wanted = tuple(names.index(c) for c in chip_types) if chip_types else tuple(range(len(names)))
     level = LEVELS[level_limit(topology)]
-    best_total, best_domain = topology_cache.capacity(wanted, level)
+    best_total, best_domain = topology_cache.capacity(wanted, level, combined=mixed)
     label = ", ".join(chip_types) if chip_types else "any chip type"
     if gpus > best_total:
         return "gpus", f"the cluster has only {best_total} GPUs of {label}; {gpus} requested"

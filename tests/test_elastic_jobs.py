@@ -147,3 +147,37 @@ def test_bad_elastic_or_model_fields_are_refused_by_name(queues, operator_client
     assert response.status_code == 400
     assert message in " ".join(response.json()[field])
     assert not Job.objects.exists()
+
+
+def test_a_mixed_chip_job_runs_over_two_chip_types_with_a_mixed_plan(
+    small_cluster, operator_client, eager_celery, django_capture_on_commit_callbacks
+):
+    from cluster.models import ChipType
+    from scheduling.models import Queue, QueueQuota
+
+    queue = Queue.objects.create(name="mixed")
+    for chip, n in (("H100-SXM", 48), ("A100-80G", 12)):
+        QueueQuota.objects.create(queue=queue, chip_type=ChipType.objects.get(name=chip), nominal=n)
+    body = {
+        "queue": "mixed",
+        "gpus": 56,
+        "chip_types": ["H100-SXM", "A100-80G"],
+        "mixed_chips": True,
+        "topology": "region",
+        "model": MODEL,
+    }
+    response = _post(operator_client, django_capture_on_commit_callbacks, body)
+    assert response.status_code == 201, response.json()
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.state == "running" and job.allocated_gpus == _active(job) == 56
+    chips = set(
+        Allocation.objects.filter(job=job, active=True).values_list("gpu__node__chip_type__name", flat=True)
+    )
+    assert chips == {"H100-SXM", "A100-80G"}
+    plan = job.plan
+    assert plan["mixed"] and {p["chip"] for p in plan["parts"]} == chips
+    assert 0.5 < plan["efficiency"] <= 1.0
+    admitted = job.events.get(kind="admitted")
+    parts = admitted.data["parts"]
+    assert set(parts) == chips and sum(parts.values()) == 56
+    assert " + " in admitted.reason

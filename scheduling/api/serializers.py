@@ -162,6 +162,28 @@ class JobEventSerializer(serializers.ModelSerializer):
         fields = ["kind", "at", "reason", "data"]
 
 
+def _shape_problem(attrs) -> dict | None:
+    """{field: message} when elastic, shared and mixed-chip settings contradict each other."""
+    low, step, gpus = attrs.get("min_gpus"), attrs.get("size_step", 1), attrs["gpus"]
+    share, mixed = attrs.get("share", 1000), attrs.get("mixed_chips", False)
+    if low is not None:
+        if low > gpus:
+            return {"min_gpus": f"must be at most gpus ({gpus})"}
+        if low % step or gpus % step:
+            return {
+                "size_step": f"gpus ({gpus}) and min_gpus ({low}) must be multiples of size_step ({step})"
+            }
+    elif step != 1:
+        return {"size_step": "only an elastic job (with min_gpus) has a size step"}
+    if share < 1000 and (gpus != 1 or low is not None):
+        return {"share": "a fraction of a GPU is for one-GPU jobs (gpus 1, not elastic)"}
+    if mixed and (len(attrs.get("chip_types", [])) < 2 or low is not None or share < 1000):
+        return {
+            "mixed_chips": "a mixed-chip job lists two or more chip_types; it is neither elastic nor shared"
+        }
+    return None
+
+
 class JobSerializer(serializers.ModelSerializer):
     queue = serializers.SlugRelatedField(slug_field="name", queryset=Queue.objects.all())
     chip_types = serializers.ListField(child=serializers.CharField(), required=False, default=list)
@@ -199,6 +221,7 @@ class JobSerializer(serializers.ModelSerializer):
             "min_gpus",
             "size_step",
             "share",
+            "mixed_chips",
             "allocated_gpus",
             "chip_types",
             "topology",
@@ -266,27 +289,15 @@ class JobSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError(str(exc).removeprefix("model.")) from exc
 
     def validate(self, attrs):
-        low, step, gpus = attrs.get("min_gpus"), attrs.get("size_step", 1), attrs["gpus"]
-        if low is not None:
-            if low > gpus:
-                raise serializers.ValidationError({"min_gpus": f"must be at most gpus ({gpus})"})
-            if low % step or gpus % step:
-                raise serializers.ValidationError(
-                    {
-                        "size_step": f"gpus ({gpus}) and min_gpus ({low}) must be multiples of "
-                        f"size_step ({step})"
-                    }
-                )
-        elif step != 1:
-            raise serializers.ValidationError(
-                {"size_step": "only an elastic job (with min_gpus) has a size step"}
-            )
-        if attrs.get("share", 1000) < 1000 and (gpus != 1 or low is not None):
-            raise serializers.ValidationError(
-                {"share": "a fraction of a GPU is for one-GPU jobs (gpus 1, not elastic)"}
-            )
+        problem = _shape_problem(attrs)
+        if problem:
+            raise serializers.ValidationError(problem)
+        low, mixed = attrs.get("min_gpus"), attrs.get("mixed_chips", False)
         problem = capacity_problem(
-            low if low is not None else gpus, attrs.get("chip_types", []), attrs.get("topology", "datacenter")
+            low if low is not None else attrs["gpus"],
+            attrs.get("chip_types", []),
+            attrs.get("topology", "datacenter"),
+            mixed,
         )
         if problem:
             raise serializers.ValidationError({problem[0]: problem[1]})

@@ -1,0 +1,68 @@
+"""Mixed-chip gangs in the scheduling cycle: split over allowed chip types inside one domain when
+no single type can hold them, each type within its quota; evicting one gives back every part."""
+
+from __future__ import annotations
+
+from engine.workload import PendingJob, QueueSpec
+from tests.engine_helpers import cycle, domains_of, layout_for
+
+H100, H200 = "H100-SXM", "H200"
+
+
+def lay():
+    # 2 datacenters, each with one H100 pod and one H200 pod of 32 GPUs
+    return layout_for(pods_per_dc=1, chips=(H100, H200))
+
+
+def gang(job_id, gpus, mixed=True, **kw):
+    return PendingJob(
+        job_id,
+        "a",
+        gpus,
+        chip_types=(H100, H200),
+        topology="datacenter",
+        submitted_at=job_id,
+        mixed=mixed,
+        **kw,
+    )
+
+
+def test_a_gang_too_big_for_one_chip_type_is_split_inside_one_datacenter():
+    layout = lay()
+    q = QueueSpec("a", nominal={H100: 1000, H200: 1000})
+    result, after = cycle(layout, [q], [], [gang(1, 48)])
+    (a,) = result.admissions
+    assert dict(a.parts) == {H100: 32, H200: 16}  # the preferred type first
+    assert len(domains_of(layout, a.gpus, "datacenter")) == 1
+
+
+def test_without_opting_in_it_waits_with_a_reason():
+    result, _ = cycle(
+        lay(), [QueueSpec("a", nominal={H100: 1000, H200: 1000})], [], [gang(1, 48, mixed=False)]
+    )
+    assert not result.admissions
+    assert "no datacenter with 48 free H100-SXM" in result.pending[1]
+
+
+def test_each_part_stays_within_its_chip_quota():
+    q = QueueSpec("a", nominal={H100: 16, H200: 1000})
+    result, _ = cycle(lay(), [q], [], [gang(1, 48)])
+    assert dict(result.admissions[0].parts) == {H100: 16, H200: 32}
+
+
+def test_a_job_one_type_can_hold_is_not_split():
+    result, _ = cycle(lay(), [QueueSpec("a", nominal={H100: 1000, H200: 1000})], [], [gang(1, 24)])
+    assert not result.admissions[0].parts
+
+
+def test_evicting_a_mixed_job_gives_back_both_parts():
+    layout = layout_for(pods_per_dc=1, chips=(H100, H200), datacenters=1)  # 32 H100 + 32 H200
+    q = QueueSpec("a", nominal={H100: 64, H200: 40}, within_queue="lower_priority")
+    first, after = cycle(layout, [q], [], [gang(1, 48)])
+    assert dict(first.admissions[0].parts) == {H100: 32, H200: 16}
+    urgent = PendingJob(2, "a", 32, priority=5, chip_types=(H200,), topology="datacenter", submitted_at=9)
+    # 16 H200 are free and the quota allows 24 more: only evicting the mixed job makes room and quota
+    result, after = cycle(layout, [q], after, [urgent], now=10)
+    assert [p.job_id for p in result.preemptions] == [1]
+    assert [a.job_id for a in result.admissions] == [2]
+    assert [j.id for j in after] == [2]
