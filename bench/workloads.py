@@ -47,7 +47,10 @@ def fill_workload(topo: TopologySnapshot, n: int = 10_000):
     return queues, jobs
 
 
-def mixed_workload(topo: TopologySnapshot, n: int = 10_000):
+def mixed_workload(topo: TopologySnapshot, n: int = 10_000, elastic: float = 0.0, fractional: float = 0.0):
+    """10,000 jobs of 1 to 2,048 GPUs over four borrowing queues; ``elastic`` and ``fractional``
+    turn those shares of them into elastic jobs (half to full size, whole nodes) and jobs that
+    ask for 0.1 to 0.9 of one GPU."""
     rng = np.random.default_rng(SEED + 1)
     names, p = chip_mix(topo)
     capacity = topo.count_by_chip()
@@ -65,15 +68,25 @@ def mixed_workload(topo: TopologySnapshot, n: int = 10_000):
     chips = rng.choice(len(names), size=n, p=p)
     queue_of = rng.integers(0, len(MIXED_QUEUES), size=n)
     durations = np.exp(rng.uniform(np.log(600), np.log(36_000), size=n))
-    jobs = [
-        PendingJob(
-            i + 1,
-            MIXED_QUEUES[queue_of[i]],
-            int(sizes[i]),
-            chip_types=(names[chips[i]],),
-            submitted_at=float(i) * 1e-3,
-            estimated_duration=float(durations[i]),
+    kind = rng.uniform(size=n)
+    shares = rng.integers(1, 10, size=n) * 100
+    jobs = []
+    for i in range(n):
+        size, extra = int(sizes[i]), {}
+        if kind[i] < fractional:
+            size, extra = 1, {"share": int(shares[i])}
+        elif kind[i] < fractional + elastic and size >= 16:
+            size = size - size % 8
+            extra = {"min_gpus": max(8, (size // 2) - (size // 2) % 8), "size_step": 8}
+        jobs.append(
+            PendingJob(
+                i + 1,
+                MIXED_QUEUES[queue_of[i]],
+                size,
+                chip_types=(names[chips[i]],),
+                submitted_at=float(i) * 1e-3,
+                estimated_duration=float(durations[i]),
+                **extra,
+            )
         )
-        for i in range(n)
-    ]
     return queues, jobs

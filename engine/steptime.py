@@ -386,7 +386,14 @@ class MixedPlan:
     """One job split over several chip types: each type runs its own data-parallel replicas
     (tensor and pipeline parallel stay within one chip type); the global batch is shared in
     proportion to each type's modelled throughput, then rebalanced until the types finish
-    their share together; one gradient all-reduce spans every replica."""
+    their share together; one gradient all-reduce spans every replica. When the types are
+    sharded differently (their own best layouts), gradient shards are exchanged between the
+    layouts first; the planner compares that with one common layout and keeps the faster.
+
+    Mixed efficiency compares with each type's GPUs running their share of the batch as a job of
+    their own. Under this model the costs of mixing are the wider span of the all-reduce, the
+    resharding, and the rounding of the batch split: two types of equal compute and one layout
+    (H100 and H200) come out close to 100%."""
 
     parts: tuple[Plan, ...]  # one per chip type, with that type's share of the batch
     sequences: dict[str, int]  # sequences of the global batch per chip type
@@ -394,9 +401,11 @@ class MixedPlan:
     tokens_per_s: float
     homogeneous_tokens_per_s: float  # each type's GPUs running their share as a job of their own
     efficiency: float  # tokens_per_s / homogeneous_tokens_per_s
+    reshard_s: float = 0.0  # exposed gradient resharding between differently sharded types
 
     def as_dict(self) -> dict:
         return {
+            "reshard_s": self.reshard_s,
             "parts": [p.as_dict() for p in self.parts],
             "sequences": self.sequences,
             "step_s": self.step_s,
@@ -427,24 +436,49 @@ def mixed_plan(
         tokens = sequences * model.seq_len
         return ModelSpec(model.params, model.layers, model.hidden, model.seq_len, tokens, model.name)
 
-    # first split by peak compute, then rebalance on the model until the types finish together
-    share = _split(
-        seq_total,
-        {c: n * BY_NAME[c].bf16_tflops * fabric.efficiency(BY_NAME[c]) for c, n in gpus_by_chip.items()},
-    )
-    parts: dict[str, Plan] = {}
-    for _ in range(8):
-        for c, n in gpus_by_chip.items():
-            parts[c] = best_plan(
-                share_of(c, share[c]), c, n, fabric=fabric, span_level=span_level, datacenters=datacenters
-            )
-        busy = {c: p.step_s - p.breakdown["dp"] for c, p in parts.items()}
-        if max(busy.values()) - min(busy.values()) <= 0.01 * max(busy.values()):
-            break
-        share = _split(seq_total, {c: share[c] / busy[c] for c in share})
-    busy = {c: p.step_s - p.breakdown["dp"] for c, p in parts.items()}
-    # the one all-reduce spans the whole job: its exposed part at the slowest type's shard size
-    step = max(busy.values()) + max(p.breakdown["dp"] for p in parts.values())
+    where = {"fabric": fabric, "span_level": span_level, "datacenters": datacenters}
+
+    def balanced(fixed: dict | None) -> tuple[dict[str, Plan], dict[str, int]]:
+        # first split by peak compute, then rebalance on the model until the types finish together
+        share = _split(
+            seq_total,
+            {c: n * BY_NAME[c].bf16_tflops * fabric.efficiency(BY_NAME[c]) for c, n in gpus_by_chip.items()},
+        )
+        parts: dict[str, Plan] = {}
+        for _ in range(8):
+            for c, n in gpus_by_chip.items():
+                parts[c] = best_plan(share_of(c, share[c]), c, n, fixed=fixed, **where)
+            busy = {c: p.step_s - p.breakdown["dp"] for c, p in parts.items()}
+            if max(busy.values()) - min(busy.values()) <= 0.01 * max(busy.values()):
+                break
+            share = _split(seq_total, {c: share[c] / busy[c] for c in share})
+        return parts, share
+
+    def step_of(parts: dict[str, Plan]) -> tuple[float, float]:
+        busy = max(p.step_s - p.breakdown["dp"] for p in parts.values())
+        # the one all-reduce spans the whole job: its exposed part at the slowest type's shard size
+        dp = max(p.breakdown["dp"] for p in parts.values())
+        reshard = 0.0
+        if len({(p.tp, p.pp) for p in parts.values()}) > 1:
+            # replicas sharded differently exchange gradient shards between layouts before the
+            # all-reduce: a reduce-scatter and an all-gather of the finest shard over the job's span
+            finest = min(p.tp * p.pp for p in parts.values())
+            slowest = min((BY_NAME[p.chip] for p in parts.values()), key=lambda c: c.bf16_tflops)
+            bandwidth = fabric.bandwidth(max(span_level, 1), slowest) * 1e9
+            reshard = fabric.dp_exposed * 2 * (2.0 * model.params / finest) / bandwidth
+        return busy + dp + reshard, reshard
+
+    # each type's own best layout, or one common layout (the layout of the type with most GPUs)
+    own, own_share = balanced(None)
+    largest = max(gpus_by_chip, key=gpus_by_chip.get)
+    candidates = [(own, own_share)]
+    try:
+        common = balanced({"tp": own[largest].tp, "pp": own[largest].pp})
+        candidates.append(common)
+    except NoFeasiblePlan:
+        pass  # the layout does not fit the other type's memory
+    parts, share = min(candidates, key=lambda c: step_of(c[0])[0])
+    step, reshard = step_of(parts)
     tokens = model.batch_tokens / step
     # the ideal: each type's GPUs running their share of the batch as a job of their own
     homogeneous = sum(
@@ -458,6 +492,7 @@ def mixed_plan(
         tokens_per_s=tokens,
         homogeneous_tokens_per_s=homogeneous,
         efficiency=tokens / homogeneous,
+        reshard_s=reshard,
     )
 
 

@@ -18,6 +18,7 @@ from cluster.models import ChipType
 from cluster.snapshot import topology_cache
 from engine.placement import Layout
 from engine.scheduler import SchedulerConfig, schedule
+from engine.steptime import describe_ranking
 from engine.workload import CycleResult, PendingJob, QueueSpec, RunningJob
 from scheduling.bulk import update_rows
 from scheduling.choices import EventKind, JobState
@@ -391,6 +392,7 @@ def apply_decisions(result: CycleResult, snapshot, now: datetime, old_reasons: d
     # Reasons carry live numbers ("largest free block: 312 in pod bj2-p04") that move every cycle;
     # rewriting ten thousand rows each cycle for a number is wasteful, so a reason whose wording is
     # unchanged is refreshed every REASON_REFRESH_CYCLES cycles only.
+    _with_chip_ranking(result.pending)
     _reason_state["cycles"] += 1
     refresh = _reason_state["cycles"] % REASON_REFRESH_CYCLES == 0
     changed = [
@@ -454,3 +456,15 @@ def _shares(result: CycleResult) -> dict[int, int]:
     if not single:
         return {}
     return dict(Job.objects.filter(pk__in=single, share__lt=1000).values_list("id", "share"))
+
+
+def _with_chip_ranking(pending: dict[int, str]) -> None:
+    """Jobs whose chip types were ranked by cost-performance say so in their pending reason."""
+    if not pending:
+        return
+    ranked = (
+        Job.objects.filter(state=JobState.PENDING).exclude(chip_ranking=[]).values_list("id", "chip_ranking")
+    )
+    for job_id, ranking in ranked:
+        if job_id in pending and len(ranking) > 1:
+            pending[job_id] = f"{pending[job_id]} ({describe_ranking(ranking)})"

@@ -181,3 +181,26 @@ def test_a_mixed_chip_job_runs_over_two_chip_types_with_a_mixed_plan(
     parts = admitted.data["parts"]
     assert set(parts) == chips and sum(parts.values()) == 56
     assert " + " in admitted.reason
+
+
+def test_a_pending_job_shows_its_chip_ranking_in_the_reason(
+    queues, operator_client, eager_celery, django_capture_on_commit_callbacks
+):
+    _post(
+        operator_client,
+        django_capture_on_commit_callbacks,
+        {"queue": "vision", "gpus": 48, "chip_types": ["H100-SXM"], "topology": "any"},
+    )
+    body = {
+        "queue": "vision",
+        "gpus": 24,
+        "chip_types": ["A100-80G", "H100-SXM"],
+        "topology": "any",
+        "model": MODEL,
+    }
+    job_id = _post(operator_client, django_capture_on_commit_callbacks, body).json()["id"]
+    detail = operator_client.get(f"/api/v1/jobs/{job_id}/").json()
+    assert detail["state"] == "pending"
+    assert "chip ranking by tokens per dollar: " in detail["pending_reason"]
+    assert [r["chip"] for r in detail["chip_ranking"]] == detail["chip_types"]
+    assert detail["size_history"] == []

@@ -88,6 +88,8 @@ def test_mixed_batch_shares_follow_throughput():
     busy = [p.step_s - p.breakdown["dp"] for p in mixed.parts]
     assert max(busy) - min(busy) <= 0.05 * max(busy)
     assert mixed.efficiency <= 1.0 + 1e-9
+    layouts = {(p.tp, p.pp) for p in mixed.parts}
+    assert (mixed.reshard_s > 0) == (len(layouts) > 1)  # differently sharded types pay to reshard
 
 
 @pytest.mark.parametrize(

@@ -312,10 +312,12 @@ class JobDetailSerializer(JobSerializer):
     ettr = serializers.SerializerMethodField()
     checkpoint_recommendation = serializers.SerializerMethodField()
     recent_checkpoints = serializers.SerializerMethodField()
+    size_history = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
         fields = [
             *JobSerializer.Meta.fields,
+            "size_history",
             "events",
             "gpu_ids",
             "ettr",
@@ -335,6 +337,26 @@ class JobDetailSerializer(JobSerializer):
 
     def get_recent_checkpoints(self, job: Job) -> list[dict]:
         return CheckpointSerializer(job.checkpoints.all()[:20], many=True).data
+
+    def get_size_history(self, job: Job) -> list[dict]:
+        """Every admission and resize: when, how many GPUs, the plan and its modelled throughput."""
+        history = []
+        for e in job.events.filter(kind__in=["admitted", "planned", "resized"]).order_by("at", "id"):
+            if e.kind == "admitted":
+                history.append({"at": e.at, "gpus": e.data.get("gpus"), "reason": e.reason, "plan": None})
+            elif e.kind == "planned" and history:
+                history[-1]["plan"] = e.data.get("plan")
+            elif e.kind == "resized":
+                history.append(
+                    {
+                        "at": e.at,
+                        "gpus": e.data.get("new_gpus"),
+                        "reason": e.reason,
+                        "plan": e.data.get("new_plan"),
+                        "throughput_ratio": e.data.get("throughput_ratio"),
+                    }
+                )
+        return history
 
     def get_gpu_ids(self, job: Job) -> list[int]:
         return list(job.allocations.filter(active=True).order_by("gpu_id").values_list("gpu_id", flat=True))
