@@ -4,9 +4,14 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from cluster import views as cluster_views
+from scheduling import views as scheduling_views
 
 urlpatterns = [
     path("", cluster_views.inventory, name="inventory"),
+    path("jobs/", scheduling_views.jobs, name="jobs"),
+    path("jobs/<int:pk>/", scheduling_views.job_detail, name="job-detail"),
+    path("services/", scheduling_views.services, name="services"),
+    path("services/<int:pk>/", scheduling_views.service_detail, name="service-detail"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -153,3 +153,30 @@ def queues(small_cluster):
     QueueQuota.objects.create(queue=nlp, chip_type=h100, nominal=32)
     QueueQuota.objects.create(queue=legacy, chip_type=a100, nominal=12)
     return {"vision": vision, "nlp": nlp, "legacy": legacy}
+
+
+@pytest.fixture
+def colocation(small_cluster):
+    """Cohort colo: serving (32 H100, reclaims anything) and training (16 H100, borrows)."""
+    from cluster.models import ChipType
+    from scheduling.models import Cohort, InferenceService, Queue, QueueQuota
+
+    h100 = ChipType.objects.get(name="H100-SXM")
+    colo = Cohort.objects.create(name="colo")
+    serving = Queue.objects.create(name="serving", cohort=colo, priority=100, reclaim_within_cohort="any")
+    training = Queue.objects.create(name="training", cohort=colo)
+    QueueQuota.objects.create(queue=serving, chip_type=h100, nominal=32)
+    QueueQuota.objects.create(queue=training, chip_type=h100, nominal=16)
+    service = InferenceService.objects.create(
+        name="chat",
+        queue=serving,
+        chip_types=["H100-SXM"],
+        replica_gpus=8,
+        capacity_rps=100,
+        headroom=0,
+        min_replicas=1,
+        max_replicas=4,
+        scale_down_delay_s=300,
+        load_profile={"kind": "diurnal", "trough_rps": 50, "peak_rps": 350, "peak_hour": 14},
+    )
+    return service

@@ -6,10 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from cluster.models import ChipType
 from engine.inference import LoadProfile, decide
 from scheduling.inference import autoscale
-from scheduling.models import Cohort, InferenceService, Job, Queue, QueueQuota
+from scheduling.models import Job
 
 DAY = datetime(2026, 11, 30, tzinfo=UTC)
 
@@ -69,30 +68,6 @@ def test_scale_up_at_once_and_down_only_after_the_delay():
     down = decide(100, replicas=6, low_since=0, now=300, **kw)
     assert down.target == 2
     assert decide(5000, replicas=2, low_since=None, now=0, **kw).target == 10  # capped
-
-
-@pytest.fixture
-def colocation(small_cluster):
-    """Cohort colo: serving (32 H100, reclaims anything) and training (16 H100, borrows)."""
-    h100 = ChipType.objects.get(name="H100-SXM")
-    colo = Cohort.objects.create(name="colo")
-    serving = Queue.objects.create(name="serving", cohort=colo, priority=100, reclaim_within_cohort="any")
-    training = Queue.objects.create(name="training", cohort=colo)
-    QueueQuota.objects.create(queue=serving, chip_type=h100, nominal=32)
-    QueueQuota.objects.create(queue=training, chip_type=h100, nominal=16)
-    service = InferenceService.objects.create(
-        name="chat",
-        queue=serving,
-        chip_types=["H100-SXM"],
-        replica_gpus=8,
-        capacity_rps=100,
-        headroom=0,
-        min_replicas=1,
-        max_replicas=4,
-        scale_down_delay_s=300,
-        load_profile={"kind": "diurnal", "trough_rps": 50, "peak_rps": 350, "peak_hour": 14},
-    )
-    return service
 
 
 def _replicas(service, state="running"):
