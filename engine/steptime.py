@@ -35,6 +35,7 @@ TP8 PP16 DP128 comes out at about 6 s per step (published 38-43% MFU).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -393,18 +394,27 @@ class MixedPlan:
     Mixed efficiency compares with each type's GPUs running their share of the batch as a job of
     their own. Under this model the costs of mixing are the wider span of the all-reduce, the
     resharding, and the rounding of the batch split: two types of equal compute and one layout
-    (H100 and H200) come out close to 100%."""
+    (H100 and H200) come out close to 100%.
+
+    The planner also tries a pipeline split: every pipeline runs through both types, the
+    larger-memory type on the early stages (they hold the most activations under 1F1B), layers
+    per stage in proportion to the stage's throughput, tensor parallel within each stage's type;
+    it keeps whichever layout is fastest."""
 
     parts: tuple[Plan, ...]  # one per chip type, with that type's share of the batch
     sequences: dict[str, int]  # sequences of the global batch per chip type
     step_s: float
     tokens_per_s: float
-    homogeneous_tokens_per_s: float  # each type's GPUs running their share as a job of their own
-    efficiency: float  # tokens_per_s / homogeneous_tokens_per_s
+    homogeneous_tokens_per_s: float | None  # each type's GPUs running their share as jobs of their own
+    efficiency: float | None  # tokens_per_s / homogeneous (None: a type cannot hold the model alone)
     reshard_s: float = 0.0  # exposed gradient resharding between differently sharded types
+    layout: str = "data-parallel split"  # or "pipeline split"
+    stages: tuple[dict, ...] = ()  # pipeline split: per chip type, stages and layers per stage
 
     def as_dict(self) -> dict:
         return {
+            "layout": self.layout,
+            "stages": list(self.stages),
             "reshard_s": self.reshard_s,
             "parts": [p.as_dict() for p in self.parts],
             "sequences": self.sequences,
@@ -469,22 +479,42 @@ def mixed_plan(
         return busy + dp + reshard, reshard
 
     # each type's own best layout, or one common layout (the layout of the type with most GPUs)
-    own, own_share = balanced(None)
-    largest = max(gpus_by_chip, key=gpus_by_chip.get)
-    candidates = [(own, own_share)]
+    candidates = []
     try:
-        common = balanced({"tp": own[largest].tp, "pp": own[largest].pp})
-        candidates.append(common)
+        own, own_share = balanced(None)
+        candidates.append((own, own_share))
+        largest = max(gpus_by_chip, key=gpus_by_chip.get)
+        candidates.append(balanced({"tp": own[largest].tp, "pp": own[largest].pp}))
     except NoFeasiblePlan:
-        pass  # the layout does not fit the other type's memory
-    parts, share = min(candidates, key=lambda c: step_of(c[0])[0])
-    step, reshard = step_of(parts)
+        pass  # a type cannot hold the model alone, or the common layout does not fit its memory
+    piped = _pipeline_split(model, gpus_by_chip, fabric, span_level) if len(gpus_by_chip) == 2 else None
+    if not candidates and piped is None:
+        raise NoFeasiblePlan(f"no mixed plan of {model.name or 'the model'} fits {gpus_by_chip}")
+    if candidates:
+        parts, share = min(candidates, key=lambda c: step_of(c[0])[0])
+        step, reshard = step_of(parts)
+        # the ideal: each type's GPUs running their share of the batch as a job of their own
+        homogeneous = sum(
+            share[c] * model.seq_len / best_plan(share_of(c, share[c]), c, n, fabric=fabric).step_s
+            for c, n in gpus_by_chip.items()
+        )
+    else:
+        step, homogeneous = math.inf, None
+    if piped is not None and piped[0] < step:
+        step, parts_list, stages = piped
+        tokens = model.batch_tokens / step
+        return MixedPlan(
+            parts=tuple(parts_list),
+            sequences={},
+            step_s=step,
+            tokens_per_s=tokens,
+            homogeneous_tokens_per_s=homogeneous,
+            # not defined when a type cannot hold the model alone: mixing is what makes it run
+            efficiency=tokens / homogeneous if homogeneous else None,
+            layout="pipeline split",
+            stages=tuple(stages),
+        )
     tokens = model.batch_tokens / step
-    # the ideal: each type's GPUs running their share of the batch as a job of their own
-    homogeneous = sum(
-        share[c] * model.seq_len / best_plan(share_of(c, share[c]), c, n, fabric=fabric).step_s
-        for c, n in gpus_by_chip.items()
-    )
     return MixedPlan(
         parts=tuple(parts.values()),
         sequences=dict(share),
@@ -494,6 +524,107 @@ def mixed_plan(
         efficiency=tokens / homogeneous,
         reshard_s=reshard,
     )
+
+
+def _pipeline_split(model: ModelSpec, gpus_by_chip: dict[str, int], fabric: Fabric, span_level: int):
+    """The fastest pipeline that runs through both chip types, or None: (step s, per-type plans,
+    stage table). Layers per stage follow each stage's throughput (HetPipe, Metis); a stage whose
+    memory does not hold its layers rules the candidate out."""
+    (a, n_a), (b, n_b) = sorted(gpus_by_chip.items(), key=lambda kv: -BY_NAME[kv[0]].memory_gib)
+    spec_a, spec_b = BY_NAME[a], BY_NAME[b]
+    L, h, s, N = model.layers, model.hidden, model.seq_len, model.params
+    budget = {
+        a: (spec_a.memory_gib - fabric.memory_reserve_gib) * GIB,
+        b: (spec_b.memory_gib - fabric.memory_reserve_gib) * GIB,
+    }
+    best = None
+    for t in (1, 2, 4, 8):
+        if t > fabric.gpus_per_node:
+            continue
+        seen = set()
+        for p_a in range(1, L):
+            d = n_a // (t * p_a)
+            if d < 1:
+                break
+            p_a = n_a // (t * d)  # as many stages as the replicas leave room for
+            p_b = n_b // (t * d)
+            if p_b < 1 or p_a + p_b > L or (d, p_a, p_b) in seen:
+                continue
+            seen.add((d, p_a, p_b))
+            p = p_a + p_b
+            for mb in (1, 2, 4):
+                if mb * d > model.sequences:
+                    continue
+                m = math.ceil(model.sequences / (mb * d))
+                act = mb * s * h * 2.0
+                per_layer = {}
+                for chip, spec in ((a, spec_a), (b, spec_b)):
+                    flops = (6 * N / L + 12 * h * s) * mb * s
+                    compute = flops / (t * spec.bf16_tflops * 1e12 * fabric.efficiency(spec))
+                    ar = (
+                        2 * (t - 1) / t * act / (fabric.bandwidth(0, spec) * 1e9) + fabric.latency_s[0]
+                        if t > 1
+                        else 0.0
+                    )
+                    per_layer[chip] = compute + 4 * ar
+                # layers per stage in proportion to the stage's rate; the period is then equal
+                rate_total = p_a / per_layer[a] + p_b / per_layer[b]
+                layers = {a: L / per_layer[a] / rate_total, b: L / per_layer[b] / rate_total}
+                period = L / rate_total
+                hop = (
+                    act / t / (fabric.bandwidth(max(span_level, 1), spec_b) * 1e9)
+                    + fabric.latency_s[max(span_level, 1)]
+                )
+                # memory: stage 0 (type a) holds the most micro-batches in flight; the first type-b
+                # stage holds p - p_a of them
+                fits = True
+                for chip, first_stage in ((a, 0), (b, p_a)):
+                    params = N * layers[chip] / L / t
+                    in_flight = min(p - first_stage, m)
+                    mem = params * (4 + 12 / d) + in_flight * layers[chip] * 34.0 * s * mb * h / t
+                    fits &= mem <= budget[chip]
+                if not fits:
+                    continue
+                grad = 2.0 * N * max(layers.values()) / L / t
+                dp_bw = fabric.bandwidth(max(span_level, 1), spec_b) * 1e9
+                dp = fabric.dp_exposed * (2 * (d - 1) / d * grad / dp_bw) if d > 1 else 0.0
+                step = period * (m + p - 1) + 2 * (p - 1) * hop + dp
+                if best is None or step < best[0]:
+                    best = (step, t, d, p_a, p_b, m, layers)
+    if best is None:
+        return None
+    step, t, d, p_a, p_b, m, layers = best
+    tokens = model.batch_tokens / step
+    parts, stages = [], []
+    for chip, p_c, n in ((a, p_a, n_a), (b, p_b, n_b)):
+        spec = BY_NAME[chip]
+        parts.append(
+            Plan(
+                chip,
+                n,
+                t,
+                p_c,
+                d,
+                1,
+                1,
+                m,
+                False,
+                step,
+                tokens,
+                0.0,
+                model.batch_tokens * 6 * N / step / ((n_a + n_b) * spec.bf16_tflops * 1e12),
+                {},
+            )
+        )
+        stages.append(
+            {
+                "chip": chip,
+                "stages": p_c,
+                "layers_per_stage": round(layers[chip], 2),
+                "gpus_used": t * p_c * d,
+            }
+        )
+    return step, parts, stages
 
 
 def _split(total: int, weights: dict[str, float]) -> dict[str, int]:

@@ -85,9 +85,11 @@ def plan_summary(plan: dict) -> str:
         parts = ", ".join(
             f"TP{p['tp']} PP{p['pp']} DP{p['dp']} on {p['gpus']} {p['chip']}" for p in plan["parts"]
         )
+        efficiency = plan.get("efficiency")
         return (
-            f"{parts}; {plan['step_s']:.2f} s/step, {plan['tokens_per_s']:,.0f} tokens/s, "
-            f"mixed efficiency {plan['efficiency']:.1%}"
+            f"{plan.get('layout', 'mixed')}: {parts}; {plan['step_s']:.2f} s/step, "
+            f"{plan['tokens_per_s']:,.0f} tokens/s"
+            + (f", mixed efficiency {efficiency:.1%}" if efficiency is not None else "")
         )
     return (
         f"TP{plan['tp']} PP{plan['pp']} DP{plan['dp']}, {plan['step_s']:.2f} s/step, "

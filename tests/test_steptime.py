@@ -104,3 +104,18 @@ def test_mixed_batch_shares_follow_throughput():
 def test_model_errors_name_the_field(data, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         ModelSpec.from_dict(data)
+
+
+def test_a_pipeline_split_puts_the_larger_memory_chip_first_when_one_type_cannot_hold_the_model():
+    model = MODELS["llama3-70b"]
+    with pytest.raises(NoFeasiblePlan):
+        best_plan(model, "Ascend-910B", 16)  # 64 GiB chips: the model does not fit on 16 alone
+    mixed = mixed_plan(model, {"Ascend-910B": 16, "H200": 16})
+    assert mixed.layout == "pipeline split"
+    assert [s["chip"] for s in mixed.stages] == ["H200", "Ascend-910B"]  # early stages: most memory
+    # the faster, larger chip carries more layers per stage; every layer is placed
+    h200, ascend = mixed.stages
+    assert h200["layers_per_stage"] > ascend["layers_per_stage"]
+    total = h200["stages"] * h200["layers_per_stage"] + ascend["stages"] * ascend["layers_per_stage"]
+    assert total == pytest.approx(model.layers, abs=0.1)
+    assert mixed.efficiency is None  # not defined: one type could not run it alone
