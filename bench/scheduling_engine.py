@@ -36,24 +36,7 @@ def _apply(result, pending, running, now):
     by_id = {j.id: j for j in pending}
     started = {a.job_id for a in result.admissions}
     for a in result.admissions:
-        job = by_id[a.job_id]
-        running.append(
-            RunningJob(
-                job.id,
-                job.queue,
-                a.gpus,
-                a.chip,
-                job.priority,
-                now,
-                now + job.estimated_duration,
-                now,
-                min_gpus=job.min_gpus,
-                max_gpus=job.gpus if job.elastic else None,
-                size_step=job.size_step,
-                topology=job.topology,
-                share=job.share,
-            )
-        )
+        running.append(by_id[a.job_id].started(a.gpus, a.chip, now, a.parts))
     resized = {r.job_id: r.gpus for r in result.resizes}
     if resized:
         running = [replace(j, gpus=resized[j.id]) if j.id in resized else j for j in running]

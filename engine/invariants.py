@@ -33,26 +33,7 @@ def running_after(running: list[RunningJob], result: CycleResult, pending: list[
     by_id = {j.id: j for j in pending}
     after = [replace(j, gpus=resized.get(j.id, j.gpus)) for j in running if j.id not in victims]
     for a in result.admissions:
-        job = by_id[a.job_id]
-        end = now + job.estimated_duration if job.estimated_duration is not None else None
-        after.append(
-            RunningJob(
-                a.job_id,
-                job.queue,
-                a.gpus,
-                a.chip,
-                job.priority,
-                now,
-                end,
-                now,
-                min_gpus=job.min_gpus,
-                max_gpus=job.gpus if job.elastic else None,
-                size_step=job.size_step,
-                topology=job.topology,
-                share=job.share,
-                parts=a.parts,
-            )
-        )
+        after.append(by_id[a.job_id].started(a.gpus, a.chip, now, a.parts))
     return after
 
 

@@ -282,23 +282,25 @@ class Cycle:
     def _ends_before_horizon(self, job: PendingJob) -> bool:
         return job.estimated_duration is not None and self.now + job.estimated_duration <= self.horizon
 
-    def _record_admission(self, qi, job, c, gpus, level, domain, *, backfilled=False, preempted=()):
+    def _record_admission(self, qi, job, c, gpus, level, domain, *, backfilled=False, preempted=(), parts=()):
+        """``parts``: (chip index, GPUs) per chip type of a mixed-chip gang (``c`` is the first)."""
         self.largest_blocks.clear()
-        self.quota.add(qi, c, job.demand)
+        parts = parts or ((c, len(gpus)),)
+        for pc, n in parts:
+            self.quota.add(qi, pc, n * job.share)
+        names = tuple((self.topo.chip_names[pc], n) for pc, n in parts) if len(parts) > 1 else ()
         chip = self.topo.chip_names[c]
-        end = self.now + job.estimated_duration if job.estimated_duration is not None else None
-        self.started.append(
-            RunningJob(job.id, job.queue, gpus, chip, job.priority, self.now, end, self.now, share=job.share)
-        )
+        self.started.append(job.started(gpus, chip, self.now, names))
         self.result.admissions.append(
             Admission(
                 job_id=job.id,
                 chip=chip,
                 gpus=gpus,
                 domain=self.layout.domain_name(level, domain),
-                borrowed=-(-self.quota.borrowed(qi, c) // MILLI),
+                borrowed=-(-sum(self.quota.borrowed(qi, pc) for pc, _ in parts) // MILLI),
                 backfilled=backfilled,
                 preempted=tuple(preempted),
+                parts=names,
             )
         )
 
@@ -356,27 +358,7 @@ class Cycle:
             self.pool_open.take(gpus)
             if self.pool_open is not self.pool_all:
                 self.pool_all.take(gpus)
-            self.largest_blocks.clear()
-            for c, n in parts:
-                self.quota.add(qi, c, n * job.share)
-            names = tuple((self.topo.chip_names[c], n) for c, n in parts)
-            end = self.now + job.estimated_duration if job.estimated_duration is not None else None
-            primary = names[0][0]
-            self.started.append(
-                RunningJob(
-                    job.id, job.queue, gpus, primary, job.priority, self.now, end, self.now, parts=names
-                )
-            )
-            self.result.admissions.append(
-                Admission(
-                    job_id=job.id,
-                    chip=primary,
-                    gpus=gpus,
-                    domain=self.layout.domain_name(level, domain),
-                    borrowed=-(-sum(self.quota.borrowed(qi, c) for c, _ in parts) // MILLI),
-                    parts=names,
-                )
-            )
+            self._record_admission(qi, job, parts[0][0], gpus, level, domain, parts=parts)
             return True
         return False
 

@@ -49,6 +49,26 @@ class PendingJob:
         """Quota this job is charged, in thousandths of a GPU."""
         return self.gpus * self.share
 
+    def started(self, gpus: np.ndarray, chip: str, now: float, parts=()) -> RunningJob:
+        """This job as a running job, admitted at ``now`` on ``gpus``."""
+        end = now + self.estimated_duration if self.estimated_duration is not None else None
+        return RunningJob(
+            self.id,
+            self.queue,
+            gpus,
+            chip,
+            self.priority,
+            now,
+            end,
+            now,
+            min_gpus=self.min_gpus,
+            max_gpus=self.gpus if self.elastic else None,
+            size_step=self.size_step,
+            topology=self.topology,
+            share=self.share,
+            parts=tuple(parts),
+        )
+
     @property
     def elastic(self) -> bool:
         return self.min_gpus is not None and self.min_gpus < self.gpus

@@ -149,20 +149,7 @@ class ServiceScaleInline(admin.TabularInline):
 class InferenceServiceForm(forms.ModelForm):
     class Meta:
         model = InferenceService
-        fields = [
-            "name",
-            "queue",
-            "chip_types",
-            "replica_gpus",
-            "replica_share",
-            "capacity_rps",
-            "headroom",
-            "min_replicas",
-            "max_replicas",
-            "load_profile",
-            "scale_down_delay_s",
-            "paused",
-        ]
+        fields = list(InferenceService.EDITABLE_FIELDS)
 
     def clean_load_profile(self):
         from engine.inference import LoadProfile

@@ -149,6 +149,22 @@ class InferenceService(models.Model):
     low_since = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    # what operators set (API and admin); the rest is the autoscaler's
+    EDITABLE_FIELDS = (
+        "name",
+        "queue",
+        "chip_types",
+        "replica_gpus",
+        "replica_share",
+        "capacity_rps",
+        "headroom",
+        "min_replicas",
+        "max_replicas",
+        "load_profile",
+        "scale_down_delay_s",
+        "paused",
+    )
+
     class Meta:
         ordering = ["name"]
         constraints = [
