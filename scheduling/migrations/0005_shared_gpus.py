@@ -53,21 +53,36 @@ class Migration(migrations.Migration):
 _PG = """
 CREATE OR REPLACE FUNCTION shared_gpu_guard() RETURNS trigger AS $$
 BEGIN
-    IF EXISTS (
+    -- whole GPUs written onto GPUs that hold fractions (probes the small shared_gpu index)
+    IF EXISTS (SELECT 1 FROM scheduling_allocation WHERE active AND share < 1000 LIMIT 1)
+       AND EXISTS (
         SELECT 1 FROM written w
-        JOIN scheduling_allocation a ON a.gpu_id = w.gpu_id AND a.active AND a.id <> w.id
-        WHERE w.active AND ((w.share = 1000 AND a.share < 1000) OR (w.share < 1000 AND a.share = 1000))
+        WHERE w.active AND w.share = 1000 AND w.gpu_id IN (
+            SELECT a.gpu_id FROM scheduling_allocation a WHERE a.active AND a.share < 1000)
     ) THEN
         RAISE EXCEPTION 'shared_gpu_guard: a whole-GPU allocation and a shared one on the same GPU'
             USING ERRCODE = '23514';
     END IF;
-    IF EXISTS (
-        SELECT 1 FROM scheduling_allocation
-        WHERE active AND share < 1000 AND gpu_id IN (SELECT gpu_id FROM written WHERE active AND share < 1000)
-        GROUP BY gpu_id HAVING SUM(share) > 1000
-    ) THEN
-        RAISE EXCEPTION 'shared_gpu_guard: the shares of a GPU add up to more than 1000'
-            USING ERRCODE = '23514';
+    IF EXISTS (SELECT 1 FROM written WHERE active AND share < 1000) THEN
+        -- fractions written onto whole GPUs (probes the unique index of whole GPUs)
+        IF EXISTS (
+            SELECT 1 FROM written w
+            WHERE w.active AND w.share < 1000 AND EXISTS (
+                SELECT 1 FROM scheduling_allocation a
+                WHERE a.gpu_id = w.gpu_id AND a.active AND a.share = 1000)
+        ) THEN
+            RAISE EXCEPTION 'shared_gpu_guard: a whole-GPU allocation and a shared one on the same GPU'
+                USING ERRCODE = '23514';
+        END IF;
+        IF EXISTS (
+            SELECT 1 FROM scheduling_allocation
+            WHERE active AND share < 1000
+              AND gpu_id IN (SELECT gpu_id FROM written WHERE active AND share < 1000)
+            GROUP BY gpu_id HAVING SUM(share) > 1000
+        ) THEN
+            RAISE EXCEPTION 'shared_gpu_guard: the shares of a GPU add up to more than 1000'
+                USING ERRCODE = '23514';
+        END IF;
     END IF;
     RETURN NULL;
 END $$ LANGUAGE plpgsql;
