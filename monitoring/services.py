@@ -23,6 +23,7 @@ from engine.faults import Action, Scope, classify
 from engine.physics import Physics
 from engine.recovery import plan_recovery
 from monitoring.models import FaultEvent
+from scheduling.checkpoints import policy_kind
 from scheduling.choices import CheckpointKind, EventKind, JobState
 from scheduling.cycle import _active_allocations, _insert_allocations, _layout
 from scheduling.locks import cycle_lock
@@ -96,13 +97,6 @@ def _take_out_of_service(
             )
 
 
-def _policy_kind(job: Job) -> tuple[PolicyKind | None, float]:
-    policy = job.checkpoint_policy or job.queue.default_checkpoint_policy
-    if policy is None:
-        return None, 0.95
-    return PolicyKind(policy.kind), policy.triggered_success
-
-
 class _Held:
     """Who holds which GPUs, read once per fault (the cycle's packed, cached read)."""
 
@@ -127,7 +121,7 @@ def _recover(
     ``held`` is updated with the GPUs the job gave up and took, for the next job of the same fault."""
     snapshot, layout, owned = held.snapshot, held.layout, held.owned
     job_gpus = held.gpus_of(job.pk)
-    kind, success = _policy_kind(job)
+    kind, success = policy_kind(job)
     # a seeded draw per (fault, job): replaying the same fault gives the same outcome
     luck = np.random.default_rng(zlib.crc32(f"{fault.pk}/{job.pk}".encode())).random()
     triggered_ok = luck < success if kind == PolicyKind.TRIGGERED and classification.memory_readable else None

@@ -14,6 +14,15 @@ PHYSICS = Physics()
 MEASURED_AFTER = 3  # faults before the job's own MTBF replaces the default physics
 
 
+def policy_kind(job: Job) -> tuple[PolicyKind | None, float]:
+    """The job's checkpoint policy kind (its own, else its queue's default) and the success
+    probability of a triggered save."""
+    policy = job.checkpoint_policy or job.queue.default_checkpoint_policy
+    if policy is None:
+        return None, 0.95
+    return PolicyKind(policy.kind), policy.triggered_success
+
+
 def job_mtbf(job: Job) -> tuple[float, str]:
     faults = job.faults.count() if job.pk else 0
     factor = job.chip.failure_rate_factor if job.chip_id else 1.0

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from cluster.models import ChipType
 from cluster.snapshot import topology_cache
+from engine.checkpoint import PolicyKind
 from engine.placement import Layout
 from engine.scheduler import SchedulerConfig, schedule
 from engine.steptime import describe_ranking
@@ -23,7 +24,7 @@ from engine.workload import CycleResult, PendingJob, QueueSpec, RunningJob
 from scheduling.bulk import update_rows
 from scheduling.choices import EventKind, JobState
 from scheduling.locks import cycle_lock
-from scheduling.models import Allocation, Job, JobEvent, Queue
+from scheduling.models import Allocation, Checkpoint, Job, JobEvent, Queue
 from scheduling.plans import plan_for, plan_summary
 
 _layout_cache: dict[str, object] = {"key": None, "layout": None}
@@ -307,38 +308,7 @@ def apply_decisions(result: CycleResult, snapshot, now: datetime, old_reasons: d
 
     # preemptions first: their GPUs are released before the preemptors take them
     if result.preemptions:
-        victims = {p.job_id: p for p in result.preemptions}
-        Allocation.objects.filter(job_id__in=victims, active=True).update(active=False, released_at=now)
-        jobs = list(Job.objects.filter(pk__in=victims))
-        for job in jobs:
-            p = victims[job.pk]
-            job.state = JobState.PENDING
-            job.preemptions += 1
-            job.started_at = None
-            job.placement = ""
-            job.allocated_gpus = 0
-            job.pending_reason = f"requeued after preemption: {p.reason}"
-            events.append(
-                JobEvent(
-                    job=job,
-                    kind=EventKind.PREEMPTED,
-                    at=now,
-                    reason=p.reason,
-                    data={"by_job": p.by_job, "progress_s": job.progress_s},
-                )
-            )
-            events.append(
-                JobEvent(
-                    job=job,
-                    kind=EventKind.REQUEUED,
-                    at=now,
-                    reason="requeued with its progress after preemption",
-                    data={"progress_s": job.progress_s},
-                )
-            )
-        Job.objects.bulk_update(
-            jobs, ["state", "preemptions", "started_at", "placement", "pending_reason", "allocated_gpus"]
-        )
+        events.extend(_apply_preemptions(result.preemptions, now))
 
     # shrinks release their GPUs before anyone takes them; growths are inserted with admissions
     rows: list[tuple[int, int]] = []
@@ -468,3 +438,87 @@ def _with_chip_ranking(pending: dict[int, str]) -> None:
     for job_id, ranking in ranked:
         if job_id in pending and len(ranking) > 1:
             pending[job_id] = f"{pending[job_id]} ({describe_ranking(ranking)})"
+
+
+def _apply_preemptions(preemptions, now: datetime) -> list[JobEvent]:
+    """Victims go back to pending with their progress. A victim whose checkpoint policy can save on
+    demand (triggered or asynchronous) saves before it stops (graceful preemption); any other
+    loses the work since its last durable checkpoint, recorded on the preempted event."""
+    from scheduling.checkpoints import PHYSICS, policy_kind
+
+    victims = {p.job_id: p for p in preemptions}
+    Allocation.objects.filter(job_id__in=victims, active=True).update(active=False, released_at=now)
+    jobs = list(
+        Job.objects.filter(pk__in=victims).select_related(
+            "checkpoint_policy", "queue__default_checkpoint_policy"
+        )
+    )
+    events, checkpoints = [], []
+    for job in jobs:
+        p = victims[job.pk]
+        since = max([t for t in (job.started_at, job.last_checkpoint_at) if t is not None] or [now])
+        unsaved = max(0.0, (now - since).total_seconds())
+        kind, _ = policy_kind(job)
+        lost = unsaved
+        if kind in (PolicyKind.TRIGGERED, PolicyKind.ASYNC) and unsaved > 0:
+            job.progress_s += unsaved
+            job.last_checkpoint_at = now
+            lost = 0.0
+            checkpoints.append(
+                Checkpoint(
+                    job=job,
+                    at=now,
+                    progress_s=job.progress_s,
+                    kind=kind.value,
+                    durable=True,
+                    size_bytes=(job.parameters or 0.0) * PHYSICS.bytes_per_parameter,
+                )
+            )
+            events.append(
+                JobEvent(
+                    job=job,
+                    kind=EventKind.CHECKPOINTED,
+                    at=now,
+                    reason="saved before preemption",
+                    data={"progress_s": job.progress_s, "preemption": True},
+                )
+            )
+        job.state = JobState.PENDING
+        job.preemptions += 1
+        job.started_at = None
+        job.placement = ""
+        job.allocated_gpus = 0
+        job.pending_reason = f"requeued after preemption: {p.reason}"
+        events.append(
+            JobEvent(
+                job=job,
+                kind=EventKind.PREEMPTED,
+                at=now,
+                reason=p.reason,
+                data={"by_job": p.by_job, "progress_s": job.progress_s, "lost_s": lost},
+            )
+        )
+        events.append(
+            JobEvent(
+                job=job,
+                kind=EventKind.REQUEUED,
+                at=now,
+                reason="requeued with its progress after preemption",
+                data={"progress_s": job.progress_s},
+            )
+        )
+    Checkpoint.objects.bulk_create(checkpoints)
+    Job.objects.bulk_update(
+        jobs,
+        [
+            "state",
+            "preemptions",
+            "started_at",
+            "placement",
+            "pending_reason",
+            "allocated_gpus",
+            "progress_s",
+            "last_checkpoint_at",
+        ],
+    )
+    return events

@@ -2,7 +2,8 @@
 
 ETTR = time with forward progress that survived to a durable or replicated checkpoint / wall time
 from the job's first allocation to its end (or now). The loss buckets are reported separately:
-checkpoint stalls (checkpoint records), detection latency and lost work (fault events), restart
+checkpoint stalls (checkpoint records), detection latency and lost work (fault and preemption
+events), restart
 (reschedule + re-initialize + load, recovery events) and waiting for resources (time spent pending
 again after a preemption or a fault). Productive time is the wall time less the buckets.
 """
@@ -62,6 +63,8 @@ def job_ettr(
             data = e["data"] or {}
             if e["kind"] == EventKind.FAULTED and in_window(e["at"]):
                 b["detection"] += data.get("detection_s", 0.0)
+                b["lost_work"] += data.get("lost_s", 0.0)
+            elif e["kind"] == EventKind.PREEMPTED and in_window(e["at"]):
                 b["lost_work"] += data.get("lost_s", 0.0)
             elif e["kind"] == EventKind.RECOVERED and in_window(e["at"]):
                 b["restart"] += data.get("restart_s", 0.0)

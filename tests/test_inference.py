@@ -146,3 +146,31 @@ def test_services_by_api_with_field_errors(colocation, operator_client, viewer_c
     assert shared.status_code == 400 and "replica_share" in shared.json()
     detail = viewer_client.get(f"/api/v1/services/{created.json()['id']}/").json()
     assert detail["load_profile"]["burst"] == "azure-code" and detail["max_replicas"] == 6
+
+
+@pytest.mark.parametrize("policy", ["async", None])
+def test_rigid_training_is_preempted_at_the_peak_after_a_checkpoint_if_its_policy_can(
+    colocation, operator_client, eager_celery, django_capture_on_commit_callbacks, policy
+):
+    from scheduling.models import CheckpointPolicy
+
+    service = colocation
+    with django_capture_on_commit_callbacks(execute=True):
+        autoscale(service.pk, at(2))
+    body = {"queue": "training", "gpus": 40, "topology": "any", "chip_types": ["H100-SXM"]}
+    if policy:
+        CheckpointPolicy.objects.create(name="async-30", kind=policy, interval_s=1800)
+        body["checkpoint_policy"] = "async-30"
+    with django_capture_on_commit_callbacks(execute=True):
+        training = Job.objects.get(pk=operator_client.post("/api/v1/jobs/", body, format="json").json()["id"])
+    assert Job.objects.get(pk=training.pk).state == "running"
+    with django_capture_on_commit_callbacks(execute=True):
+        autoscale(service.pk, at(14))
+    training.refresh_from_db()
+    assert training.state == "pending" and training.preemptions == 1
+    preempted = training.events.get(kind="preempted")
+    if policy:
+        assert training.events.filter(kind="checkpointed", reason="saved before preemption").exists()
+        assert preempted.data["lost_s"] == 0 and training.checkpoints.filter(durable=True).count() == 1
+    else:
+        assert preempted.data["lost_s"] > 0 and not training.checkpoints.exists()
