@@ -33,4 +33,8 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) -m bench.build_cluster
-	$(PY) -m bench.snapshot
+	$(PY) -m bench.scheduling_engine
+	$(PY) -m bench.scheduling_e2e
+	$(PY) -m bench.ettr
+	$(PY) -m bench.plans
+	$(PY) -m bench.packing

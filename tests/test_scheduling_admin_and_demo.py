@@ -62,3 +62,20 @@ def test_seed_queues_splits_the_cluster_once(small_cluster):
     assert quotas["inference"] == {}
     call_command("seed_queues")
     assert Queue.objects.count() == 4
+
+
+def test_seed_queues_lends_inference_gpus_to_training_in_the_demo(db):
+    from cluster.builder import build_cluster, known_chip_names
+    from engine.presets import preset_document
+    from engine.topology_spec import parse_topology
+    from scheduling.models import InferenceService
+
+    build_cluster(parse_topology(preset_document("demo"), known_chip_names()))
+    call_command("seed_queues")
+    inference = Queue.objects.get(name="inference")
+    assert inference.cohort.name == "shared" and inference.reclaim_within_cohort == "any"
+    (quota,) = inference.quotas.all()
+    assert quota.nominal > 0 and quota.nominal % 8 == 0
+    service = InferenceService.objects.get(name="chat")
+    assert service.queue == inference and service.max_replicas * 8 == quota.nominal
+    assert service.load_profile["peak_hour"] == 14

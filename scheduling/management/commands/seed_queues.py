@@ -4,15 +4,16 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from cluster.models import Node
-from scheduling.models import Cohort, Queue, QueueQuota
+from scheduling.models import Cohort, InferenceService, Queue, QueueQuota
 
 
 class Command(BaseCommand):
     help = (
         "Create example queues over the current cluster when none exist: cohort 'shared' with queues "
+        "'inference' (a tenth of the most common chip type, priority 20, reclaims anything it lent), "
         "'pretrain' (half of every chip type, reclaims lent quota), 'finetune' (a quarter) and "
-        "'research' (a quarter), plus 'inference' outside the cohort with no quota until an operator "
-        "gives it some."
+        "'research' (the rest), and inference service 'chat' whose diurnal load peaks at 14:00 UTC: "
+        "training borrows the inference GPUs at night and gives them back at the peak."
     )
 
     @transaction.atomic
@@ -29,6 +30,8 @@ class Command(BaseCommand):
             ("finetune", 0.25, 5, "lower_priority"),
             ("research", 0.25, 0, "never"),
         ]
+        main_chip = max(capacity, key=capacity.get)
+        inference_gpus = capacity[main_chip] // 10 // 8 * 8
         for name, share, priority, reclaim in plans:
             queue = Queue.objects.create(
                 name=name,
@@ -38,11 +41,37 @@ class Command(BaseCommand):
                 within_queue="lower_priority",
             )
             QueueQuota.objects.bulk_create(
-                QueueQuota(queue=queue, chip_type=chip, nominal=int(total * share))
+                QueueQuota(
+                    queue=queue,
+                    chip_type=chip,
+                    nominal=int((total - (inference_gpus if chip == main_chip else 0)) * share),
+                )
                 for chip, total in capacity.items()
             )
-        Queue.objects.create(name="inference", priority=20)
+        inference = Queue.objects.create(
+            name="inference", cohort=shared, priority=20, reclaim_within_cohort="any", within_queue="never"
+        )
+        if inference_gpus:
+            QueueQuota.objects.create(queue=inference, chip_type=main_chip, nominal=inference_gpus)
+            replicas = inference_gpus // 8
+            InferenceService.objects.create(
+                name="chat",
+                queue=inference,
+                chip_types=[main_chip.name],
+                replica_gpus=8,
+                capacity_rps=40.0,
+                headroom=0.2,
+                min_replicas=1,
+                max_replicas=replicas,
+                load_profile={
+                    "kind": "diurnal",
+                    "trough_rps": round(0.1 * replicas * 40 / 1.2, 1),
+                    "peak_rps": round(replicas * 40 / 1.2, 1),
+                    "peak_hour": 14,
+                    "burst": "azure-conv",
+                },
+            )
         self.stdout.write(
-            f"Created cohort 'shared' with {len(plans)} queues over {sum(capacity.values())} GPUs, "
-            "and queue 'inference'."
+            f"Created cohort 'shared' with {len(plans) + 1} queues over {sum(capacity.values())} GPUs "
+            f"({inference_gpus} {main_chip.name} for inference, service 'chat')."
         )
