@@ -125,9 +125,10 @@ class FreePool:
         ).astype(np.int64)
         self.level_free: list[np.ndarray] = [self.node_free]
         for k in range(1, len(LEVELS)):
-            counts = np.zeros((layout.num_chips, layout.domain_count[k]), dtype=np.int64)
-            np.add.at(counts, (layout.node_chip, layout.node_domain[k]), self.node_free)
-            self.level_free.append(counts)
+            size = layout.num_chips * layout.domain_count[k]
+            flat = layout.node_chip * layout.domain_count[k] + layout.node_domain[k]
+            counts = np.bincount(flat, weights=self.node_free, minlength=size).astype(np.int64)
+            self.level_free.append(counts.reshape(layout.num_chips, layout.domain_count[k]))
 
     def copy(self) -> FreePool:
         clone = object.__new__(FreePool)

@@ -116,10 +116,11 @@ class Cycle:
         self.quota = build_quota_book(self.queues, self.topo.chip_names, self.running)
         self.schedulable = self.topo.schedulable()
         owned = np.zeros(self.topo.num_gpus, dtype=bool)
+        if self.running:
+            owned[np.concatenate([j.gpus for j in self.running])] = True
         # thousandths used on shared GPUs; a shared GPU is never free for whole-GPU jobs
         self.gpu_used = np.zeros(self.topo.num_gpus, dtype=np.int32)
         for job in self.running:
-            owned[job.gpus] = True
             if job.fractional:
                 self.gpu_used[job.gpus] += job.share
         self.shared = np.flatnonzero(self.gpu_used)  # GPUs with fractions on them
@@ -128,7 +129,8 @@ class Cycle:
         self.pool_all = FreePool(layout, self.schedulable & ~owned)
         self.running_by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
         for job in self.running:
-            for chip, _ in job.demand_by_chip():
+            chips = [p for p, _ in job.parts] if job.parts else (job.chip,)
+            for chip in chips:
                 key = (self.queue_index.get(job.queue, -1), self.chip_index.get(chip, -1))
                 self.running_by_queue_chip.setdefault(key, []).append(job)
         self.pool_open = self.pool_all  # becomes a separate pool once something is reserved
@@ -695,11 +697,17 @@ class Cycle:
         ]
         if self.pool_open.total(c) + sum(len(g) for g in releasable) < job.gpus:
             return None  # even when every running job with an estimate ends, it would not fit
+        if not releasable:
+            return None
         trial = self.pool_open.copy()
-        for running, gpus in zip(ending, releasable, strict=True):
-            trial.give(gpus)
-            if trial.total(c) < job.gpus:
-                continue
+        # nothing can fit before enough GPUs are free in total: give that prefix back in one go
+        counts = np.cumsum([len(g) for g in releasable])
+        first = int(np.searchsorted(counts, job.gpus - self.pool_open.total(c)))
+        trial.give(np.concatenate(releasable[: first + 1]))
+        for i in range(first, len(ending)):
+            running = ending[i]
+            if i > first:
+                trial.give(releasable[i])
             where = trial.find(c, job.gpus, max_level)
             if where is None:
                 continue

@@ -1,0 +1,551 @@
+"""What-if simulation of a whole cluster on a virtual clock (pure, seeded, in memory).
+
+The production controller runs unchanged: every scheduling cycle is engine.scheduler.schedule
+over the cluster's arrays, every fault is classified by engine.faults and recovered by
+engine.recovery.plan_recovery, and the invariant checker can run after every cycle. Around it a
+discrete-event loop moves time: job arrivals, periodic scheduling cycles, completions, faults
+drawn by the fleet model (engine.fleet), detection and recovery, node repairs, and hourly samples.
+
+Training progress is accounted in GPU-seconds of work. A running job checkpoints every tau
+seconds of productive time (its policy: periodic synchronous with a stall of state size over
+storage bandwidth, asynchronous with a short copy to host memory, or triggered with an
+asynchronous fallback; tau fixed or Daly's optimum for the job's fault rate); a fault loses the
+work since the last checkpoint (none when a triggered save succeeds), costs the detection latency
+and a restart (reschedule, process start, communicator initialization, checkpoint load). A
+preempted job keeps what its policy could save, as in production. Each job's time is split into
+productive time and the loss buckets of the ETTR definition.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from engine.checkpoint import PolicyKind, daly_interval, stall_seconds
+from engine.faults import Action, classify
+from engine.fleet import Fleet, FleetConfig
+from engine.invariants import check_cycle
+from engine.physics import Physics
+from engine.placement import Layout
+from engine.recovery import plan_recovery
+from engine.scheduler import SchedulerConfig, schedule
+from engine.simworkload import SimJob
+from engine.states import GPU_STATE_CODE, NODE_STATE_CODE
+from engine.topology import TopologySnapshot
+from engine.workload import PendingJob, QueueSpec, RunningJob
+
+DAY = 86_400.0
+BUCKETS = ("checkpoint_stall", "detection", "restart", "lost_work", "waiting")
+SIZE_BUCKETS = ((1, 1), (2, 8), (9, 64), (65, 512), (513, 2048), (2049, 1 << 30))
+READY, DOWN = NODE_STATE_CODE["ready"], NODE_STATE_CODE["down"]
+GPU_READY, GPU_DOWN = GPU_STATE_CODE["ready"], GPU_STATE_CODE["down"]
+GPU_RESET_S = 300.0  # a GPU reset takes it out for a few minutes
+NODE_REBOOT_S = 900.0
+LEMON_FAULTS, LEMON_WINDOW_S = 3, 7 * DAY
+
+
+@dataclass(frozen=True)
+class CheckpointChoice:
+    kind: PolicyKind = PolicyKind.ASYNC
+    interval_s: float | None = None  # None: Daly's optimum for the job
+    triggered_success: float = 0.95
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    days: float = 7.0
+    seed: int = 0
+    cycle_period_s: float = 300.0
+    sample_period_s: float = 3600.0
+    checkpoint: CheckpointChoice = field(default_factory=CheckpointChoice)
+    physics: Physics = field(default_factory=Physics)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    check_invariants: bool = False
+    name: str = "baseline"
+
+
+def default_queues(capacity: dict[str, int]) -> list[QueueSpec]:
+    """Cohort 'shared': pretrain (60%, priority 10, reclaims lent quota), research (25%), dev (15%)."""
+    split = {"pretrain": 0.6, "research": 0.25, "dev": 0.15}
+    return [
+        QueueSpec(
+            name,
+            cohort="shared",
+            priority=10 if name == "pretrain" else 0,
+            nominal={c: int(n * share) for c, n in capacity.items()},
+            reclaim_within_cohort="any" if name == "pretrain" else "never",
+        )
+        for name, share in split.items()
+    ]
+
+
+@dataclass
+class _Job:
+    spec: SimJob
+    remaining: float  # GPU-seconds of work still to do
+    gpus: np.ndarray | None = None
+    run_start: float = 0.0  # productive work starts here (after restart overheads)
+    interval: float = 3600.0
+    stall_fraction: float = 0.0
+    version: int = 0
+    first_admit: float | None = None
+    waiting_since: float | None = None
+    ended: float | None = None
+    buckets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
+    interruptions: int = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.gpus) if self.gpus is not None else 0
+
+
+class Simulation:
+    def __init__(
+        self,
+        topo: TopologySnapshot,
+        jobs: list[SimJob],
+        config: SimConfig | None = None,
+        queues: list[QueueSpec] | None = None,
+    ):
+        self.cfg = config or SimConfig()
+        # the simulation changes states: work on copies of the state arrays
+        self.topo = replace(topo, gpu_state=topo.gpu_state.copy(), node_state=topo.node_state.copy())
+        self.layout = Layout(self.topo)
+        self.ph = self.cfg.physics
+        self.fleet = Fleet(self.topo, self.ph, self.cfg.fleet, seed=self.cfg.seed)
+        capacity = {c: n for c, n in self.topo.count_by_chip().items() if n}
+        self.queues = queues or default_queues(capacity)
+        self.jobs = {j.id: _Job(j, j.work_s * j.gpus) for j in jobs}
+        self.pending: dict[int, PendingJob] = {}
+        self.running: dict[int, _Job] = {}
+        self.owner = np.full(self.topo.num_gpus, -1, dtype=np.int64)
+        self.events: list[tuple[float, int, str, tuple]] = []
+        self._seq = 0
+        self.luck = np.random.default_rng([self.cfg.seed, 3])
+        self.now = 0.0
+        self.dirty = True
+        self.fault_history: dict[int, list[float]] = {}
+        self.faults: Counter = Counter()
+        self.fault_log: list[tuple[float, str, str]] = []  # (time, cause, action)
+        self.recoveries: list[tuple[float, str, float]] = []  # (time, outcome, seconds)
+        self.samples: list[dict] = []
+        self.cycles = 0
+        self._views: dict[int, tuple[tuple, RunningJob]] = {}
+        self.checked = 0
+        self.processed = 0
+
+    # --- the event loop -----------------------------------------------------------------------
+    def _push(self, t: float, kind: str, *payload) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (t, self._seq, kind, payload))
+
+    def run(self, progress=None) -> dict:
+        started = time.perf_counter()
+        end = self.cfg.days * DAY
+        for job in self.jobs.values():
+            if job.spec.arrival <= end:
+                self._push(job.spec.arrival, "arrive", job.spec.id)
+        self._push(0.0, "cycle")
+        self._push(0.0, "sample")
+        self._next_fault()
+        last_report = 0.0
+        while self.events and self.events[0][0] <= end:
+            t, _, kind, payload = heapq.heappop(self.events)
+            self.now = t
+            self.processed += 1
+            getattr(self, f"_on_{kind}")(*payload)
+            if progress is not None and t - last_report >= DAY / 4:
+                progress(t / end)
+                last_report = t
+        self.now = end
+        if progress is not None:
+            progress(1.0)
+        return self._summary(time.perf_counter() - started)
+
+    # --- arrivals and cycles --------------------------------------------------------------------
+    def _on_arrive(self, job_id: int) -> None:
+        spec = self.jobs[job_id].spec
+        self.pending[job_id] = PendingJob(
+            job_id,
+            spec.queue,
+            spec.gpus,
+            spec.priority,
+            (spec.chip,),
+            spec.topology,
+            spec.arrival,
+            spec.work_s,
+            spec.min_gpus,
+            spec.size_step,
+        )
+        self.dirty = True
+
+    def _running_view(self) -> list[RunningJob]:
+        """The running jobs as the scheduler sees them; a job's view is rebuilt only when it
+        changed (a new run, or a new checkpoint since the last cycle)."""
+        view = []
+        for job in self.running.values():
+            spec = job.spec
+            elapsed = max(0.0, self.now - job.run_start)
+            checkpoints = math.floor(elapsed / job.interval)
+            key = (job.version, checkpoints)
+            cached = self._views.get(spec.id)
+            if cached is not None and cached[0] == key:
+                view.append(cached[1])
+                continue
+            last = job.run_start + checkpoints * job.interval
+            end = job.run_start + job.remaining / job.size / max(1e-9, 1 - job.stall_fraction)
+            view.append(
+                RunningJob(
+                    spec.id,
+                    spec.queue,
+                    job.gpus,
+                    spec.chip,
+                    spec.priority,
+                    job.first_admit or self.now,
+                    end,
+                    last if elapsed >= job.interval else None,
+                    min_gpus=spec.min_gpus,
+                    max_gpus=spec.gpus if spec.min_gpus is not None else None,
+                    size_step=spec.size_step,
+                    topology=spec.topology,
+                )
+            )
+            self._views[spec.id] = (key, view[-1])
+        return view
+
+    def _on_cycle(self) -> None:
+        self._push(self.now + self.cfg.cycle_period_s, "cycle")
+        if not self.dirty or not self.pending:
+            return
+        self.dirty = False
+        self.cycles += 1
+        running = self._running_view()
+        pending = list(self.pending.values())
+        result = schedule(self.layout, self.queues, running, pending, self.now, self.cfg.scheduler)
+        if self.cfg.check_invariants:
+            check_cycle(self.layout, self.queues, running, pending, result, self.now)
+            self.checked += 1
+        for p in result.preemptions:
+            self._stop(self.running[p.job_id], graceful=True, requeue=True)
+        for r in result.resizes:
+            job = self.running[r.job_id]
+            self._save(job, graceful=True)
+            self.owner[job.gpus] = -1
+            self._start(job, r.gpus, resumed=True)
+        for a in result.admissions:
+            job = self.jobs[a.job_id]
+            del self.pending[a.job_id]
+            self._start(job, a.gpus, resumed=job.first_admit is not None)
+
+    # --- running, saving, stopping ------------------------------------------------------------
+    def _policy(self, job: _Job) -> None:
+        """Checkpoint interval and stall for the job at its size (Daly when the interval is auto)."""
+        choice = self.cfg.checkpoint
+        size = job.size
+        state = job.spec.parameters * self.ph.bytes_per_parameter
+        stall = stall_seconds(choice.kind, state, size, self.ph.storage_gbps(size), self.ph.host_copy_gbps)
+        write = state / (self.ph.storage_gbps(size) * 1e9) if state else 0.0
+        if choice.interval_s is not None:
+            tau = choice.interval_s
+        else:
+            mtbf = DAY / (self.ph.gpu_interruptions_per_day * max(size, 1))
+            tau = daly_interval(stall, mtbf) if stall > 0 else 600.0
+        if choice.kind != PolicyKind.PERIODIC:
+            tau = max(tau, write)
+        job.interval = max(tau, 1.0)
+        job.stall_fraction = min(0.9, stall / job.interval) if state else 0.0
+
+    def _start(self, job: _Job, gpus: np.ndarray, *, resumed: bool) -> None:
+        size = len(gpus)
+        job.gpus = np.asarray(gpus, dtype=np.int64)
+        self.owner[job.gpus] = job.spec.id
+        self._policy(job)
+        overhead = self.ph.process_start_s + self.ph.comm_init_s(size)
+        if resumed:
+            state = job.spec.parameters * self.ph.bytes_per_parameter
+            overhead += self.ph.reschedule_s + state / (self.ph.storage_gbps(size) * 1e9)
+        if job.first_admit is None:
+            job.first_admit = self.now
+        if job.waiting_since is not None:
+            job.buckets["waiting"] += self.now - job.waiting_since
+            job.waiting_since = None
+        job.buckets["restart"] += overhead
+        job.run_start = self.now + overhead
+        job.version += 1
+        self.running[job.spec.id] = job
+        finish = job.run_start + job.remaining / size / (1 - job.stall_fraction)
+        self._push(finish, "end", job.spec.id, job.version)
+
+    def _save(self, job: _Job, *, graceful: bool, at: float | None = None) -> float:
+        """Account the run so far; returns the GPU-seconds lost. Graceful: the policy can save now."""
+        at = self.now if at is None else at
+        elapsed = max(0.0, at - job.run_start)
+        keep = 1 - job.stall_fraction
+        done = elapsed * keep * job.size
+        if graceful and self.cfg.checkpoint.kind in (PolicyKind.ASYNC, PolicyKind.TRIGGERED):
+            saved = done
+        else:
+            saved = math.floor(elapsed / job.interval) * job.interval * keep * job.size
+        job.buckets["checkpoint_stall"] += elapsed * job.stall_fraction
+        job.buckets["lost_work"] += (done - saved) / job.size
+        job.remaining = max(0.0, job.remaining - saved)
+        job.run_start = at
+        return done - saved
+
+    def _stop(self, job: _Job, *, graceful: bool, requeue: bool) -> None:
+        self._save(job, graceful=graceful)
+        self.owner[job.gpus] = -1
+        job.version += 1
+        del self.running[job.spec.id]
+        job.gpus = None
+        if requeue:
+            spec = job.spec
+            job.waiting_since = self.now
+            self.pending[spec.id] = PendingJob(
+                spec.id,
+                spec.queue,
+                spec.gpus,
+                spec.priority,
+                (spec.chip,),
+                spec.topology,
+                spec.arrival,
+                job.remaining / spec.gpus,
+                spec.min_gpus,
+                spec.size_step,
+            )
+        self.dirty = True
+
+    def _on_end(self, job_id: int, version: int) -> None:
+        job = self.running.get(job_id)
+        if job is None or job.version != version:
+            return  # preempted, resized or recovered since: a newer end event stands
+        elapsed = max(0.0, self.now - job.run_start)
+        job.buckets["checkpoint_stall"] += elapsed * job.stall_fraction
+        job.remaining = 0.0
+        self.owner[job.gpus] = -1
+        del self.running[job_id]
+        job.ended = self.now
+        self.dirty = True
+
+    # --- faults and repairs --------------------------------------------------------------------
+    def _next_fault(self) -> None:
+        drawn = self.fleet.next_fault(self.now, self.topo.node_state == READY)
+        if drawn is not None:
+            self._push(drawn[0], "fault", drawn[1], drawn[2])
+
+    def _on_fault(self, node: int, cause: str) -> None:
+        self._next_fault()
+        _, source, xid = self.ph.causes[cause]
+        history = self.fault_history.setdefault(node, [])
+        history.append(self.now)
+        recent = [t for t in history if self.now - t < LEMON_WINDOW_S]
+        c = classify(source, xid, repeated_on_node=len(recent) > 1) if source == "xid" else classify(source)
+        self.faults[cause] += 1
+        self.fault_log.append((self.now, cause, c.action.value))
+        lay = self.layout
+        start, count = int(lay.node_gpu_start[node]), int(lay.node_gpu_count[node])
+        node_gpus = np.arange(start, start + count)
+        if c.action == Action.RESET_GPU:
+            faulty = node_gpus[[int(self.fleet.rng.integers(count))]]
+            self.topo.gpu_state[faulty] = GPU_DOWN
+            self._push(self.now + GPU_RESET_S, "gpu_back", int(faulty[0]))
+        elif c.action in (Action.REBOOT_NODE, Action.REPAIR_NODE) or len(recent) >= LEMON_FAULTS:
+            faulty = node_gpus
+            self.topo.node_state[node] = DOWN
+            lemon = len(recent) >= LEMON_FAULTS
+            back = NODE_REBOOT_S if c.action == Action.REBOOT_NODE and not lemon else self.fleet.repair_s()
+            self._push(self.now + back, "node_back", node)
+        else:
+            faulty = node_gpus[:0]
+        self.fleet.ecc[node_gpus] += 1
+        self.dirty = True
+        if not c.interrupts_job:
+            return
+        hit = {int(j) for j in self.owner[node_gpus] if j >= 0}
+        for job_id in sorted(hit):
+            self._recover(self.running[job_id], c, faulty)
+
+    def _recover(self, job: _Job, c, faulty: np.ndarray) -> None:
+        job.interruptions += 1
+        choice = self.cfg.checkpoint
+        saved_by_trigger = (
+            choice.kind == PolicyKind.TRIGGERED
+            and c.memory_readable
+            and self.luck.random() < choice.triggered_success
+        )
+        self._save(job, graceful=saved_by_trigger)
+        job.buckets["detection"] += c.detection_s
+        spec = job.spec
+        plan = plan_recovery(
+            self.layout,
+            job.gpus,
+            faulty,
+            c,
+            owned=self.owner >= 0,
+            topology=spec.topology,
+            policy=choice.kind,
+            triggered_ok=saved_by_trigger if choice.kind == PolicyKind.TRIGGERED else None,
+            state_bytes=spec.parameters * self.ph.bytes_per_parameter,
+            physics=self.ph,
+            min_gpus=spec.min_gpus,
+            size_step=spec.size_step,
+        )
+        self.recoveries.append((self.now, plan.outcome, plan.seconds))
+        if plan.outcome == "requeue":
+            self._stop(job, graceful=False, requeue=True)
+            return
+        self.owner[job.gpus] = -1
+        gpus = np.union1d(np.setdiff1d(job.gpus, plan.lost_gpus), plan.replacement_gpus)
+        job.gpus = gpus
+        self.owner[gpus] = spec.id
+        restart = plan.seconds  # detection + reschedule + restart + load, as planned
+        job.buckets["restart"] += restart - c.detection_s
+        job.run_start = self.now + restart
+        job.version += 1
+        self._policy(job)
+        finish = job.run_start + job.remaining / job.size / (1 - job.stall_fraction)
+        self._push(finish, "end", spec.id, job.version)
+
+    def _on_gpu_back(self, gpu: int) -> None:
+        self.topo.gpu_state[gpu] = GPU_READY
+        self.dirty = True
+
+    def _on_node_back(self, node: int) -> None:
+        self.topo.node_state[node] = READY
+        self.dirty = True
+
+    # --- samples and the summary ----------------------------------------------------------------
+    def _on_sample(self) -> None:
+        self._push(self.now + self.cfg.sample_period_s, "sample")
+        busy = sum(j.size for j in self.running.values() if self.now >= j.run_start)
+        util = np.zeros(self.topo.num_gpus, dtype=np.float32)
+        held = self.owner >= 0
+        util[held] = self.cfg.fleet.training_util
+        self.fleet.step(self.now, util)
+        self.samples.append(
+            {
+                "t": self.now,
+                "allocated": int(held.sum()),
+                "busy": int(busy),
+                "running_jobs": len(self.running),
+                "pending_jobs": len(self.pending),
+                "pending_gpus": int(sum(p.gpus for p in self.pending.values())),
+                "down_gpus": int(
+                    (self.topo.gpu_state != GPU_READY).sum()
+                    + (self.topo.node_state[self.topo.gpu_node] != READY).sum()
+                ),
+                "mean_temperature_c": round(float(self.fleet.temperature.mean()), 2),
+                "power_mw": round(float(self.fleet.power.sum()) / 1e6, 3),
+            }
+        )
+
+    def _summary(self, wall: float) -> dict:
+        end = self.cfg.days * DAY
+        gpus = self.topo.num_gpus
+        started = [j for j in self.jobs.values() if j.first_admit is not None]
+        arrived = [j for j in self.jobs.values() if j.spec.arrival <= end]
+        pending_time: dict[str, dict] = {}
+        for lo, hi in SIZE_BUCKETS:
+            waits = [j.first_admit - j.spec.arrival for j in started if lo <= j.spec.gpus <= hi]
+            never = sum(1 for j in arrived if j.first_admit is None and lo <= j.spec.gpus <= hi)
+            if waits or never:
+                label = f"{lo}" if lo == hi else f"{lo}-{hi}" if hi < 1 << 30 else f"{lo}+"
+                pending_time[label] = {
+                    "jobs": len(waits),
+                    "never_started": never,
+                    "p50_s": round(float(np.percentile(waits, 50)), 1) if waits else None,
+                    "p95_s": round(float(np.percentile(waits, 95)), 1) if waits else None,
+                }
+        training = [j for j in started if j.spec.kind == "training" and j.spec.gpus >= 512]
+        ettr_jobs = []
+        totals = dict.fromkeys(BUCKETS, 0.0)
+        wall_total = 0.0
+        for j in training:
+            stop = j.ended if j.ended is not None else end
+            lost_now = 0.0
+            if j.gpus is not None and j.ended is None:
+                # still running at the end: the work since its last checkpoint is not yet safe
+                elapsed = max(0.0, end - j.run_start)
+                lost_now = elapsed - math.floor(elapsed / j.interval) * j.interval
+            span = stop - j.first_admit
+            if span <= 0:
+                continue
+            losses = {**j.buckets}
+            losses["lost_work"] += lost_now
+            if j.waiting_since is not None:
+                losses["waiting"] += end - j.waiting_since
+            lost = min(sum(losses.values()), span)
+            ettr_jobs.append(
+                {
+                    "id": j.spec.id,
+                    "gpus": j.spec.gpus,
+                    "wall_s": round(span, 1),
+                    "ettr": round((span - lost) / span, 5),
+                    "interruptions": j.interruptions,
+                    **{f"{k}_s": round(v, 1) for k, v in losses.items()},
+                }
+            )
+            for k in BUCKETS:
+                totals[k] += losses[k] * j.spec.gpus
+            wall_total += span * j.spec.gpus
+        outcomes = Counter(j.spec.outcome for j in self.jobs.values() if j.ended is not None)
+        alloc = [s["allocated"] / gpus for s in self.samples]
+        busy = [s["busy"] / gpus for s in self.samples]
+        rec = [s for _, _, s in self.recoveries]
+        return {
+            "name": self.cfg.name,
+            "days": self.cfg.days,
+            "seed": self.cfg.seed,
+            "gpus": gpus,
+            "checkpoint": {
+                "kind": self.cfg.checkpoint.kind.value,
+                "interval_s": self.cfg.checkpoint.interval_s,
+            },
+            "jobs": {
+                "arrived": len(arrived),
+                "started": len(started),
+                "ended": sum(outcomes.values()),
+                "ended_by_outcome": dict(outcomes),
+                "running_at_end": len(self.running),
+                "pending_at_end": len(self.pending),
+            },
+            "utilization": {
+                "allocated_mean": round(float(np.mean(alloc)), 4) if alloc else 0.0,
+                "busy_mean": round(float(np.mean(busy)), 4) if busy else 0.0,
+            },
+            "pending_time_by_size": pending_time,
+            "ettr": {
+                "jobs": len(ettr_jobs),
+                "gpu_weighted": round(1 - sum(totals.values()) / wall_total, 5) if wall_total else None,
+                "loss_share": {k: round(v / wall_total, 5) for k, v in totals.items()} if wall_total else {},
+            },
+            "faults": {
+                "total": sum(self.faults.values()),
+                "by_cause": dict(self.faults.most_common()),
+                "interruptions": sum(j.interruptions for j in self.jobs.values()),
+            },
+            "recoveries": {
+                "count": len(rec),
+                "by_outcome": dict(Counter(o for _, o, _ in self.recoveries)),
+                "median_s": round(float(np.median(rec)), 1) if rec else None,
+            },
+            "engine": {
+                "cycles": self.cycles,
+                "invariant_checks": self.checked,
+                "events": self.processed,
+                "wall_s": round(wall, 2),
+                "events_per_s": round(self.processed / wall, 1) if wall else None,
+            },
+            "series": {
+                "samples": self.samples,
+                "faults": [list(f) for f in self.fault_log],
+                "recoveries": [list(r) for r in self.recoveries],
+                "ettr_jobs": ettr_jobs,
+            },
+        }

@@ -1,0 +1,358 @@
+"""Workloads for the simulator, calibrated to published trace summaries (pure, seeded).
+
+- Run times: the 201 quantiles (every 0.5%) of the Philly run-time sample (Jeon et al., ATC'19;
+  `philly_runtime.csv` of alibaba/clusterdata cluster-trace-gpu-v2020, CC BY 4.0; median 1,186 s,
+  mean 14,613 s), sampled by inverse transform with linear interpolation.
+- Sizes: Acme's LLM cluster Kalos (Hu et al., NSDI'24, `cluster_summary.csv`, CC BY 4.0): median 1
+  GPU, mean 26.77, at most 1,024: 55% of jobs take 1 GPU, the rest powers of two from 2 to 1,024
+  with probability falling by 0.745 per doubling (which gives that mean).
+- Outcomes: Kalos' GPU-job shares: 39.7% fail and 6.2% are cancelled, each at a uniformly drawn
+  point of its run; the rest complete.
+- Large pretraining gangs of 1,024 to 16,384 GPUs running for days fill the cluster up to the
+  target load, the way LLM clusters are used; an optional share of them is elastic.
+A workload can also be read from a file (engine.simulation.load_workload).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+PHILLY_RUNTIME_QUANTILES: tuple[float, ...] = (
+    0,
+    12,
+    17,
+    20,
+    25,
+    31,
+    38,
+    42,
+    44,
+    46,
+    48,
+    49,
+    51,
+    53,
+    55,
+    56,
+    57,
+    58,
+    59,
+    60,
+    61,
+    62,
+    63,
+    63,
+    64,
+    65,
+    65,
+    66,
+    67,
+    67,
+    68,
+    69,
+    69,
+    70,
+    71,
+    71,
+    72,
+    73,
+    74,
+    75,
+    76,
+    77,
+    79,
+    81,
+    84,
+    89,
+    95,
+    102,
+    110,
+    119,
+    131,
+    139,
+    151,
+    160,
+    170,
+    178,
+    186,
+    197,
+    207,
+    215,
+    229,
+    249,
+    265,
+    284,
+    302,
+    313,
+    325,
+    340,
+    356,
+    387,
+    428,
+    459,
+    486,
+    510,
+    528,
+    545,
+    558,
+    573,
+    589,
+    607,
+    630,
+    651,
+    675,
+    699,
+    726,
+    752,
+    785,
+    818,
+    845,
+    870,
+    889,
+    906,
+    930,
+    956,
+    986,
+    1019,
+    1053,
+    1087,
+    1121,
+    1156,
+    1186,
+    1216,
+    1252,
+    1291,
+    1330,
+    1373,
+    1412,
+    1439,
+    1461,
+    1481,
+    1500,
+    1522,
+    1547,
+    1574,
+    1604,
+    1644,
+    1699,
+    1751,
+    1801,
+    1840,
+    1871,
+    1907,
+    1941,
+    1971,
+    2004,
+    2033,
+    2059,
+    2091,
+    2127,
+    2173,
+    2242,
+    2307,
+    2354,
+    2395,
+    2433,
+    2461,
+    2490,
+    2519,
+    2545,
+    2568,
+    2590,
+    2619,
+    2647,
+    2676,
+    2710,
+    2746,
+    2783,
+    2839,
+    2949,
+    3139,
+    3342,
+    3432,
+    3536,
+    3643,
+    3802,
+    3939,
+    4018,
+    4093,
+    4262,
+    4461,
+    4699,
+    5002,
+    5160,
+    5305,
+    5453,
+    5588,
+    5710,
+    5829,
+    5928,
+    6069,
+    6300,
+    6860,
+    7766,
+    8318,
+    8816,
+    9151,
+    9713,
+    10509,
+    11086,
+    12021,
+    12860,
+    13688,
+    15079,
+    16529,
+    18843,
+    21053,
+    23848,
+    27428,
+    32001,
+    40455,
+    49936,
+    58480,
+    69288,
+    85608,
+    101849,
+    127164,
+    167785,
+    201029,
+    287239,
+    484395,
+    4.62824e06,
+)
+
+KALOS_ONE_GPU = 0.55
+KALOS_DECAY = 0.7452915539685683
+KALOS_FAIL, KALOS_CANCEL = 0.397, 0.062
+PRETRAIN_SIZES = (1024, 2048, 4096, 8192, 16384)
+
+
+@dataclass(frozen=True)
+class SimJob:
+    id: int
+    queue: str
+    gpus: int
+    arrival: float  # seconds from the start of the simulation
+    work_s: float  # run time it needs at full size, seconds (less when it fails or is cancelled early)
+    chip: str
+    topology: str = "datacenter"
+    priority: int = 0
+    kind: str = "training"
+    outcome: str = "completed"  # completed, failed, cancelled
+    min_gpus: int | None = None
+    size_step: int = 1
+    parameters: float = 0.0  # model parameters, for checkpoint size and restart load
+
+
+def runtime_quantile(u: np.ndarray) -> np.ndarray:
+    q = np.asarray(PHILLY_RUNTIME_QUANTILES)
+    return np.interp(u * (len(q) - 1), np.arange(len(q)), q)
+
+
+def sample_sizes(rng: np.random.Generator, n: int) -> np.ndarray:
+    k = np.arange(1, 11)
+    w = KALOS_DECAY**k
+    p = np.concatenate([[KALOS_ONE_GPU], w / w.sum() * (1 - KALOS_ONE_GPU)])
+    return np.concatenate([[1], 2**k])[rng.choice(11, size=n, p=p)]
+
+
+def topology_for(gpus: int) -> str:
+    return "node" if gpus <= 8 else "pod" if gpus <= 512 else "datacenter"
+
+
+def generate(
+    capacity: dict[str, int],
+    days: float,
+    *,
+    seed: int = 0,
+    jobs: int | None = None,
+    target_load: float = 0.8,
+    pretrain_share: float = 0.6,
+    elastic_share: float = 0.0,
+) -> list[SimJob]:
+    """A seeded workload for a cluster with ``capacity`` GPUs per chip type over ``days``.
+
+    ``pretrain_share`` of the GPU-time goes to large gangs; the trace-calibrated stream fills the
+    rest up to ``target_load`` (or is ``jobs`` jobs long when given)."""
+    rng = np.random.default_rng([seed, 11])
+    chips = sorted(capacity)
+    total = sum(capacity.values())
+    chip_p = np.array([capacity[c] / total for c in chips])
+    horizon = days * 86_400.0
+    out: list[SimJob] = []
+    # large pretraining gangs, arriving over the first half, running for days
+    budget = pretrain_share * total * horizon
+    t = 0.0
+    while budget > 0:
+        chip = chips[int(rng.choice(len(chips), p=chip_p))]
+        # gangs of 1,024-16,384 GPUs, at most half of the chip type; smaller clusters get smaller gangs
+        sizes = [x for x in PRETRAIN_SIZES if x <= capacity[chip] // 2]
+        sizes = sizes or [x for x in (64, 128, 256, 512) if x <= capacity[chip] // 2] or [8]
+        size = int(rng.choice(sizes))
+        work = float(np.clip(rng.lognormal(np.log(5 * 86_400.0), 0.6), 86_400.0, 30 * 86_400.0))
+        elastic = rng.random() < elastic_share
+        out.append(
+            SimJob(
+                0,
+                "pretrain",
+                size,
+                t,
+                work,
+                chip,
+                "datacenter",
+                10,
+                "training",
+                "completed",
+                min_gpus=size // 2 if elastic else None,
+                size_step=8 if elastic else 1,
+                parameters=size * 5e7,
+            )
+        )
+        budget -= size * min(work, horizon - t)
+        t += rng.exponential(horizon / 20)
+        if t >= horizon:
+            t = horizon * rng.random() * 0.5
+    # the trace-calibrated stream
+    probe_sizes = sample_sizes(rng, 20_000)
+    probe_work = runtime_quantile(rng.random(20_000))
+    mean_gpu_s = float((probe_sizes * probe_work).mean())
+    if jobs is None:
+        stream_budget = max(0.0, target_load - pretrain_share) * total * horizon
+        jobs = int(stream_budget / mean_gpu_s)
+    arrivals = np.sort(rng.random(jobs)) * horizon
+    sizes = sample_sizes(rng, jobs)
+    work = np.maximum(runtime_quantile(rng.random(jobs)), 1.0)
+    outcome_draw = rng.random(jobs)
+    cut = rng.random(jobs)
+    job_chips = rng.choice(len(chips), size=jobs, p=chip_p)
+    queues = rng.choice(["research", "dev"], size=jobs, p=[0.6, 0.4])
+    for i in range(jobs):
+        outcome = (
+            "failed"
+            if outcome_draw[i] < KALOS_FAIL
+            else ("cancelled" if outcome_draw[i] < KALOS_FAIL + KALOS_CANCEL else "completed")
+        )
+        w = float(work[i]) * (float(cut[i]) if outcome != "completed" else 1.0)
+        size = int(min(sizes[i], capacity[chips[job_chips[i]]]))
+        out.append(
+            SimJob(
+                0,
+                str(queues[i]),
+                size,
+                float(arrivals[i]),
+                max(w, 1.0),
+                chips[job_chips[i]],
+                topology_for(size),
+                0,
+                "training" if size >= 8 else "batch",
+                outcome,
+                parameters=size * 5e7,
+            )
+        )
+    out.sort(key=lambda j: j.arrival)
+    return [
+        SimJob(i + 1, *[getattr(j, f) for f in SimJob.__dataclass_fields__ if f != "id"])
+        for i, j in enumerate(out)
+    ]
