@@ -4,7 +4,7 @@ Telemetry follows the work on each GPU: a busy GPU runs at its job's utilization
 between idle and its chip's TDP in proportion, and runs hotter than the room; an idle GPU cools
 to the room and draws idle power. The room follows a daily cycle (warmest in the afternoon).
 
-Faults follow the physics of the faults issue (engine.physics): 5.3e-4 interruptions per GPU-day
+Faults follow the physics of the faults issue (engine.physics): 4.74e-4 interruptions per GPU-day
 (Llama 3), times the chip's failure-rate factor, ten times as often on the 1% of nodes that are
 lemons; the Llama 3 cause mix; repair times lognormal (median 0.85 days, mean 5.5). The daily
 temperature cycle modulates the rate (the seeds report GPU fault rates moving with midday

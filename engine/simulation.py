@@ -160,7 +160,7 @@ class Simulation:
             self.now = t
             self.processed += 1
             getattr(self, f"_on_{kind}")(*payload)
-            if progress is not None and t - last_report >= DAY / 4:
+            if progress is not None and t - last_report >= DAY / 4 and t < end:
                 progress(t / end)
                 last_report = t
         self.now = end

@@ -15,7 +15,7 @@ A workload can also be read from a file (engine.simulation.load_workload).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -356,3 +356,75 @@ def generate(
         SimJob(i + 1, *[getattr(j, f) for f in SimJob.__dataclass_fields__ if f != "id"])
         for i, j in enumerate(out)
     ]
+
+
+WORKLOAD_COLUMNS = (
+    "arrival_s",
+    "gpus",
+    "work_s",
+    "chip",
+    "queue",
+    "topology",
+    "priority",
+    "outcome",
+    "min_gpus",
+    "size_step",
+    "parameters",
+)
+
+
+def load_workload(rows: list[dict], chips: set[str], where: str = "workload") -> list[SimJob]:
+    """Jobs from rows of a workload file (CSV rows or JSON objects). Required: arrival_s, gpus,
+    work_s, chip; optional: queue (research), topology (by size), priority (0), outcome
+    (completed), min_gpus and size_step (elastic), parameters (checkpoint size). Every error names
+    the row and the column."""
+    jobs = []
+    for i, row in enumerate(rows, start=1):
+        at = f"{where} row {i}"
+        unknown = sorted(set(row) - set(WORKLOAD_COLUMNS))
+        if unknown:
+            raise ValueError(f"{at}: unknown column {unknown[0]}; known: {', '.join(WORKLOAD_COLUMNS)}")
+
+        def number(key, default=None, *, integer=False, minimum=0.0, row=row, at=at):
+            value = row.get(key, default)
+            if value in (None, ""):
+                if default is None:
+                    raise ValueError(f"{at}: column {key} is required")
+                return default
+            try:
+                value = int(value) if integer else float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{at}: column {key} must be a number, got {value!r}") from None
+            if value < minimum:
+                raise ValueError(f"{at}: column {key} must be at least {minimum}")
+            return value
+
+        chip = str(row.get("chip") or "")
+        if chip not in chips:
+            raise ValueError(
+                f"{at}: column chip {chip!r} is not in the cluster; known: {', '.join(sorted(chips))}"
+            )
+        gpus = number("gpus", integer=True, minimum=1)
+        low = number("min_gpus", -1, integer=True, minimum=-1)
+        outcome = str(row.get("outcome") or "completed")
+        if outcome not in ("completed", "failed", "cancelled"):
+            raise ValueError(f"{at}: column outcome must be completed, failed or cancelled")
+        jobs.append(
+            SimJob(
+                0,
+                str(row.get("queue") or "research"),
+                gpus,
+                number("arrival_s"),
+                number("work_s", minimum=1.0),
+                chip,
+                str(row.get("topology") or topology_for(gpus)),
+                number("priority", 0, integer=True, minimum=-(10**6)),
+                "training" if gpus >= 8 else "batch",
+                outcome,
+                min_gpus=low if low > 0 else None,
+                size_step=number("size_step", 1, integer=True, minimum=1),
+                parameters=number("parameters", gpus * 5e7),
+            )
+        )
+    jobs.sort(key=lambda j: j.arrival)
+    return [replace(j, id=i + 1) for i, j in enumerate(jobs)]

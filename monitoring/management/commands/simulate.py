@@ -1,0 +1,101 @@
+"""What-if simulation of a cluster: the production scheduler, classifier and recovery planner on a
+virtual clock over a seeded workload; prints a summary, writes summary.json and report.html."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from cluster.topology_files import load_document
+from engine.topology_spec import TopologyError
+from monitoring.simreport import (
+    COMPARISON_HEADER,
+    comparison_rows,
+    parse_config,
+    run_all,
+    topology_document,
+    write_report,
+)
+
+
+class Command(BaseCommand):
+    help = (
+        "Simulate a cluster (preset demo, 10k, 100k or a topology file) for --days with a seeded "
+        "workload (calibrated to the Philly and Acme traces, plus large pretraining gangs) or a workload "
+        "file; --compare runs several configurations on the same seed and workload "
+        "(e.g. --compare checkpoint=periodic:3600 checkpoint=async spares=4)."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("cluster", help="preset name (demo, 10k, 100k) or a YAML/JSON topology file")
+        parser.add_argument("--days", type=float, default=7.0)
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument(
+            "--jobs", type=int, default=None, help="trace-calibrated jobs (default: from the load)"
+        )
+        parser.add_argument(
+            "--elastic", type=float, default=0.0, help="share of pretraining gangs that are elastic"
+        )
+        parser.add_argument(
+            "--workload", default=None, help="CSV or JSON workload file instead of the generator"
+        )
+        parser.add_argument("--compare", nargs="+", default=None, metavar="CONFIG")
+        parser.add_argument(
+            "--check-invariants", action="store_true", help="run the invariant checker every cycle"
+        )
+        parser.add_argument("--out", default=str(Path(settings.DATA_DIR) / "simulation"))
+
+    def handle(self, *args, **opts):
+        if not 0 < opts["days"] <= 365:
+            raise CommandError("--days must be between 0 and 365")
+        if not 0 <= opts["elastic"] <= 1:
+            raise CommandError("--elastic is a share between 0 and 1")
+        try:
+            doc = topology_document(opts["cluster"], load_document)
+            configs = [parse_config(c) for c in (opts["compare"] or ["baseline"])]
+        except (TopologyError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        out = Path(opts["out"])
+        out.mkdir(parents=True, exist_ok=True)
+        tty = sys.stdout.isatty()
+        done: set[str] = set()
+
+        def progress(name: str, fraction: float) -> None:
+            bar = "#" * int(30 * fraction)
+            line = f"{name:<28} [{bar:<30}] {fraction:5.0%}"
+            if tty:
+                self.stdout.write("\r" + line, ending="" if fraction < 1 else "\n")
+                self.stdout.flush()
+            elif fraction >= 1 and name not in done:
+                self.stdout.write(line)
+            if fraction >= 1:
+                done.add(name)
+
+        try:
+            results = run_all(
+                doc,
+                configs,
+                days=opts["days"],
+                seed=opts["seed"],
+                jobs=opts["jobs"],
+                workload=opts["workload"],
+                elastic_share=opts["elastic"],
+                check_invariants=opts["check_invariants"],
+                progress=progress,
+            )
+        except (TopologyError, ValueError, OSError) as exc:
+            raise CommandError(str(exc)) from exc
+        rows = comparison_rows(results)
+        widths = [max(len(str(x)) for x in col) for col in zip(COMPARISON_HEADER, *rows, strict=True)]
+        for row in (COMPARISON_HEADER, *rows):
+            self.stdout.write(
+                "  ".join(str(x if x is not None else "-").ljust(w) for x, w in zip(row, widths, strict=True))
+            )
+        summary = [{k: v for k, v in r.items() if k != "series"} for r in results]
+        (out / "summary.json").write_text(json.dumps(summary if len(summary) > 1 else summary[0], indent=2))
+        write_report(results, out / "report.html")
+        self.stdout.write(f"wrote {out / 'summary.json'} and {out / 'report.html'}")

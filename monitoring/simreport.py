@@ -1,0 +1,276 @@
+"""Running what-if simulations from a cluster description, and their self-contained HTML report.
+
+A configuration is a name and a few settings over a baseline: checkpoint policy
+(``checkpoint=periodic:3600``, ``async``, ``triggered``, ``async:900``), spare nodes per pod
+(``spares=4``), scheduling period (``cycle=60``), the fault-rate swing over the day
+(``swing=0.4``). Every configuration of one comparison runs the same seed and the same workload.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from engine.checkpoint import PolicyKind
+from engine.chips import BY_NAME
+from engine.presets import PRESETS, preset_document
+from engine.simulation import CheckpointChoice, SimConfig, Simulation
+from engine.simworkload import generate, load_workload
+from engine.synthetic import snapshot_from_spec
+from engine.topology_spec import parse_topology
+
+KEYS = ("checkpoint", "spares", "cycle", "swing")
+
+
+def parse_config(text: str) -> dict:
+    """``name=...`` settings, comma-separated: "checkpoint=periodic:3600,spares=4"."""
+    settings: dict = {"name": text}
+    if text == "baseline":
+        return settings
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = part.partition("=")
+        if key not in KEYS or not value:
+            raise ValueError(
+                f"configuration {text!r}: {part!r} is not one of {', '.join(k + '=' for k in KEYS)}"
+            )
+        try:
+            if key == "checkpoint":
+                kind, _, interval = value.partition(":")
+                settings[key] = CheckpointChoice(PolicyKind(kind), float(interval) if interval else None)
+            elif key == "spares":
+                settings[key] = int(value)
+            else:
+                settings[key] = float(value)
+        except ValueError:
+            raise ValueError(f"configuration {text!r}: bad value for {key}: {value!r}") from None
+    return settings
+
+
+def topology_document(source: str, loader=None) -> dict:
+    if source in PRESETS:
+        return preset_document(source)
+    if loader is None:
+        raise ValueError(f"unknown preset {source!r}; known: {', '.join(PRESETS)}")
+    return loader(source)
+
+
+def with_spares(doc: dict, spares: int) -> dict:
+    doc = copy.deepcopy(doc)
+    for region in doc.get("regions", []):
+        for dc in region.get("datacenters", []):
+            for group in dc.get("pods", []):
+                group["spare_nodes"] = spares
+    return doc
+
+
+def read_workload(path: str, chips: set[str]):
+    p = Path(path)
+    if p.suffix.lower() == ".json":
+        rows = json.loads(p.read_text())
+        if not isinstance(rows, list):
+            raise ValueError(f"{p.name}: a JSON workload is a list of job objects")
+    else:
+        with p.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    return load_workload(rows, chips, where=p.name)
+
+
+def run_all(
+    doc: dict,
+    configs: list[dict],
+    *,
+    days: float,
+    seed: int,
+    jobs: int | None,
+    workload: str | None = None,
+    elastic_share: float = 0.0,
+    check_invariants: bool = False,
+    progress=None,
+) -> list[dict]:
+    results = []
+    shared_jobs = None
+    for config in configs:
+        spec = parse_topology(with_spares(doc, config["spares"]) if "spares" in config else doc, set(BY_NAME))
+        topo = snapshot_from_spec(spec)
+        capacity = {c: n for c, n in topo.count_by_chip().items() if n}
+        if shared_jobs is None:
+            if workload:
+                shared_jobs = read_workload(workload, set(capacity))
+            else:
+                shared_jobs = generate(capacity, days, seed=seed, jobs=jobs, elastic_share=elastic_share)
+        sim_config = SimConfig(days=days, seed=seed, name=config["name"], check_invariants=check_invariants)
+        if "checkpoint" in config:
+            sim_config = replace(sim_config, checkpoint=config["checkpoint"])
+        if "cycle" in config:
+            sim_config = replace(sim_config, cycle_period_s=config["cycle"])
+        if "swing" in config:
+            sim_config = replace(
+                sim_config, fleet=replace(sim_config.fleet, temperature_swing=config["swing"])
+            )
+        sim = Simulation(topo, shared_jobs, sim_config)
+        results.append(
+            sim.run(progress=(lambda f, name=config["name"]: progress(name, f)) if progress else None)
+        )
+    return results
+
+
+def comparison_rows(results: list[dict]) -> list[tuple]:
+    rows = []
+    for r in results:
+        pt = r["pending_time_by_size"]
+        big = pt.get("513-2048") or pt.get("2049+") or {}
+        rows.append(
+            (
+                r["name"],
+                f"{r['utilization']['allocated_mean']:.1%}",
+                f"{r['ettr']['gpu_weighted']:.2%}" if r["ettr"]["gpu_weighted"] is not None else "-",
+                r["jobs"]["ended"],
+                r["faults"]["interruptions"],
+                r["recoveries"]["median_s"],
+                big.get("p50_s"),
+                f"{r['engine']['wall_s']:.1f}",
+            )
+        )
+    return rows
+
+
+COMPARISON_HEADER = (
+    "configuration",
+    "allocated",
+    "ETTR (training >= 512 GPUs)",
+    "jobs ended",
+    "interruptions",
+    "median recovery s",
+    "p50 wait, 513+ GPUs (s)",
+    "wall s",
+)
+
+
+def write_report(results: list[dict], path: Path) -> None:
+    """One self-contained HTML file (plotly.js inline) with every chart of every configuration."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    colours = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00"]
+    figures = []
+
+    def line_chart(title, ytitle, key, scale):
+        fig = go.Figure()
+        for i, r in enumerate(results):
+            s = r["series"]["samples"]
+            fig.add_trace(
+                go.Scatter(
+                    x=[x["t"] / 3600 for x in s],
+                    y=[scale(x, r) for x in s],
+                    name=r["name"],
+                    line={"color": colours[i % len(colours)]},
+                )
+            )
+        fig.update_layout(title=title, xaxis_title="hours", yaxis_title=ytitle, template="plotly_white")
+        return fig
+
+    figures.append(
+        line_chart("GPUs allocated", "% of GPUs", "allocated", lambda x, r: 100 * x["allocated"] / r["gpus"])
+    )
+    figures.append(line_chart("Queue length", "pending jobs", "pending", lambda x, r: x["pending_jobs"]))
+    figures.append(line_chart("GPUs out of service", "GPUs", "down", lambda x, r: x["down_gpus"]))
+    fig = go.Figure()
+    for i, r in enumerate(results):
+        labels = list(r["pending_time_by_size"])
+        fig.add_trace(
+            go.Bar(
+                x=labels,
+                y=[(r["pending_time_by_size"][k]["p50_s"] or 0) / 60 for k in labels],
+                name=f"{r['name']} p50",
+                marker_color=colours[i % len(colours)],
+            )
+        )
+    fig.update_layout(
+        title="Pending time by job size (median)",
+        xaxis_title="GPUs",
+        yaxis_title="minutes",
+        barmode="group",
+        template="plotly_white",
+    )
+    figures.append(fig)
+    fig = go.Figure()
+    buckets = ("checkpoint_stall", "detection", "restart", "lost_work", "waiting")
+    for b, colour in zip(buckets, colours, strict=False):
+        fig.add_trace(
+            go.Bar(
+                x=[r["name"] for r in results],
+                y=[100 * r["ettr"]["loss_share"].get(b, 0) for r in results],
+                name=b.replace("_", " "),
+                marker_color=colour,
+            )
+        )
+    fig.update_layout(
+        title="Where training time is lost (GPU-weighted, training jobs of 512+ GPUs)",
+        yaxis_title="% of wall time",
+        barmode="stack",
+        template="plotly_white",
+    )
+    figures.append(fig)
+    fig = go.Figure()
+    for i, r in enumerate(results):
+        jobs = r["series"]["ettr_jobs"]
+        fig.add_trace(
+            go.Box(y=[100 * j["ettr"] for j in jobs], name=r["name"], marker_color=colours[i % len(colours)])
+        )
+    fig.update_layout(title="ETTR per training job", yaxis_title="%", template="plotly_white")
+    figures.append(fig)
+    r0 = results[0]
+    fig = go.Figure()
+    causes = sorted({f[1] for f in r0["series"]["faults"]})
+    for i, cause in enumerate(causes):
+        times = [f[0] / 3600 for f in r0["series"]["faults"] if f[1] == cause]
+        fig.add_trace(
+            go.Scatter(
+                x=times,
+                y=[cause] * len(times),
+                mode="markers",
+                name=cause,
+                marker={"color": colours[i % len(colours)], "size": 6},
+            )
+        )
+    fig.update_layout(
+        title=f"Faults by cause ({r0['name']})",
+        xaxis_title="hours",
+        template="plotly_white",
+        showlegend=False,
+    )
+    figures.append(fig)
+    fig = go.Figure()
+    for i, r in enumerate(results):
+        fig.add_trace(
+            go.Histogram(
+                x=[x[2] for x in r["series"]["recoveries"]],
+                name=r["name"],
+                marker_color=colours[i % len(colours)],
+                opacity=0.7,
+            )
+        )
+    fig.update_layout(
+        title="Time to recover", xaxis_title="seconds", barmode="overlay", template="plotly_white"
+    )
+    figures.append(fig)
+
+    table = "".join(
+        "<tr>" + "".join(f"<td>{cell if cell is not None else '-'}</td>" for cell in row) + "</tr>"
+        for row in comparison_rows(results)
+    )
+    header = "".join(f"<th>{h}</th>" for h in COMPARISON_HEADER)
+    parts = [pio.to_html(f, full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figures)]
+    first = results[0]
+    html = f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
+<title>Myriad simulation: {first["gpus"]:,} GPUs, {first["days"]:g} days</title>
+<style>body{{font:14px system-ui,sans-serif;margin:24px}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} th{{background:#f4f4f4}}</style></head><body>
+<h1>Simulation: {first["gpus"]:,} GPUs, {first["days"]:g} days, seed {first["seed"]}</h1>
+<table><thead><tr>{header}</tr></thead><tbody>{table}</tbody></table>
+{"".join(parts)}
+</body></html>"""
+    path.write_text(html)

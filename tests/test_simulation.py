@@ -1,0 +1,176 @@
+"""The what-if simulator: the production controller on a virtual clock. Determinism, invariants
+after every cycle, fidelity to Llama 3's interruption count, and the checkpoint arithmetic."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from django.core.management import CommandError, call_command
+
+from engine.checkpoint import PolicyKind
+from engine.chips import BY_NAME
+from engine.presets import preset_document
+from engine.simulation import CheckpointChoice, SimConfig, Simulation
+from engine.simworkload import SimJob, generate, load_workload
+from engine.synthetic import snapshot_from_spec
+from engine.topology_spec import parse_topology
+
+
+def topology(doc):
+    return snapshot_from_spec(parse_topology(doc, set(BY_NAME)))
+
+
+def one_pod_type(pods, racks, nodes_per_rack, spares, chip="H100-SXM"):
+    return topology(
+        {
+            "regions": [
+                {
+                    "name": "r",
+                    "datacenters": [
+                        {
+                            "name": "dc",
+                            "pods": [
+                                {
+                                    "chip_type": chip,
+                                    "count": pods,
+                                    "racks": racks,
+                                    "nodes_per_rack": nodes_per_rack,
+                                    "gpus_per_node": 8,
+                                    "spare_nodes": spares,
+                                }
+                            ],
+                        }
+                    ],
+                }
+            ]
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return topology(preset_document("demo"))
+
+
+def _without_timing(summary):
+    out = {k: v for k, v in summary.items() if k != "engine"}
+    out["engine"] = {k: v for k, v in summary["engine"].items() if k not in ("wall_s", "events_per_s")}
+    return out
+
+
+def test_same_seed_same_inputs_same_summary(demo):
+    capacity = {c: n for c, n in demo.count_by_chip().items() if n}
+    jobs = generate(capacity, 2, seed=4)
+    a = Simulation(demo, jobs, SimConfig(days=2, seed=4)).run()
+    b = Simulation(demo, jobs, SimConfig(days=2, seed=4)).run()
+    assert json.dumps(_without_timing(a), sort_keys=True) == json.dumps(_without_timing(b), sort_keys=True)
+    c = Simulation(demo, jobs, SimConfig(days=2, seed=5)).run()
+    assert _without_timing(c)["series"] != _without_timing(a)["series"]
+
+
+def test_the_invariant_checker_passes_after_every_cycle_and_the_books_balance(demo):
+    capacity = {c: n for c, n in demo.count_by_chip().items() if n}
+    jobs = generate(capacity, 3, seed=2, elastic_share=0.5)
+    sim = Simulation(demo, jobs, SimConfig(days=3, seed=2, check_invariants=True))
+    out = sim.run()
+    assert out["engine"]["invariant_checks"] == out["engine"]["cycles"] > 100
+    for s in out["series"]["samples"]:
+        assert 0 <= s["busy"] <= s["allocated"] <= out["gpus"]  # never above 100%
+    # the GPUs the simulator marks as held are exactly those of its running jobs
+    held = np.flatnonzero(sim.owner >= 0)
+    running = np.sort(np.concatenate([j.gpus for j in sim.running.values()])) if sim.running else held[:0]
+    assert np.array_equal(held, running)
+    assert len(np.unique(running)) == len(running)
+    # nobody holds a GPU that is out of service
+    down = (sim.topo.gpu_state != 0) | (sim.topo.node_state[sim.topo.gpu_node] != 0)
+    assert not (down & (sim.owner >= 0)).any()
+    assert out["jobs"]["ended"] > 0 and out["faults"]["total"] > 0
+
+
+def test_llama3_interruptions_over_54_days_on_16384_gpus():
+    # 16 pods of 132 nodes (4 spare each): 16,384 GPUs in the job, 512 spare
+    topo = one_pod_type(16, 12, 11, 4)
+    job = SimJob(1, "pretrain", 16384, 0.0, 80 * 86400.0, "H100-SXM", "datacenter", 10, parameters=405e9)
+    out = Simulation(topo, [job], SimConfig(days=54, seed=0)).run()
+    assert 419 * 0.85 <= out["faults"]["interruptions"] <= 419 * 1.15
+    assert out["recoveries"]["by_outcome"].get("requeue", 0) == 0  # spares and free GPUs replace nodes
+
+
+def test_periodic_checkpoint_ettr_matches_the_formula():
+    topo = one_pod_type(2, 8, 10, 8)  # 1,280 GPUs, 128 spare
+    tau = 3600.0
+    job = SimJob(1, "pretrain", 1024, 0.0, 400 * 86400.0, "H100-SXM", "datacenter", 10, parameters=70e9)
+    config = SimConfig(days=300, seed=3, checkpoint=CheckpointChoice(PolicyKind.PERIODIC, tau))
+    sim = Simulation(topo, [job], config)
+    out = sim.run()
+    (record,) = out["series"]["ettr_jobs"]
+    run = sim.jobs[1]
+    n = record["interruptions"]
+    assert n > 100
+    mtbf = record["wall_s"] / n
+    recovery = (record["detection_s"] + record["restart_s"]) / n
+    stall = run.stall_fraction
+    expected = 1 - stall - (tau / 2 + recovery) / mtbf
+    assert record["ettr"] == pytest.approx(expected, abs=0.01)
+
+
+def test_workload_files_load_and_bad_rows_name_the_row_and_column():
+    rows = [
+        {"arrival_s": "10", "gpus": "8", "work_s": "3600", "chip": "H100-SXM"},
+        {
+            "arrival_s": "0",
+            "gpus": "1024",
+            "work_s": "86400",
+            "chip": "H100-SXM",
+            "min_gpus": "512",
+            "size_step": "8",
+        },
+    ]
+    jobs = load_workload(rows, {"H100-SXM"})
+    assert [j.gpus for j in jobs] == [1024, 8] and jobs[0].min_gpus == 512 and jobs[0].id == 1
+    with pytest.raises(ValueError, match="workload row 1: column gpus must be a number"):
+        load_workload([{"arrival_s": 0, "gpus": "many", "work_s": 1, "chip": "H100-SXM"}], {"H100-SXM"})
+    with pytest.raises(ValueError, match="row 1: column chip 'TPU'"):
+        load_workload([{"arrival_s": 0, "gpus": 1, "work_s": 1, "chip": "TPU"}], {"H100-SXM"})
+
+
+def test_the_generator_follows_the_trace_summaries():
+    jobs = generate({"H100-SXM": 100_000}, 30, seed=0, jobs=20_000, pretrain_share=0.0)
+    sizes = np.array([j.gpus for j in jobs])
+    assert np.median(sizes) == 1 and 20 < sizes.mean() < 34 and sizes.max() <= 1024  # Kalos: 1, 26.8, 1024
+    outcomes = [j.outcome for j in jobs]
+    assert 0.36 < outcomes.count("failed") / len(jobs) < 0.44
+    work = np.array([j.work_s for j in jobs if j.outcome == "completed"])
+    assert 900 < np.median(work) < 1500  # Philly: median 1,186 s
+    assert math.isclose(len(jobs), 20_000, rel_tol=0.01)
+
+
+def test_the_simulate_command_compares_configurations(tmp_path, capsys):
+    call_command(
+        "simulate",
+        "demo",
+        "--days",
+        "1",
+        "--seed",
+        "1",
+        "--compare",
+        "checkpoint=periodic:3600",
+        "checkpoint=triggered,spares=4",
+        "--out",
+        str(tmp_path),
+    )
+    out = capsys.readouterr().out
+    assert "checkpoint=periodic:3600" in out and "checkpoint=triggered,spares=4" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [s["name"] for s in summary] == ["checkpoint=periodic:3600", "checkpoint=triggered,spares=4"]
+    assert summary[0]["jobs"]["arrived"] == summary[1]["jobs"]["arrived"]  # the same workload
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("Plotly.newPlot") >= 6 and '<script src="http' not in html
+
+
+def test_the_simulate_command_refuses_bad_configurations(tmp_path):
+    with pytest.raises(CommandError, match="'spare=3' is not one of"):
+        call_command("simulate", "demo", "--compare", "spare=3", "--out", str(tmp_path))
+    with pytest.raises(CommandError, match="--days"):
+        call_command("simulate", "demo", "--days", "0", "--out", str(tmp_path))
