@@ -128,15 +128,19 @@ class Cycle:
         self.min_share = min(shares) if shares else MILLI
         self.pool_all = FreePool(layout, self.schedulable & ~owned)
         self.running_by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
+        self.running_by_chip: dict[int, list[RunningJob]] = {}
         for job in self.running:
-            chips = [p for p, _ in job.parts] if job.parts else (job.chip,)
-            for chip in chips:
-                key = (self.queue_index.get(job.queue, -1), self.chip_index.get(chip, -1))
-                self.running_by_queue_chip.setdefault(key, []).append(job)
+            for chip in self._chips_of(job):
+                c = self.chip_index.get(chip, -1)
+                self.running_by_queue_chip.setdefault((self.queue_index.get(job.queue, -1), c), []).append(
+                    job
+                )
+                self.running_by_chip.setdefault(c, []).append(job)
         self.pool_open = self.pool_all  # becomes a separate pool once something is reserved
         self.reserved = np.zeros(self.topo.num_gpus, dtype=bool)
         self.horizon = float("inf")  # earliest reservation start
         self.reservation_attempts = 0
+        self._ending_cache: dict[int, tuple] = {}
         # (chip, level limit) -> the smallest gang that found no room this cycle
         self.no_room: dict[tuple[int, int], int] = {}
         # (chip, level limit) -> (size, name) of the largest free block, for reasons
@@ -677,52 +681,107 @@ class Cycle:
         return True
 
     # --- 5. reservation --------------------------------------------------------------------
-    def _reserve(self, job: PendingJob, c: int, max_level: int) -> Reservation | None:
-        self.reservation_attempts += 1
+    def _ending(self, c: int) -> tuple[list[RunningJob], list[np.ndarray]]:
+        """Running jobs of chip ``c`` with an estimated end, soonest first, and their GPUs of that
+        chip (those not schedulable or reserved are dropped when given back)."""
+        base = self._ending_cache.get(c)
+        if base is None:
+            c_of = self.topo.gpu_chip
+            jobs = sorted(
+                (
+                    j
+                    for j in self.running_by_chip.get(c, [])
+                    if not j.fractional and j.estimated_end is not None
+                ),
+                key=lambda j: j.estimated_end,
+            )
+            gpus = [
+                j.gpus[self.schedulable[j.gpus] & (c_of[j.gpus] == c)] if j.parts else j.gpus for j in jobs
+            ]
+            base = self._ending_cache[c] = (jobs, gpus)
         chip = self.topo.chip_names[c]
-        ending = sorted(
-            (
-                j
-                for j in [*self.running, *self.started]
-                if (j.chip == chip or any(p == chip for p, _ in j.parts))
-                and not j.fractional
-                and j.estimated_end is not None
-                and j.id not in self.victims
-            ),
-            key=lambda j: j.estimated_end,
-        )
-        c_of = self.topo.gpu_chip
-        releasable = [
-            j.gpus[self.schedulable[j.gpus] & ~self.reserved[j.gpus] & (c_of[j.gpus] == c)] for j in ending
+        extra = [
+            j
+            for j in self.started
+            if j.estimated_end is not None and not j.fractional and chip in self._chips_of(j)
         ]
-        if self.pool_open.total(c) + sum(len(g) for g in releasable) < job.gpus:
-            return None  # even when every running job with an estimate ends, it would not fit
+        pairs = [(j, g) for j, g in zip(*base, strict=True) if j.id not in self.victims]
+        if extra:
+            c_of = self.topo.gpu_chip
+            pairs += [(j, j.gpus[c_of[j.gpus] == c]) for j in extra]
+            pairs.sort(key=lambda p: p[0].estimated_end)
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    @staticmethod
+    def _chips_of(job: RunningJob) -> tuple[str, ...]:
+        return tuple(p for p, _ in job.parts) if job.parts else (job.chip,)
+
+    def _first_fit(self, job, c, max_level, releasable, first):
+        """The smallest k such that the GPUs of the first k+1 ending jobs make room for the gang,
+        with the pool and placement at that point, or None. Releases are given back in chunks of
+        doubling size (few pool updates), then the chunk that made room is bisected from a copy
+        of the pool before it (freeing more GPUs never takes room away, so the answer is exact)."""
+        usable = self.schedulable & ~self.reserved  # a cordoned node's GPUs do not come back
+
+        def released(lo: int, hi: int) -> np.ndarray:
+            gpus = np.concatenate(releasable[lo:hi])
+            return gpus[usable[gpus]]
+
+        trial = self.pool_open.copy()
+        trial.give(released(0, first + 1))
+        where = trial.find(c, job.gpus, max_level)
+        if where is not None:
+            return first, trial, where
+        i, step, n = first + 1, 1, len(releasable)
+        while i < n:
+            j = min(n, i + step)
+            before = trial.copy()
+            trial.give(released(i, j))
+            where = trial.find(c, job.gpus, max_level)
+            if where is not None:
+                lo, hi, best = i, j - 1, (trial, where)
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    probe = before.copy()
+                    probe.give(released(i, mid + 1))
+                    spot = probe.find(c, job.gpus, max_level)
+                    if spot is None:
+                        lo = mid + 1
+                    else:
+                        hi, best = mid, (probe, spot)
+                return hi, best[0], best[1]
+            i, step = j, step * 2
+        return None
+
+    def _reserve(self, job: PendingJob, c: int, max_level: int) -> Reservation | None:
+        """The GPUs the gang will get first, as running jobs end by their estimates: the shortest
+        prefix of ending jobs whose GPUs make a placement possible."""
+        self.reservation_attempts += 1
+        ending, releasable = self._ending(c)
         if not releasable:
             return None
-        trial = self.pool_open.copy()
-        # nothing can fit before enough GPUs are free in total: give that prefix back in one go
         counts = np.cumsum([len(g) for g in releasable])
-        first = int(np.searchsorted(counts, job.gpus - self.pool_open.total(c)))
-        trial.give(np.concatenate(releasable[: first + 1]))
-        for i in range(first, len(ending)):
-            running = ending[i]
-            if i > first:
-                trial.give(releasable[i])
-            where = trial.find(c, job.gpus, max_level)
-            if where is None:
-                continue
-            chosen = trial.choose(*where, c, job.gpus)
-            start = max(running.estimated_end, self.now)
-            if self.pool_open is self.pool_all:
-                self.pool_open = self.pool_all.copy()
-            self.reserved[chosen] = True
-            self.pool_open.take_where_free(chosen)
-            self.largest_blocks.clear()
-            self.horizon = min(self.horizon, start)
-            reservation = Reservation(job.id, chip, chosen, start, self.layout.domain_name(*where))
-            self.result.reservations.append(reservation)
-            return reservation
-        return None
+        need = job.gpus - self.pool_open.total(c)
+        if counts[-1] < need:
+            return None  # even when every running job with an estimate ends, it would not fit
+
+        found = self._first_fit(job, c, max_level, releasable, int(np.searchsorted(counts, need)))
+        if found is None:
+            return None
+        hi, trial, where = found
+        chosen = trial.choose(*where, c, job.gpus)
+        start = max(ending[hi].estimated_end, self.now)
+        if self.pool_open is self.pool_all:
+            self.pool_open = self.pool_all.copy()
+        self.reserved[chosen] = True
+        self.pool_open.take_where_free(chosen)
+        self.largest_blocks.clear()
+        self.horizon = min(self.horizon, start)
+        reservation = Reservation(
+            job.id, self.topo.chip_names[c], chosen, start, self.layout.domain_name(*where)
+        )
+        self.result.reservations.append(reservation)
+        return reservation
 
 
 def schedule(
