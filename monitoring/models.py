@@ -66,3 +66,41 @@ class FaultEvent(models.Model):
         what = self.gpu or self.node or self.pod or self.link
         name = f"XID {self.xid}" if self.source == "xid" else self.get_source_display()
         return f"{name} on {what}"
+
+
+class Simulation(models.Model):
+    """A what-if simulation run by a Celery task: inputs, progress, summary and HTML report."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    name = models.CharField(max_length=128, blank=True)
+    cluster = models.CharField(max_length=32, help_text="A preset (demo, 10k, 100k) or 'inventory'")
+    days = models.FloatField()
+    seed = models.IntegerField(default=0)
+    jobs = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: from the target load")
+    elastic_share = models.FloatField(default=0.0)
+    configurations = models.JSONField(default=list, help_text='e.g. ["checkpoint=periodic:3600", "spares=4"]')
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED, db_index=True)
+    progress = models.FloatField(default=0.0)
+    summary = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+    created_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(days__gt=0, days__lte=365), name="simulation_days_range"),
+            models.CheckConstraint(
+                condition=Q(progress__gte=0, progress__lte=1), name="simulation_progress_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name or f"simulation {self.pk}"

@@ -7,3 +7,11 @@ from monitoring.services import handle_fault
 def handle_fault_task(fault_id: int) -> dict:
     """Classify a fault, take the hardware out of service and recover the jobs it hit."""
     return handle_fault(fault_id)
+
+
+@shared_task(ignore_result=True, time_limit=3600, soft_time_limit=3500)
+def run_simulation_task(simulation_id: int) -> str:
+    """Run a stored what-if simulation; progress, summary and report land on the record."""
+    from monitoring.simulations import run_stored
+
+    return run_stored(simulation_id)

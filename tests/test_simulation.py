@@ -174,3 +174,42 @@ def test_the_simulate_command_refuses_bad_configurations(tmp_path):
         call_command("simulate", "demo", "--compare", "spare=3", "--out", str(tmp_path))
     with pytest.raises(CommandError, match="--days"):
         call_command("simulate", "demo", "--days", "0", "--out", str(tmp_path))
+
+
+def test_simulations_by_api_run_as_a_task_with_a_report(
+    small_cluster, operator_client, viewer_client, eager_celery, django_capture_on_commit_callbacks
+):
+    body = {
+        "name": "spares",
+        "cluster": "inventory",
+        "days": 1,
+        "seed": 2,
+        "configurations": ["checkpoint=async", "checkpoint=periodic:1800"],
+    }
+    assert viewer_client.post("/api/v1/simulations/", body, format="json").status_code == 403
+    with django_capture_on_commit_callbacks(execute=True):
+        response = operator_client.post("/api/v1/simulations/", body, format="json")
+    assert response.status_code == 201, response.json()
+    detail = viewer_client.get(f"/api/v1/simulations/{response.json()['id']}/").json()
+    assert detail["state"] == "done" and detail["progress"] == 1.0, detail["error"]
+    names = [r["name"] for r in detail["summary"]["results"]]
+    assert names == ["checkpoint=async", "checkpoint=periodic:1800"]
+    assert detail["summary"]["results"][0]["gpus"] == 76  # the inventory as built: 64 H100 + 12 A100
+    report = viewer_client.get(detail["report_url"])
+    assert report.status_code == 200 and b"Plotly.newPlot" in b"".join(report.streaming_content)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"cluster": "moon", "days": 1}, "cluster"),
+        ({"cluster": "demo", "days": 0}, "days"),
+        ({"cluster": "demo", "days": 1, "configurations": ["spares=lots"]}, "configurations"),
+    ],
+)
+def test_bad_simulation_requests_name_the_field(small_cluster, operator_client, body, field):
+    from monitoring.models import Simulation
+
+    response = operator_client.post("/api/v1/simulations/", body, format="json")
+    assert response.status_code == 400 and field in response.json()
+    assert not Simulation.objects.exists()

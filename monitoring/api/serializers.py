@@ -4,7 +4,7 @@ from rest_framework import serializers
 
 from engine.faults import SOURCE_TABLE
 from monitoring.choices import FaultSource
-from monitoring.models import FaultEvent
+from monitoring.models import FaultEvent, Simulation
 
 
 class FaultEventSerializer(serializers.ModelSerializer):
@@ -71,3 +71,67 @@ class FaultEventSerializer(serializers.ModelSerializer):
         if source not in SOURCE_TABLE and source != FaultSource.XID:
             raise serializers.ValidationError({"source": f"unknown fault source {source}"})
         return attrs
+
+
+class SimulationSerializer(serializers.ModelSerializer):
+    configurations = serializers.ListField(
+        child=serializers.CharField(max_length=200), required=False, default=list, max_length=8
+    )
+    days = serializers.FloatField(min_value=0.01, max_value=90)
+    elastic_share = serializers.FloatField(min_value=0, max_value=1, required=False, default=0.0)
+    jobs = serializers.IntegerField(min_value=1, max_value=200_000, required=False, allow_null=True)
+    report_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Simulation
+        fields = [
+            "id",
+            "name",
+            "cluster",
+            "days",
+            "seed",
+            "jobs",
+            "elastic_share",
+            "configurations",
+            "state",
+            "progress",
+            "summary",
+            "error",
+            "created_by",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "report_url",
+        ]
+        read_only_fields = [
+            "state",
+            "progress",
+            "summary",
+            "error",
+            "created_by",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+
+    def get_report_url(self, sim) -> str | None:
+        return f"/api/v1/simulations/{sim.pk}/report/" if sim.state == Simulation.State.DONE else None
+
+    def validate_cluster(self, value):
+        from engine.presets import PRESETS
+
+        if value not in PRESETS and value != "inventory":
+            raise serializers.ValidationError(
+                f"unknown cluster {value!r}; known: {', '.join(PRESETS)}, inventory"
+            )
+        return value
+
+    def validate_configurations(self, value):
+        from monitoring.simreport import parse_config
+
+        for text in value:
+            try:
+                parse_config(text)
+            except ValueError as exc:
+                raise serializers.ValidationError(str(exc)) from exc
+        return value

@@ -4,5 +4,6 @@ from monitoring.api import views
 
 router = DefaultRouter()
 router.register("faults", views.FaultEventViewSet)
+router.register("simulations", views.SimulationViewSet)
 
 urlpatterns = router.urls

@@ -1,12 +1,20 @@
 from __future__ import annotations
 
 import django_filters as filters
+from django.db import transaction
+from django.http import FileResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
 
-from monitoring.api.serializers import FaultEventSerializer
+from monitoring.api.serializers import FaultEventSerializer, SimulationSerializer
 from monitoring.choices import FaultSource
-from monitoring.models import FaultEvent
+from monitoring.models import FaultEvent, Simulation
 from monitoring.services import report_fault
+from monitoring.simulations import report_path
+from monitoring.tasks import run_simulation_task
 
 
 class FaultEventFilterSet(filters.FilterSet):
@@ -36,3 +44,27 @@ class FaultEventViewSet(
         serializer.instance = report_fault(
             data={"reported_by": self.request.user.username}, **serializer.validated_data
         )
+
+
+class SimulationViewSet(
+    mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
+    """What-if simulations: POST starts one as a Celery task; GET follows its progress and summary;
+    .../report/ is the self-contained HTML report."""
+
+    queryset = Simulation.objects.all()
+    serializer_class = SimulationSerializer
+    ordering_fields = ["created_at"]
+
+    def perform_create(self, serializer):
+        sim = serializer.save(created_by=self.request.user.username)
+        transaction.on_commit(lambda: run_simulation_task.delay(sim.pk))
+
+    @extend_schema(responses={(200, "text/html"): OpenApiTypes.STR})
+    @action(detail=True, methods=["get"])
+    def report(self, request, pk=None):
+        sim = self.get_object()
+        path = report_path(sim)
+        if sim.state != Simulation.State.DONE or not path.exists():
+            return Response({"detail": f"simulation {sim.pk} is {sim.state}; no report yet"}, status=409)
+        return FileResponse(path.open("rb"), content_type="text/html")
