@@ -19,7 +19,7 @@ demo: $(VENV)/.installed
 	MYRIAD_DEBUG=$${MYRIAD_DEBUG:-1} $(PY) manage.py seed_queues
 	MYRIAD_DEBUG=$${MYRIAD_DEBUG:-1} $(PY) manage.py create_login operator --role operator
 	@echo "Serving Myriad on http://$(HOST):$(PORT)/ (log in with the operator login above)"
-	MYRIAD_DEBUG=$${MYRIAD_DEBUG:-1} $(PY) manage.py runstack $(HOST):$(PORT)
+	MYRIAD_DEBUG=$${MYRIAD_DEBUG:-1} MYRIAD_SIMULATED_FLEET=$${MYRIAD_SIMULATED_FLEET:-1} $(PY) manage.py runstack $(HOST):$(PORT)
 
 test: $(VENV)/.installed
 	$(PY) -m ruff check .
@@ -38,3 +38,5 @@ bench: $(VENV)/.installed
 	$(PY) -m bench.ettr
 	$(PY) -m bench.plans
 	$(PY) -m bench.packing
+	$(PY) -m bench.simulate
+	$(PY) -m bench.live_tick

@@ -125,6 +125,9 @@ CELERY_TASK_TIME_LIMIT = env_int("MYRIAD_TASK_TIME_LIMIT", 300, minimum=1)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 SCHEDULING_CYCLE_INTERVAL_S = env_int("MYRIAD_CYCLE_INTERVAL_S", 5, minimum=1)
 AUTOSCALE_INTERVAL_S = env_int("MYRIAD_AUTOSCALE_INTERVAL_S", 30, minimum=1)
+SIMULATED_FLEET = env_bool("MYRIAD_SIMULATED_FLEET", False)
+FLEET_TICK_S = env_int("MYRIAD_FLEET_TICK_S", 5, minimum=1)
+FLEET_ACCELERATE = env_int("MYRIAD_FLEET_ACCELERATE", 60, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {
         "task": "scheduling.tasks.run_scheduling_cycle",
@@ -135,6 +138,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(AUTOSCALE_INTERVAL_S),
     },
 }
+if SIMULATED_FLEET:
+    CELERY_BEAT_SCHEDULE["fleet-tick"] = {
+        "task": "monitoring.tasks.fleet_tick",
+        "schedule": float(FLEET_TICK_S),
+    }
 CELERY_TIMEZONE = "UTC"
 
 # --- Auth, API --------------------------------------------------------------------------------

@@ -130,3 +130,28 @@ class Fleet:
             "power": np.round(np.clip(self.power / self.tdp, 0, 1) * 100).astype(np.uint8),
             "health": self.topo.gpu_health.astype(np.uint8),
         }
+
+
+FRAME_MAGIC = b"MYRF"
+FRAME_METRICS = ("util", "memory", "temperature", "power", "health")
+
+
+def encode_frame(seq: int, t: float, frame: dict[str, np.ndarray]) -> bytes:
+    """One telemetry frame as bytes: b"MYRF", version 1, sequence (u32), time (f64), GPUs (u32),
+    then one byte per GPU for each metric in FRAME_METRICS order: 5 bytes per GPU in all."""
+    n = len(frame["util"])
+    header = FRAME_MAGIC + bytes([1]) + np.array([seq], "<u4").tobytes() + np.array([t], "<f8").tobytes()
+    header += np.array([n], "<u4").tobytes()
+    return header + b"".join(np.ascontiguousarray(frame[m], dtype=np.uint8).tobytes() for m in FRAME_METRICS)
+
+
+def decode_frame(data: bytes) -> tuple[int, float, dict[str, np.ndarray]]:
+    if data[:4] != FRAME_MAGIC or data[4] != 1:
+        raise ValueError("not a version-1 telemetry frame")
+    seq = int(np.frombuffer(data, "<u4", 1, 5)[0])
+    t = float(np.frombuffer(data, "<f8", 1, 9)[0])
+    n = int(np.frombuffer(data, "<u4", 1, 17)[0])
+    body = np.frombuffer(data, np.uint8, offset=21)
+    if len(body) != n * len(FRAME_METRICS):
+        raise ValueError(f"frame body has {len(body)} bytes for {n} GPUs")
+    return seq, t, {m: body[i * n : (i + 1) * n] for i, m in enumerate(FRAME_METRICS)}

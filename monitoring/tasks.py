@@ -15,3 +15,12 @@ def run_simulation_task(simulation_id: int) -> str:
     from monitoring.simulations import run_stored
 
     return run_stored(simulation_id)
+
+
+@shared_task(ignore_result=True, time_limit=60, soft_time_limit=50)
+def fleet_tick() -> dict:
+    """One tick of the live simulated fleet (MYRIAD_SIMULATED_FLEET): telemetry, faults, repairs,
+    checkpoints and completions."""
+    from monitoring.fleet_driver import tick
+
+    return tick()

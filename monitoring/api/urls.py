@@ -1,3 +1,4 @@
+from django.urls import path
 from rest_framework.routers import DefaultRouter
 
 from monitoring.api import views
@@ -6,4 +7,7 @@ router = DefaultRouter()
 router.register("faults", views.FaultEventViewSet)
 router.register("simulations", views.SimulationViewSet)
 
-urlpatterns = router.urls
+urlpatterns = [
+    path("telemetry/frame/", views.TelemetryFrameView.as_view(), name="telemetry-frame"),
+    *router.urls,
+]

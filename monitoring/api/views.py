@@ -2,15 +2,18 @@ from __future__ import annotations
 
 import django_filters as filters
 from django.db import transaction
-from django.http import FileResponse
+from django.http import FileResponse, HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
+from engine.fleet import decode_frame
 from monitoring.api.serializers import FaultEventSerializer, SimulationSerializer
 from monitoring.choices import FaultSource
+from monitoring.livestore import FRAME_KEY, live_store
 from monitoring.models import FaultEvent, Simulation
 from monitoring.services import report_fault
 from monitoring.simulations import report_path
@@ -68,3 +71,21 @@ class SimulationViewSet(
         if sim.state != Simulation.State.DONE or not path.exists():
             return Response({"detail": f"simulation {sim.pk} is {sim.state}; no report yet"}, status=409)
         return FileResponse(path.open("rb"), content_type="text/html")
+
+
+class TelemetryFrameView(APIView):
+    """The newest telemetry frame of every GPU, as written by the node agents or the simulated fleet:
+    application/octet-stream, b"MYRF", version 1, sequence (u32), simulated time (f64), GPUs (u32),
+    then one byte per GPU for utilization %, memory %, temperature (C), power (% of TDP) and health.
+    GPUs are in the inventory's order (node, then index on the node); ?since=SEQ answers 204 when
+    nothing newer is there."""
+
+    @extend_schema(responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, 204: None, 404: None})
+    def get(self, request):
+        data = live_store().get(FRAME_KEY)
+        if data is None:
+            return Response({"detail": "no telemetry yet"}, status=404)
+        since = request.query_params.get("since")
+        if since is not None and since.isdigit() and decode_frame(data)[0] <= int(since):
+            return HttpResponse(status=204)
+        return HttpResponse(data, content_type="application/octet-stream")

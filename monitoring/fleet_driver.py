@@ -1,0 +1,183 @@
+"""Live simulated nodes: the fleet model (engine.fleet) playing the cluster's nodes in real time.
+
+Celery beat runs ``tick()`` every MYRIAD_FLEET_TICK_S seconds when MYRIAD_SIMULATED_FLEET is on
+(``make demo`` turns it on). Simulated time runs MYRIAD_FLEET_ACCELERATE times faster than the
+wall clock. Each tick:
+
+- sets every GPU's telemetry from the work placed on it (training at its utilization, inference
+  replicas at their service's load, idle GPUs cooling) and writes one compact frame to the live
+  store (5 bytes per GPU, never a row per GPU);
+- draws the faults due by now from the fault physics and reports them as FaultEvents, which the
+  production fault task classifies and recovers, exactly as a node agent's report would be;
+- repairs nodes that faults took down, after a lognormal repair time (down -> repairing -> ready);
+- advances running jobs: a checkpoint every policy interval (reported as the node agent does),
+  and completion when a job's estimated duration has elapsed in simulated time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from cluster.models import GPU, Node
+from cluster.services import apply_node_action
+from cluster.snapshot import topology_cache
+from engine.fleet import Fleet, decode_frame, encode_frame
+from engine.states import InvalidTransition
+from monitoring.livestore import FRAME_KEY, STATE_KEY, live_store
+from monitoring.services import report_fault
+from scheduling.choices import CheckpointKind, JobState
+from scheduling.cycle import _active_allocations
+from scheduling.models import Job
+from scheduling.services import change_state, record_checkpoint
+
+SEED = 20261130
+DEFAULT_CHECKPOINT_S = 1800.0
+
+
+def _fleet(snapshot, seq: int) -> Fleet:
+    fleet = Fleet(snapshot, seed=SEED)  # lemon nodes stay the same tick after tick
+    fleet.rng = np.random.default_rng([SEED, seq])
+    return fleet
+
+
+def _utilization(snapshot, fleet: Fleet) -> np.ndarray:
+    util = np.zeros(snapshot.num_gpus, dtype=np.float32)
+    pairs = _active_allocations()
+    if len(pairs):
+        util[topology_cache.gpu_indices(pairs[:, 1])] = fleet.config.training_util
+        served = Job.objects.filter(state=JobState.RUNNING, service__isnull=False).values_list(
+            "id", "service__load_rps", "service__desired_replicas", "service__capacity_rps"
+        )
+        for job_id, load, replicas, capacity in served:
+            share = min(1.0, load / max(replicas * capacity, 1e-9)) if replicas else 0.0
+            lo, hi = np.searchsorted(pairs[:, 0], [job_id, job_id + 1])
+            util[topology_cache.gpu_indices(pairs[lo:hi, 1])] = 0.15 + 0.8 * share
+    return util
+
+
+def tick(now=None) -> dict:
+    started = time.perf_counter()
+    store = live_store()
+    state = json.loads(store.get(STATE_KEY) or b"{}")
+    wall = (now or timezone.now()).timestamp()
+    accelerate = settings.FLEET_ACCELERATE
+    seq = int(state.get("seq", 0)) + 1
+    sim_t = float(state.get("sim_t", wall)) + (wall - float(state.get("wall_t", wall))) * accelerate
+    snapshot = topology_cache.current()
+    fleet = _fleet(snapshot, seq)
+    previous = store.get(FRAME_KEY)
+    if previous:
+        try:
+            _, _, frame = decode_frame(previous)
+            if len(frame["temperature"]) == snapshot.num_gpus:
+                fleet.temperature = frame["temperature"].astype(np.float32)
+        except ValueError:
+            pass
+    fleet.step(sim_t, _utilization(snapshot, fleet))
+    store.put(FRAME_KEY, encode_frame(seq, sim_t, fleet.frame()))
+    telemetry_ms = (time.perf_counter() - started) * 1000
+
+    faults = _faults(state, fleet, snapshot, sim_t)
+    repaired = _repairs(state, fleet, sim_t, accelerate)
+    checkpoints, finished = _advance_jobs(wall, accelerate)
+    state.update(seq=seq, sim_t=sim_t, wall_t=wall)
+    store.put(STATE_KEY, json.dumps(state).encode())
+    return {
+        "seq": seq,
+        "gpus": snapshot.num_gpus,
+        "faults": faults,
+        "repaired": repaired,
+        "checkpoints": checkpoints,
+        "finished": finished,
+        "telemetry_ms": round(telemetry_ms, 1),
+        "tick_ms": round((time.perf_counter() - started) * 1000, 1),
+    }
+
+
+def _faults(state: dict, fleet: Fleet, snapshot, sim_t: float) -> int:
+    in_service = snapshot.node_state == 0
+    due = state.get("next_fault")
+    if due is None:
+        drawn = fleet.next_fault(sim_t, in_service)
+        state["next_fault"] = list(drawn) if drawn else None
+        return 0
+    reported = 0
+    while due is not None and due[0] <= sim_t:
+        _, node_index, cause = due
+        _, source, xid = fleet.physics.causes[cause]
+        node = Node.objects.filter(pk=int(snapshot.node_id[node_index])).first()
+        if node is not None and node.state == "ready":
+            gpu = None
+            if source == "xid":  # an XID names one GPU of the node
+                gpus = list(GPU.objects.filter(node=node).order_by("index"))
+                gpu = gpus[int(fleet.rng.integers(len(gpus)))] if gpus else None
+            report_fault(
+                node=None if gpu else node,
+                gpu=gpu,
+                source=source,
+                xid=xid,
+                data={"reported_by": "simulated fleet", "cause": cause},
+            )
+            reported += 1
+        drawn = fleet.next_fault(due[0], in_service)
+        due = list(drawn) if drawn else None
+    state["next_fault"] = due
+    return reported
+
+
+def _repairs(state: dict, fleet: Fleet, sim_t: float, accelerate: float) -> int:
+    repairs = {int(k): v for k, v in state.get("repairs", {}).items()}
+    out = list(Node.objects.filter(state__in=["down", "repairing"]).values_list("id", "state"))
+    for node_id, _ in out:
+        repairs.setdefault(node_id, sim_t + fleet.repair_s())
+    repaired = 0
+    for node_id, node_state in out:
+        if repairs[node_id] > sim_t:
+            continue
+        node = Node.objects.get(pk=node_id)
+        try:
+            with transaction.atomic():
+                if node_state == "down":
+                    apply_node_action([node], "repair", actor="simulated fleet", reason="repair started")
+                apply_node_action([node], "return", actor="simulated fleet", reason="repaired")
+        except InvalidTransition:
+            continue
+        repairs.pop(node_id, None)
+        repaired += 1
+    still_out = {n for n, _ in out}
+    state["repairs"] = {str(k): v for k, v in repairs.items() if k in still_out}
+    return repaired
+
+
+def _advance_jobs(wall: float, accelerate: float) -> tuple[int, int]:
+    checkpoints = finished = 0
+    running = Job.objects.filter(state=JobState.RUNNING, started_at__isnull=False).select_related(
+        "checkpoint_policy", "queue__default_checkpoint_policy"
+    )
+    for job in running:
+        elapsed = (wall - job.started_at.timestamp()) * accelerate
+        if job.estimated_duration_s and elapsed >= job.estimated_duration_s:
+            change_state(job.pk, "finish", actor="simulated fleet", reason="finished (simulated)")
+            finished += 1
+            continue
+        policy = job.checkpoint_policy or job.queue.default_checkpoint_policy
+        interval = (policy.interval_s if policy and policy.interval_s else None) or DEFAULT_CHECKPOINT_S
+        last = job.last_checkpoint_at.timestamp() if job.last_checkpoint_at else job.started_at.timestamp()
+        since = (wall - last) * accelerate
+        if since >= interval and job.service_id is None:
+            record_checkpoint(
+                job,
+                step=int(job.progress_s + since),
+                progress_s=job.progress_s + since,
+                kind=policy.kind if policy else CheckpointKind.ASYNC,
+                durable=True,
+                size_bytes=(job.parameters or 0.0) * 16,
+            )
+            checkpoints += 1
+    return checkpoints, finished
