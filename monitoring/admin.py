@@ -1,10 +1,35 @@
+from django import forms
 from django.contrib import admin
+from django.db import transaction
+from django.utils import timezone
 
-from monitoring.models import FaultEvent
+from monitoring.models import FaultEvent, Simulation
+from monitoring.services import fault_problem
+
+
+class FaultEventForm(forms.ModelForm):
+    class Meta:
+        model = FaultEvent
+        fields = ["node", "gpu", "pod", "link", "at", "source", "xid", "severity", "description"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["at"].required = False
+
+    def clean(self):
+        data = super().clean()
+        problem = fault_problem(data)
+        if problem:
+            raise forms.ValidationError(problem)
+        return data
 
 
 @admin.register(FaultEvent)
 class FaultEventAdmin(admin.ModelAdmin):
+    """Faults as the controller saw them. Adding one injects it: it is handled exactly like a
+    node agent's report (classified, hardware taken out of service, jobs recovered)."""
+
+    form = FaultEventForm
     list_display = [
         "at",
         "__str__",
@@ -24,3 +49,24 @@ class FaultEventAdmin(admin.ModelAdmin):
     readonly_fields = ["detected_at", "cause", "action", "actor", "recovery_s", "data"]
     date_hierarchy = "at"
     show_full_result_count = False
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return super().save_model(request, obj, form, change)
+        obj.at = obj.at or timezone.now()
+        obj.data = {**(obj.data or {}), "reported_by": request.user.username}
+        super().save_model(request, obj, form, change)
+
+        def enqueue() -> None:
+            from monitoring.tasks import handle_fault_task
+
+            handle_fault_task.delay(obj.pk)
+
+        transaction.on_commit(enqueue)
+
+
+@admin.register(Simulation)
+class SimulationAdmin(admin.ModelAdmin):
+    list_display = ["id", "name", "cluster", "days", "seed", "state", "progress", "created_by", "created_at"]
+    list_filter = ["state", "cluster"]
+    readonly_fields = ["state", "progress", "summary", "error", "created_by", "started_at", "finished_at"]

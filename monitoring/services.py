@@ -36,6 +36,26 @@ LEMON_THRESHOLD = 3  # faults on one node within the window
 PHYSICS = Physics()
 
 
+def fault_problem(attrs: dict) -> dict | None:
+    """{field: message} when a fault report is incomplete or contradictory (API and admin)."""
+    from engine.faults import SOURCE_TABLE
+    from monitoring.choices import FaultSource
+
+    targets = [k for k in ("node", "gpu", "pod", "link") if attrs.get(k) is not None]
+    if not targets:
+        return {"node": "name what failed: a node, a gpu, a pod or a link"}
+    if len(targets) > 1:
+        return {targets[1]: f"name one thing that failed, not {' and '.join(targets)}"}
+    source = attrs.get("source")
+    if source == FaultSource.XID and attrs.get("xid") is None:
+        return {"xid": "an XID fault needs its code"}
+    if source != FaultSource.XID and attrs.get("xid") is not None:
+        return {"xid": f"only XID faults carry a code, not {source}"}
+    if source not in SOURCE_TABLE and source != FaultSource.XID:
+        return {"source": f"unknown fault source {source}"}
+    return None
+
+
 def report_fault(**fields) -> FaultEvent:
     """Record a fault (validated by the caller) and have it handled once the record commits."""
     fields.setdefault("at", timezone.now())

@@ -201,3 +201,33 @@ def test_faults_filter_by_time_and_source(small_cluster, operator_client):
     recent = operator_client.get("/api/v1/faults/", {"since": (now - timedelta(hours=1)).isoformat()}).json()
     assert [f["xid"] for f in recent["results"]] == [13]
     assert operator_client.get("/api/v1/faults/", {"source": "heartbeat_loss"}).json()["count"] == 1
+
+
+def test_an_operator_injects_a_fault_in_the_admin_and_recovery_happens(
+    running_job, admin_client, django_capture_on_commit_callbacks
+):
+    node = _job_node(running_job)
+    gpu = GPU.objects.get(node=node, index=0)
+    form = {
+        "node": "",
+        "gpu": gpu.pk,
+        "pod": "",
+        "link": "",
+        "at": "",
+        "source": "xid",
+        "xid": 79,
+        "severity": "critical",
+        "description": "injected from the admin",
+    }
+    with django_capture_on_commit_callbacks(execute=True):
+        response = admin_client.post("/admin/monitoring/faultevent/add/", form)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    fault = FaultEvent.objects.get()
+    assert fault.data["reported_by"] == "admin" and fault.action
+    node.refresh_from_db()
+    assert node.state == "down"
+    running_job.refresh_from_db()
+    assert running_job.events.filter(kind="recovered").exists()
+    bad = admin_client.post("/admin/monitoring/faultevent/add/", {**form, "xid": ""})
+    assert bad.status_code == 200 and "an XID fault needs its code" in bad.content.decode()
+    assert FaultEvent.objects.count() == 1
