@@ -30,6 +30,7 @@ from engine.checkpoint import PolicyKind, daly_interval, stall_seconds
 from engine.faults import Action, classify
 from engine.fleet import Fleet, FleetConfig
 from engine.invariants import check_cycle
+from engine.network import Network, traffic_per_gpu
 from engine.physics import Physics
 from engine.placement import Layout
 from engine.recovery import plan_recovery
@@ -112,6 +113,7 @@ class Simulation:
         jobs: list[SimJob],
         config: SimConfig | None = None,
         queues: list[QueueSpec] | None = None,
+        datacenter_links: dict[tuple[int, int], float] | None = None,
     ):
         self.cfg = config or SimConfig()
         # the simulation changes states: work on copies of the state arrays
@@ -119,6 +121,8 @@ class Simulation:
         self.layout = Layout(self.topo)
         self.ph = self.cfg.physics
         self.fleet = Fleet(self.topo, self.ph, self.cfg.fleet, seed=self.cfg.seed)
+        self.network = Network(self.topo, datacenter_links=datacenter_links)
+        self.net_rng = np.random.default_rng([self.cfg.seed, 5])
         capacity = {c: n for c, n in self.topo.count_by_chip().items() if n}
         self.queues = queues or default_queues(capacity)
         self.jobs = {j.id: _Job(j, j.work_s * j.gpus) for j in jobs}
@@ -368,6 +372,11 @@ class Simulation:
         if not c.interrupts_job:
             return
         hit = {int(j) for j in self.owner[node_gpus] if j >= 0}
+        if cause == "network":
+            # a switch or link fault on the rack's uplink: every job crossing it is interrupted
+            rack = int(self.topo.node_rack[node])
+            crossing = {i: j.gpus for i, j in self.running.items()}
+            hit |= set(self.network.jobs_crossing_rack(rack, crossing))
         for job_id in sorted(hit):
             self._recover(self.running[job_id], c, faulty)
 
@@ -428,9 +437,22 @@ class Simulation:
         held = self.owner >= 0
         util[held] = self.cfg.fleet.training_util
         self.fleet.step(self.now, util)
+        self.network.load(
+            [
+                (j.gpus, *traffic_per_gpu(j.spec.parameters, j.spec.chip, j.size))
+                for j in self.running.values()
+                if j.spec.kind == "training"
+            ]
+        )
+        self.network.count_errors(self.cfg.sample_period_s, self.net_rng)
+        net = self.network.utilization()
         self.samples.append(
             {
                 "t": self.now,
+                "rack_uplink_util_max": round(float(net["rack"].max(initial=0)), 4),
+                "pod_uplink_util_max": round(float(net["pod"].max(initial=0)), 4),
+                "datacenter_link_util_max": round(max(net["datacenter"].values(), default=0.0), 4),
+                "link_errors": int(self.network.rack_errors.sum() + self.network.pod_errors.sum()),
                 "allocated": int(held.sum()),
                 "busy": int(busy),
                 "running_jobs": len(self.running),

@@ -28,8 +28,9 @@ from cluster.models import GPU, Node
 from cluster.services import apply_node_action
 from cluster.snapshot import topology_cache
 from engine.fleet import Fleet, decode_frame, encode_frame
+from engine.network import Network, traffic_per_gpu
 from engine.states import InvalidTransition
-from monitoring.livestore import FRAME_KEY, STATE_KEY, live_store
+from monitoring.livestore import FRAME_KEY, NETWORK_KEY, STATE_KEY, live_store
 from monitoring.services import report_fault
 from scheduling.choices import CheckpointKind, JobState
 from scheduling.cycle import _active_allocations
@@ -61,6 +62,30 @@ def _utilization(snapshot, fleet: Fleet) -> np.ndarray:
     return util
 
 
+def _network(snapshot, seq: int, sim_t: float) -> dict:
+    """Uplink utilization of every rack and pod from the training jobs running now."""
+    network = Network(snapshot)
+    pairs = _active_allocations()
+    jobs = []
+    if len(pairs):
+        running = Job.objects.filter(state=JobState.RUNNING, kind="training", parameters__isnull=False)
+        for job_id, parameters, chip in running.values_list("id", "parameters", "chip__name"):
+            lo, hi = np.searchsorted(pairs[:, 0], [job_id, job_id + 1])
+            gpus = topology_cache.gpu_indices(pairs[lo:hi, 1])
+            if len(gpus) > 1 and chip:
+                jobs.append((gpus, *traffic_per_gpu(float(parameters), chip, len(gpus))))
+    network.load(jobs)
+    util = network.utilization()
+    return {
+        "seq": seq,
+        "t": sim_t,
+        "rack_ids": snapshot.rack_id.tolist(),
+        "rack_util": np.round(util["rack"], 4).tolist(),
+        "pod_ids": snapshot.pod_id.tolist(),
+        "pod_util": np.round(util["pod"], 4).tolist(),
+    }
+
+
 def tick(now=None) -> dict:
     started = time.perf_counter()
     store = live_store()
@@ -81,6 +106,7 @@ def tick(now=None) -> dict:
             pass
     fleet.step(sim_t, _utilization(snapshot, fleet))
     store.put(FRAME_KEY, encode_frame(seq, sim_t, fleet.frame()))
+    store.put(NETWORK_KEY, json.dumps(_network(snapshot, seq, sim_t)).encode())
     telemetry_ms = (time.perf_counter() - started) * 1000
 
     faults = _faults(state, fleet, snapshot, sim_t)

@@ -11,6 +11,7 @@ from django.conf import settings
 
 FRAME_KEY = "myriad:telemetry:frame"
 STATE_KEY = "myriad:fleet:state"
+NETWORK_KEY = "myriad:network:util"
 
 
 class FileStore:

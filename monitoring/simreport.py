@@ -16,6 +16,7 @@ from pathlib import Path
 
 from engine.checkpoint import PolicyKind
 from engine.chips import BY_NAME
+from engine.network import datacenter_links
 from engine.presets import PRESETS, preset_document
 from engine.simulation import CheckpointChoice, SimConfig, Simulation
 from engine.simworkload import generate, load_workload
@@ -110,7 +111,7 @@ def run_all(
             sim_config = replace(
                 sim_config, fleet=replace(sim_config.fleet, temperature_swing=config["swing"])
             )
-        sim = Simulation(topo, shared_jobs, sim_config)
+        sim = Simulation(topo, shared_jobs, sim_config, datacenter_links=datacenter_links(spec))
         results.append(
             sim.run(progress=(lambda f, name=config["name"]: progress(name, f)) if progress else None)
         )
@@ -177,6 +178,14 @@ def write_report(results: list[dict], path: Path) -> None:
     )
     figures.append(line_chart("Queue length", "pending jobs", "pending", lambda x, r: x["pending_jobs"]))
     figures.append(line_chart("GPUs out of service", "GPUs", "down", lambda x, r: x["down_gpus"]))
+    figures.append(
+        line_chart(
+            "Busiest rack uplink (training traffic from the modelled plans)",
+            "% of capacity",
+            "rack",
+            lambda x, r: 100 * x.get("rack_uplink_util_max", 0),
+        )
+    )
     fig = go.Figure()
     for i, r in enumerate(results):
         labels = list(r["pending_time_by_size"])

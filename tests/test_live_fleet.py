@@ -64,6 +64,10 @@ def test_a_tick_writes_one_frame_that_follows_the_work(store, running, viewer_cl
     assert frame["util"][busy].min() > 80 and frame["util"][idle].max() == 0
     assert frame["temperature"][busy].mean() > frame["temperature"][idle].mean()
     assert viewer_client.get("/api/v1/telemetry/frame/", {"since": seq}).status_code == 204
+    network = viewer_client.get("/api/v1/telemetry/network/").json()
+    assert len(network["rack_util"]) == len(network["rack_ids"]) and network["seq"] == seq
+    # the 16-GPU job spans two nodes of one rack (topology pod): nothing leaves its rack
+    assert max(network["rack_util"]) == 0
     tick()
     assert decode_frame(store.get(FRAME_KEY))[0] == 2
 

@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 from engine.fleet import decode_frame
 from monitoring.api.serializers import FaultEventSerializer, SimulationSerializer
 from monitoring.choices import FaultSource
-from monitoring.livestore import FRAME_KEY, live_store
+from monitoring.livestore import FRAME_KEY, NETWORK_KEY, live_store
 from monitoring.models import FaultEvent, Simulation
 from monitoring.services import report_fault
 from monitoring.simulations import report_path
@@ -89,3 +89,15 @@ class TelemetryFrameView(APIView):
         if since is not None and since.isdigit() and decode_frame(data)[0] <= int(since):
             return HttpResponse(status=204)
         return HttpResponse(data, content_type="application/octet-stream")
+
+
+class NetworkView(APIView):
+    """Uplink utilization of every rack and pod (load / capacity; above 1: congested), from the
+    traffic the running training jobs' modelled plans generate; written by the simulated fleet."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: None})
+    def get(self, request):
+        data = live_store().get(NETWORK_KEY)
+        if data is None:
+            return Response({"detail": "no network figures yet"}, status=404)
+        return HttpResponse(data, content_type="application/json")
