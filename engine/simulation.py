@@ -29,13 +29,14 @@ import numpy as np
 from engine.checkpoint import PolicyKind, daly_interval, stall_seconds
 from engine.faults import Action, classify
 from engine.fleet import Fleet, FleetConfig
+from engine.inference import LoadProfile, decide
 from engine.invariants import check_cycle
 from engine.network import Network, traffic_per_gpu
 from engine.physics import Physics
 from engine.placement import Layout
 from engine.recovery import plan_recovery
 from engine.scheduler import SchedulerConfig, schedule
-from engine.simworkload import SimJob
+from engine.simworkload import SimJob, SimService
 from engine.states import GPU_STATE_CODE, NODE_STATE_CODE
 from engine.topology import TopologySnapshot
 from engine.workload import PendingJob, QueueSpec, RunningJob
@@ -71,19 +72,32 @@ class SimConfig:
     name: str = "baseline"
 
 
-def default_queues(capacity: dict[str, int]) -> list[QueueSpec]:
-    """Cohort 'shared': pretrain (60%, priority 10, reclaims lent quota), research (25%), dev (15%)."""
+def default_queues(capacity: dict[str, int], inference: dict[str, int] | None = None) -> list[QueueSpec]:
+    """Cohort 'shared': pretrain (60%, priority 10, reclaims lent quota), research (25%), dev (15%)
+    of what ``inference`` (GPUs per chip type, priority 20, reclaims anything) leaves."""
+    inference = inference or {}
     split = {"pretrain": 0.6, "research": 0.25, "dev": 0.15}
-    return [
+    queues = [
         QueueSpec(
             name,
             cohort="shared",
             priority=10 if name == "pretrain" else 0,
-            nominal={c: int(n * share) for c, n in capacity.items()},
+            nominal={c: int((n - inference.get(c, 0)) * share) for c, n in capacity.items()},
             reclaim_within_cohort="any" if name == "pretrain" else "never",
         )
         for name, share in split.items()
     ]
+    if inference:
+        queues.append(
+            QueueSpec(
+                "inference",
+                cohort="shared",
+                priority=20,
+                nominal=dict(inference),
+                reclaim_within_cohort="any",
+            )
+        )
+    return queues
 
 
 @dataclass
@@ -114,6 +128,7 @@ class Simulation:
         config: SimConfig | None = None,
         queues: list[QueueSpec] | None = None,
         datacenter_links: dict[tuple[int, int], float] | None = None,
+        services: list[SimService] | None = None,
     ):
         self.cfg = config or SimConfig()
         # the simulation changes states: work on copies of the state arrays
@@ -124,7 +139,17 @@ class Simulation:
         self.network = Network(self.topo, datacenter_links=datacenter_links)
         self.net_rng = np.random.default_rng([self.cfg.seed, 5])
         capacity = {c: n for c, n in self.topo.count_by_chip().items() if n}
-        self.queues = queues or default_queues(capacity)
+        self.services = list(services or [])
+        inference: dict[str, int] = {}
+        for svc in self.services:
+            inference[svc.chip] = inference.get(svc.chip, 0) + svc.max_replicas * svc.replica_gpus
+        self.queues = queues or default_queues(capacity, inference)
+        self.profiles = [LoadProfile.from_dict(svc.load_profile()) for svc in self.services]
+        self.replicas: list[list[int]] = [[] for _ in self.services]  # job ids, oldest first
+        self.low_since: list[float | None] = [None] * len(self.services)
+        self.replica_seconds = [0.0] * len(self.services)
+        self.short_seconds = [0.0] * len(self.services)  # running replicas below what the load needs
+        self._next_id = max((j.id for j in jobs), default=0) + 1
         self.jobs = {j.id: _Job(j, j.work_s * j.gpus) for j in jobs}
         self.pending: dict[int, PendingJob] = {}
         self.running: dict[int, _Job] = {}
@@ -157,6 +182,8 @@ class Simulation:
                 self._push(job.spec.arrival, "arrive", job.spec.id)
         self._push(0.0, "cycle")
         self._push(0.0, "sample")
+        if self.services:
+            self._push(0.0, "autoscale")
         self._next_fault()
         last_report = 0.0
         while self.events and self.events[0][0] <= end:
@@ -337,6 +364,59 @@ class Simulation:
         job.ended = self.now
         self.dirty = True
 
+    # --- inference services -------------------------------------------------------------------
+    AUTOSCALE_S = 300.0
+
+    def _on_autoscale(self) -> None:
+        """Each service's replicas follow its load, as the production autoscaler decides."""
+        self._push(self.now + self.AUTOSCALE_S, "autoscale")
+        for k, (svc, profile) in enumerate(zip(self.services, self.profiles, strict=True)):
+            ids = [i for i in self.replicas[k] if self.jobs[i].ended is None]
+            load = profile.rate(self.now)
+            decision = decide(
+                load,
+                replicas=len(ids),
+                capacity_rps=svc.capacity_rps,
+                headroom=svc.headroom,
+                min_replicas=svc.min_replicas,
+                max_replicas=svc.max_replicas,
+                low_since=self.low_since[k],
+                now=self.now,
+                scale_down_delay_s=300.0,
+            )
+            self.low_since[k] = (self.low_since[k] or self.now) if decision.desired < len(ids) else None
+            running = sum(1 for i in ids if i in self.running)
+            self.replica_seconds[k] += running * self.AUTOSCALE_S
+            self.short_seconds[k] += max(0, decision.desired - running) * self.AUTOSCALE_S
+            for _ in range(decision.target - len(ids)):
+                spec = SimJob(
+                    self._next_id,
+                    "inference",
+                    svc.replica_gpus,
+                    self.now,
+                    365 * DAY,
+                    svc.chip,
+                    "node",
+                    20,
+                    "inference",
+                    parameters=0.0,
+                )
+                self._next_id += 1
+                self.jobs[spec.id] = _Job(spec, spec.work_s * spec.gpus)
+                ids.append(spec.id)
+                self._on_arrive(spec.id)
+            if decision.target < len(ids):
+                retire = sorted(ids, key=lambda i: (i in self.running, -i))[: len(ids) - decision.target]
+                for job_id in retire:
+                    job = self.jobs[job_id]
+                    if job_id in self.pending:
+                        del self.pending[job_id]
+                    elif job_id in self.running:
+                        self._stop(job, graceful=True, requeue=False)
+                    job.ended = self.now
+                self.low_since[k] = None
+            self.replicas[k] = [i for i in ids if self.jobs[i].ended is None]
+
     # --- faults and repairs --------------------------------------------------------------------
     def _next_fault(self) -> None:
         drawn = self.fleet.next_fault(self.now, self.topo.node_state == READY)
@@ -456,6 +536,7 @@ class Simulation:
                 "allocated": int(held.sum()),
                 "busy": int(busy),
                 "running_jobs": len(self.running),
+                "inference_replicas": sum(1 for ids in self.replicas for i in ids if i in self.running),
                 "pending_jobs": len(self.pending),
                 "pending_gpus": int(sum(p.gpus for p in self.pending.values())),
                 "down_gpus": int(
@@ -557,6 +638,15 @@ class Simulation:
                 "by_outcome": dict(Counter(o for _, o, _ in self.recoveries)),
                 "median_s": round(float(np.median(rec)), 1) if rec else None,
             },
+            "inference": [
+                {
+                    "service": svc.name,
+                    "replica_hours": round(self.replica_seconds[k] / 3600, 1),
+                    "short_replica_hours": round(self.short_seconds[k] / 3600, 1),
+                    "replicas_at_end": len(self.replicas[k]),
+                }
+                for k, svc in enumerate(self.services)
+            ],
             "engine": {
                 "cycles": self.cycles,
                 "invariant_checks": self.checked,

@@ -428,3 +428,40 @@ def load_workload(rows: list[dict], chips: set[str], where: str = "workload") ->
         )
     jobs.sort(key=lambda j: j.arrival)
     return [replace(j, id=i + 1) for i, j in enumerate(jobs)]
+
+
+@dataclass(frozen=True)
+class SimService:
+    """An inference service in the simulation: replicas follow its load profile (engine.inference)."""
+
+    name: str
+    chip: str
+    replica_gpus: int
+    capacity_rps: float
+    max_replicas: int
+    min_replicas: int = 1
+    headroom: float = 0.2
+    profile: tuple[tuple[str, object], ...] = ()  # engine.inference.LoadProfile as sorted items
+
+    def load_profile(self) -> dict:
+        return dict(self.profile)
+
+
+def default_services(capacity: dict[str, int], share: float = 0.1) -> list[SimService]:
+    """One chat service on the largest chip type, sized to ``share`` of it at its peak (14:00 UTC),
+    a tenth of that at night, with the minute bursts of the Azure conversation trace."""
+    if share <= 0 or not capacity:
+        return []
+    chip = max(capacity, key=capacity.get)
+    replicas = int(capacity[chip] * share) // 8
+    if replicas < 1:
+        return []
+    peak = replicas * 40.0 / 1.2
+    profile = {
+        "kind": "diurnal",
+        "trough_rps": peak / 10,
+        "peak_rps": peak,
+        "peak_hour": 14,
+        "burst": "azure-conv",
+    }
+    return [SimService("chat", chip, 8, 40.0, replicas, 1, 0.2, tuple(sorted(profile.items())))]

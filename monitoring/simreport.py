@@ -19,7 +19,7 @@ from engine.chips import BY_NAME
 from engine.network import datacenter_links
 from engine.presets import PRESETS, preset_document
 from engine.simulation import CheckpointChoice, SimConfig, Simulation
-from engine.simworkload import generate, load_workload
+from engine.simworkload import default_services, generate, load_workload
 from engine.synthetic import snapshot_from_spec
 from engine.topology_spec import parse_topology
 
@@ -88,6 +88,7 @@ def run_all(
     jobs: int | None,
     workload: str | None = None,
     elastic_share: float = 0.0,
+    inference_share: float = 0.1,
     check_invariants: bool = False,
     progress=None,
 ) -> list[dict]:
@@ -111,7 +112,13 @@ def run_all(
             sim_config = replace(
                 sim_config, fleet=replace(sim_config.fleet, temperature_swing=config["swing"])
             )
-        sim = Simulation(topo, shared_jobs, sim_config, datacenter_links=datacenter_links(spec))
+        sim = Simulation(
+            topo,
+            shared_jobs,
+            sim_config,
+            datacenter_links=datacenter_links(spec),
+            services=default_services(capacity, inference_share),
+        )
         results.append(
             sim.run(progress=(lambda f, name=config["name"]: progress(name, f)) if progress else None)
         )
@@ -178,6 +185,11 @@ def write_report(results: list[dict], path: Path) -> None:
     )
     figures.append(line_chart("Queue length", "pending jobs", "pending", lambda x, r: x["pending_jobs"]))
     figures.append(line_chart("GPUs out of service", "GPUs", "down", lambda x, r: x["down_gpus"]))
+    figures.append(
+        line_chart(
+            "Inference replicas running", "replicas", "inference", lambda x, r: x.get("inference_replicas", 0)
+        )
+    )
     figures.append(
         line_chart(
             "Busiest rack uplink (training traffic from the modelled plans)",

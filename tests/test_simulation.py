@@ -213,3 +213,19 @@ def test_bad_simulation_requests_name_the_field(small_cluster, operator_client, 
     response = operator_client.post("/api/v1/simulations/", body, format="json")
     assert response.status_code == 400 and field in response.json()
     assert not Simulation.objects.exists()
+
+
+def test_inference_replicas_follow_the_day_in_the_simulation(demo):
+    from engine.simworkload import default_services
+
+    capacity = {c: n for c, n in demo.count_by_chip().items() if n}
+    services = default_services(capacity, 0.1)
+    jobs = generate(capacity, 1, seed=6)
+    sim = Simulation(demo, jobs, SimConfig(days=1, seed=6, check_invariants=True), services=services)
+    out = sim.run()
+    by_hour = {int(s["t"] // 3600): s["inference_replicas"] for s in out["series"]["samples"]}
+    assert by_hour[15] > by_hour[3]  # the afternoon peak needs more replicas than the night
+    assert by_hour[15] <= services[0].max_replicas
+    (svc,) = out["inference"]
+    assert svc["replica_hours"] > 0 and svc["service"] == "chat"
+    assert any(q.name == "inference" for q in sim.queues)

@@ -43,6 +43,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--workload", default=None, help="CSV or JSON workload file instead of the generator"
         )
+        parser.add_argument(
+            "--inference",
+            type=float,
+            default=0.1,
+            help="share of the largest chip type for a diurnal chat service (0: none)",
+        )
         parser.add_argument("--compare", nargs="+", default=None, metavar="CONFIG")
         parser.add_argument(
             "--check-invariants", action="store_true", help="run the invariant checker every cycle"
@@ -54,6 +60,8 @@ class Command(BaseCommand):
             raise CommandError("--days must be between 0 and 365")
         if not 0 <= opts["elastic"] <= 1:
             raise CommandError("--elastic is a share between 0 and 1")
+        if not 0 <= opts["inference"] <= 0.9:
+            raise CommandError("--inference is a share between 0 and 0.9")
         try:
             doc = topology_document(opts["cluster"], load_document)
             configs = [parse_config(c) for c in (opts["compare"] or ["baseline"])]
@@ -84,6 +92,7 @@ class Command(BaseCommand):
                 jobs=opts["jobs"],
                 workload=opts["workload"],
                 elastic_share=opts["elastic"],
+                inference_share=opts["inference"],
                 check_invariants=opts["check_invariants"],
                 progress=progress,
             )
