@@ -80,6 +80,10 @@ class Layout:
             order = np.argsort(self.node_domain[k], kind="stable")
             offsets = np.searchsorted(self.node_domain[k][order], np.arange(self.domain_count[k] + 1))
             self.nodes_in.append((order, offsets))
+        # (chip, domain) of every node at every level as one flat index, for per-level bincounts
+        self.flat_domain = [
+            self.node_chip * self.domain_count[k] + self.node_domain[k] for k in range(len(LEVELS))
+        ]
         # the most GPUs of each chip type any single domain of each level holds (static): a gang
         # larger than that never fits at that level, so placement skips the level outright
         self.level_capacity = np.zeros((len(LEVELS), self.num_chips), dtype=np.int64)
@@ -120,14 +124,19 @@ class FreePool:
     def __init__(self, layout: Layout, free: np.ndarray):
         self.layout = layout
         self.free = np.asarray(free, dtype=bool).copy()
-        self.node_free = np.bincount(
-            layout.gpu_node, weights=self.free, minlength=layout.topo.num_nodes
-        ).astype(np.int64)
+        # GPUs are ordered by node: a node's free count is one segment sum
+        if layout.topo.num_gpus and (layout.node_gpu_count > 0).all():
+            self.node_free = np.add.reduceat(self.free.view(np.int8), layout.node_gpu_start, dtype=np.int64)
+        else:
+            self.node_free = np.bincount(
+                layout.gpu_node, weights=self.free, minlength=layout.topo.num_nodes
+            ).astype(np.int64)
         self.level_free: list[np.ndarray] = [self.node_free]
         for k in range(1, len(LEVELS)):
             size = layout.num_chips * layout.domain_count[k]
-            flat = layout.node_chip * layout.domain_count[k] + layout.node_domain[k]
-            counts = np.bincount(flat, weights=self.node_free, minlength=size).astype(np.int64)
+            counts = np.bincount(layout.flat_domain[k], weights=self.node_free, minlength=size).astype(
+                np.int64
+            )
             self.level_free.append(counts.reshape(layout.num_chips, layout.domain_count[k]))
 
     def copy(self) -> FreePool:
@@ -158,7 +167,13 @@ class FreePool:
         if len(gpus) == 0:
             return
         lay = self.layout
-        nodes, per_node = np.unique(lay.gpu_node[gpus], return_counts=True)
+        owners = lay.gpu_node[gpus]
+        if len(owners) > 1 and (owners[1:] < owners[:-1]).any():
+            owners = np.sort(owners)
+        # segments of equal node ids in a sorted array: cheaper than np.unique's sort
+        edges = np.flatnonzero(np.diff(owners)) + 1
+        nodes = owners[np.concatenate(([0], edges))]
+        per_node = np.diff(np.concatenate(([0], edges, [len(owners)])))
         self.node_free[nodes] += sign * per_node
         chips = lay.node_chip[nodes]
         for k in range(1, len(LEVELS)):

@@ -4,8 +4,9 @@ Celery beat runs ``tick()`` every MYRIAD_FLEET_TICK_S seconds when MYRIAD_SIMULA
 (``make demo`` turns it on). Simulated time runs MYRIAD_FLEET_ACCELERATE times faster than the
 wall clock. Each tick:
 
-- sets every GPU's telemetry from the work placed on it (training at its utilization, inference
-  replicas at their service's load, idle GPUs cooling) and writes one compact frame to the live
+- sets every GPU's telemetry from the work placed on it (training at its modelled plan's compute
+  share of a step, or 92% without a plan; inference replicas at their service's load; idle GPUs
+  cooling) and writes one compact frame to the live
   store (5 bytes per GPU, never a row per GPU);
 - draws the faults due by now from the fault physics and reports them as FaultEvents, which the
   production fault task classifies and recovers, exactly as a node agent's report would be;
@@ -52,6 +53,18 @@ def _utilization(snapshot, fleet: Fleet) -> np.ndarray:
     pairs = _active_allocations()
     if len(pairs):
         util[topology_cache.gpu_indices(pairs[:, 1])] = fleet.config.training_util
+        # a training job with a modelled plan runs its GPUs at the plan's compute share of a step
+        planned = Job.objects.filter(state=JobState.RUNNING, kind="training").exclude(plan={})
+        for job_id, plan in planned.values_list("id", "plan"):
+            parts = plan.get("parts") if plan.get("mixed") else [plan]
+            shares = [
+                p["breakdown"]["compute"] / p["step_s"]
+                for p in parts
+                if p.get("breakdown") and p.get("step_s")
+            ]
+            if shares:
+                lo, hi = np.searchsorted(pairs[:, 0], [job_id, job_id + 1])
+                util[topology_cache.gpu_indices(pairs[lo:hi, 1])] = float(np.clip(np.mean(shares), 0.05, 1.0))
         served = Job.objects.filter(state=JobState.RUNNING, service__isnull=False).values_list(
             "id", "service__load_rps", "service__desired_replicas", "service__capacity_rps"
         )

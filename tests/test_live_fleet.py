@@ -112,3 +112,30 @@ def test_jobs_checkpoint_and_finish_in_simulated_time(store, running):
     assert tick()["finished"] == 1  # 130 s x 60 > its 2 hours
     running.refresh_from_db()
     assert running.state == "finished"
+
+
+def test_a_planned_training_job_runs_at_its_modelled_utilization(
+    store, queues, operator_client, eager_celery, django_capture_on_commit_callbacks
+):
+    body = {
+        "queue": "vision",
+        "gpus": 16,
+        "chip_types": ["H100-SXM"],
+        "topology": "pod",
+        "model": {"preset": "llama3-70b"},
+    }
+    with django_capture_on_commit_callbacks(execute=True):
+        job = Job.objects.get(pk=operator_client.post("/api/v1/jobs/", body, format="json").json()["id"])
+    job.refresh_from_db()
+    plan = job.plan
+    assert job.state == "running", job.pending_reason
+    share = plan["breakdown"]["compute"] / plan["step_s"]
+    tick()
+    _, _, frame = decode_frame(store.get(FRAME_KEY))
+    from cluster.snapshot import topology_cache
+    from scheduling.models import Allocation
+
+    gpus = topology_cache.gpu_indices(
+        np.array(list(Allocation.objects.filter(job=job, active=True).values_list("gpu_id", flat=True)))
+    )
+    assert abs(float(frame["util"][gpus].mean()) - 100 * share) < 3
