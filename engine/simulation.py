@@ -200,20 +200,24 @@ class Simulation:
         return self._summary(time.perf_counter() - started)
 
     # --- arrivals and cycles --------------------------------------------------------------------
-    def _on_arrive(self, job_id: int) -> None:
-        spec = self.jobs[job_id].spec
-        self.pending[job_id] = PendingJob(
-            job_id,
+    def _queue(self, job: _Job) -> None:
+        """Put the job in the pending set, asking for what it still has to do."""
+        spec = job.spec
+        self.pending[spec.id] = PendingJob(
+            spec.id,
             spec.queue,
             spec.gpus,
             spec.priority,
             (spec.chip,),
             spec.topology,
             spec.arrival,
-            spec.work_s,
+            job.remaining / spec.gpus,
             spec.min_gpus,
             spec.size_step,
         )
+
+    def _on_arrive(self, job_id: int) -> None:
+        self._queue(self.jobs[job_id])
         self.dirty = True
 
     def _running_view(self) -> list[RunningJob]:
@@ -336,20 +340,8 @@ class Simulation:
         del self.running[job.spec.id]
         job.gpus = None
         if requeue:
-            spec = job.spec
             job.waiting_since = self.now
-            self.pending[spec.id] = PendingJob(
-                spec.id,
-                spec.queue,
-                spec.gpus,
-                spec.priority,
-                (spec.chip,),
-                spec.topology,
-                spec.arrival,
-                job.remaining / spec.gpus,
-                spec.min_gpus,
-                spec.size_step,
-            )
+            self._queue(job)
         self.dirty = True
 
     def _on_end(self, job_id: int, version: int) -> None:

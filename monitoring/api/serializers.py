@@ -85,16 +85,7 @@ class SimulationSerializer(serializers.ModelSerializer):
             "finished_at",
             "report_url",
         ]
-        read_only_fields = [
-            "state",
-            "progress",
-            "summary",
-            "error",
-            "created_by",
-            "created_at",
-            "started_at",
-            "finished_at",
-        ]
+        read_only_fields = fields[fields.index("state") :]
 
     def get_report_url(self, sim) -> str | None:
         return f"/api/v1/simulations/{sim.pk}/report/" if sim.state == Simulation.State.DONE else None
