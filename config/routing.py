@@ -1,3 +1,7 @@
-"""Websocket routes; the live dashboard's consumers register here."""
+"""Websocket routes of the live dashboard."""
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from monitoring.consumers import TelemetryConsumer
+
+websocket_urlpatterns: list = [path("ws/telemetry/", TelemetryConsumer.as_asgi())]

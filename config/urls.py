@@ -4,6 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from cluster import views as cluster_views
+from monitoring import views as monitoring_views
 from scheduling import views as scheduling_views
 
 urlpatterns = [
@@ -12,6 +13,7 @@ urlpatterns = [
     path("jobs/<int:pk>/", scheduling_views.job_detail, name="job-detail"),
     path("services/", scheduling_views.services, name="services"),
     path("services/<int:pk>/", scheduling_views.service_detail, name="service-detail"),
+    path("live/", monitoring_views.live, name="live"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

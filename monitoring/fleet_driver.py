@@ -75,6 +75,19 @@ def _utilization(snapshot, fleet: Fleet) -> np.ndarray:
     return util
 
 
+def _publish(encoded: bytes) -> None:
+    """With Redis, hand the frame to every dashboard once through the channel layer (on the
+    embedded default each server process's broadcaster picks it up from the live store)."""
+    if not settings.REDIS_URL:
+        return
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    if layer is not None:
+        async_to_sync(layer.group_send)("telemetry", {"type": "telemetry.frame", "frame": b"F" + encoded})
+
+
 def _network(snapshot, seq: int, sim_t: float) -> dict:
     """Uplink utilization of every rack and pod from the training jobs running now."""
     network = Network(snapshot)
@@ -118,7 +131,9 @@ def tick(now=None) -> dict:
         except ValueError:
             pass
     fleet.step(sim_t, _utilization(snapshot, fleet))
-    store.put(FRAME_KEY, encode_frame(seq, sim_t, fleet.frame()))
+    encoded = encode_frame(seq, sim_t, fleet.frame())
+    store.put(FRAME_KEY, encoded)
+    _publish(encoded)
     store.put(NETWORK_KEY, json.dumps(_network(snapshot, seq, sim_t)).encode())
     telemetry_ms = (time.perf_counter() - started) * 1000
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import django_filters as filters
+import numpy as np
 from django.db import transaction
 from django.http import FileResponse, HttpResponse
 from drf_spectacular.types import OpenApiTypes
@@ -101,3 +102,28 @@ class NetworkView(APIView):
         if data is None:
             return Response({"detail": "no network figures yet"}, status=404)
         return HttpResponse(data, content_type="application/json")
+
+
+class TelemetryLayoutView(APIView):
+    """How the telemetry frame's GPUs sit in the cluster: racks in order (name, first GPU, GPU count),
+    nodes in order (hostname, first GPU); GPUs are ordered by node, nodes by rack."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request):
+        from cluster.snapshot import topology_cache
+
+        snap = topology_cache.structure()
+        node_start = np.searchsorted(snap.gpu_node, np.arange(snap.num_nodes)).tolist()
+        rack_of_gpu = snap.node_rack[snap.gpu_node]
+        rack_start = np.searchsorted(rack_of_gpu, np.arange(len(snap.rack_id))).tolist()
+        rack_count = np.bincount(rack_of_gpu, minlength=len(snap.rack_id)).tolist()
+        return Response(
+            {
+                "gpus": snap.num_gpus,
+                "racks": list(snap.names.get("rack", [str(i) for i in snap.rack_id.tolist()])),
+                "rack_gpu_start": rack_start,
+                "rack_gpu_count": rack_count,
+                "hostnames": list(snap.node_hostname),
+                "node_gpu_start": node_start,
+            }
+        )

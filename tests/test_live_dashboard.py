@@ -1,0 +1,85 @@
+"""The live telemetry websocket and page: only viewers connect; a full frame on connect; each new
+frame fanned out once to the group; "resync" brings a full frame back."""
+
+import numpy as np
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser
+from django.test import Client
+
+from engine.fleet import decode_frame, encode_frame
+from monitoring.consumers import GROUP, TelemetryConsumer
+from monitoring.livestore import FRAME_KEY, live_store, reset_store
+
+
+@pytest.fixture
+def frame_in_store(settings, tmp_path):
+    settings.DATA_DIR = tmp_path
+    reset_store()
+    frame = {
+        m: np.full(16, i, dtype=np.uint8)
+        for i, m in enumerate(("util", "memory", "temperature", "power", "health"))
+    }
+    data = encode_frame(7, 123.0, frame)
+    live_store().put(FRAME_KEY, data)
+    yield data
+    live_store().delete(FRAME_KEY)
+    reset_store()
+
+
+async def _connect(user):
+    communicator = WebsocketCommunicator(TelemetryConsumer.as_asgi(), "/ws/telemetry/")
+    communicator.scope["user"] = user
+    connected, code = await communicator.connect()
+    return communicator, connected, code
+
+
+@pytest.mark.django_db(transaction=True)
+def test_anonymous_users_and_users_without_a_role_are_refused(frame_in_store, outsider):
+    async def run():
+        for user in (AnonymousUser(), outsider):
+            communicator, connected, code = await _connect(user)
+            assert not connected and code == 4403
+            await communicator.disconnect()
+
+    async_to_sync(run)()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_viewer_gets_a_snapshot_then_group_frames_and_can_resync(frame_in_store, viewer):
+    async def run():
+        communicator, connected, _ = await _connect(viewer)
+        assert connected
+        snapshot = await communicator.receive_from()
+        assert snapshot[:1] == b"S"
+        seq, t, values = decode_frame(snapshot[1:])
+        assert seq == 7 and t == 123.0 and len(values["util"]) == 16 and values["temperature"][0] == 2
+        newer = encode_frame(8, 128.0, {k: v + 1 for k, v in values.items()})
+        await get_channel_layer().group_send(GROUP, {"type": "telemetry.frame", "frame": b"F" + newer})
+        pushed = await communicator.receive_from()
+        assert pushed[:1] == b"F" and decode_frame(pushed[1:])[0] == 8
+        await communicator.send_to(text_data="resync")
+        again = await communicator.receive_from()
+        assert again[:1] == b"S" and decode_frame(again[1:])[0] == 7  # the store's newest frame
+        await communicator.disconnect()
+
+    async_to_sync(run)()
+
+
+def test_the_live_page_needs_a_role_and_loads_plotly_locally(small_cluster, viewer, outsider):
+    assert Client().get("/live/").status_code == 302
+    client = Client()
+    client.force_login(outsider)
+    assert client.get("/live/").status_code == 403
+    client.force_login(viewer)
+    page = client.get("/live/").content.decode()
+    assert "/ws/telemetry/" in page and 'src="/static/plotly/plotly.min.js"' in page
+
+
+def test_the_layout_endpoint_places_every_gpu(small_cluster, viewer_client):
+    layout = viewer_client.get("/api/v1/telemetry/layout/").json()
+    assert layout["gpus"] == 76 and sum(layout["rack_gpu_count"]) == 76
+    assert len(layout["racks"]) == len(layout["rack_gpu_start"])
+    assert layout["node_gpu_start"][0] == 0 and len(layout["hostnames"]) == len(layout["node_gpu_start"])
