@@ -3,11 +3,13 @@
 - Run times: the 201 quantiles (every 0.5%) of the Philly run-time sample (Jeon et al., ATC'19;
   `philly_runtime.csv` of alibaba/clusterdata cluster-trace-gpu-v2020, CC BY 4.0; median 1,186 s,
   mean 14,613 s), sampled by inverse transform with linear interpolation.
-- Sizes: Acme's LLM cluster Kalos (Hu et al., NSDI'24, `cluster_summary.csv`, CC BY 4.0): median 1
-  GPU, mean 26.77, at most 1,024: 55% of jobs take 1 GPU, the rest powers of two from 2 to 1,024
-  with probability falling by 0.745 per doubling (which gives that mean).
-- Outcomes: Kalos' GPU-job shares: 39.7% fail and 6.2% are cancelled, each at a uniformly drawn
-  point of its run; the rest complete.
+- Sizes and outcomes from a published summary (``trace``): Acme's LLM cluster Kalos (Hu et al.,
+  NSDI'24, `cluster_summary.csv`, CC BY 4.0; the default): median 1 GPU, mean 26.77, at most
+  1,024, 39.7% fail and 6.2% are cancelled; or Helios (Hu et al., SC'21,
+  `helios_cluster_summary.csv`): mean 3.716 GPUs, at most 2,048, 15.5% fail, 22.1% are cancelled.
+  55% of jobs take 1 GPU, the rest powers of two with a probability falling geometrically per
+  doubling at the rate that gives the mean; failed and cancelled jobs stop at a uniformly drawn
+  point of their run.
 - Large pretraining gangs of 1,024 to 16,384 GPUs running for days fill the cluster up to the
   target load, the way LLM clusters are used; an optional share of them is elastic.
 A workload can also be read from a file (engine.simulation.load_workload).
@@ -223,9 +225,47 @@ PHILLY_RUNTIME_QUANTILES: tuple[float, ...] = (
     4.62824e06,
 )
 
-KALOS_ONE_GPU = 0.55
-KALOS_DECAY = 0.7452915539685683
-KALOS_FAIL, KALOS_CANCEL = 0.397, 0.062
+ONE_GPU_SHARE = 0.55  # both summaries have a median of 1 GPU; the share above a half is an assumption
+
+
+@dataclass(frozen=True)
+class TraceProfile:
+    """Job sizes and outcomes of a published cluster summary."""
+
+    name: str
+    mean_gpus: float
+    max_gpus: int
+    failed: float
+    cancelled: float
+
+    def size_probabilities(self) -> tuple[np.ndarray, np.ndarray]:
+        """Sizes 1, 2, 4 .. max_gpus: 1 GPU with ONE_GPU_SHARE, the rest falling geometrically per
+        doubling at the rate that gives ``mean_gpus`` (found by bisection)."""
+        k = np.arange(1, int(np.log2(self.max_gpus)) + 1)
+        sizes = np.concatenate([[1], 2**k])
+
+        def probabilities(decay: float) -> np.ndarray:
+            w = decay**k
+            return np.concatenate([[ONE_GPU_SHARE], w / w.sum() * (1 - ONE_GPU_SHARE)])
+
+        lo, hi = 1e-3, 2.0
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            if (probabilities(mid) * sizes).sum() < self.mean_gpus:
+                lo = mid
+            else:
+                hi = mid
+        return sizes, probabilities((lo + hi) / 2)
+
+
+# Acme (Hu et al., NSDI'24) cluster_summary.csv, Kalos: 26.77 GPUs per job on average, at most
+# 1,024; 39.7% failed, 6.2% cancelled. Helios (Hu et al., SC'21) helios_cluster_summary.csv, all
+# four clusters: 3.716 GPUs per job, at most 2,048 (Acme's row for Helios); 15.5% failed, 22.1%
+# cancelled.
+TRACES = {
+    "kalos": TraceProfile("kalos", 26.77, 1024, 0.397, 0.062),
+    "helios": TraceProfile("helios", 3.716, 2048, 0.155, 0.221),
+}
 PRETRAIN_SIZES = (1024, 2048, 4096, 8192, 16384)
 
 
@@ -251,11 +291,9 @@ def runtime_quantile(u: np.ndarray) -> np.ndarray:
     return np.interp(u * (len(q) - 1), np.arange(len(q)), q)
 
 
-def sample_sizes(rng: np.random.Generator, n: int) -> np.ndarray:
-    k = np.arange(1, 11)
-    w = KALOS_DECAY**k
-    p = np.concatenate([[KALOS_ONE_GPU], w / w.sum() * (1 - KALOS_ONE_GPU)])
-    return np.concatenate([[1], 2**k])[rng.choice(11, size=n, p=p)]
+def sample_sizes(rng: np.random.Generator, n: int, trace: str = "kalos") -> np.ndarray:
+    sizes, p = TRACES[trace].size_probabilities()
+    return sizes[rng.choice(len(sizes), size=n, p=p)]
 
 
 def topology_for(gpus: int) -> str:
@@ -271,6 +309,7 @@ def generate(
     target_load: float = 0.8,
     pretrain_share: float = 0.6,
     elastic_share: float = 0.0,
+    trace: str = "kalos",
 ) -> list[SimJob]:
     """A seeded workload for a cluster with ``capacity`` GPUs per chip type over ``days``.
 
@@ -315,14 +354,17 @@ def generate(
         if t >= horizon:
             t = horizon * rng.random() * 0.5
     # the trace-calibrated stream
-    probe_sizes = sample_sizes(rng, 20_000)
+    if trace not in TRACES:
+        raise ValueError(f"trace {trace!r} is unknown; known: {', '.join(TRACES)}")
+    profile = TRACES[trace]
+    probe_sizes = sample_sizes(rng, 20_000, trace)
     probe_work = runtime_quantile(rng.random(20_000))
     mean_gpu_s = float((probe_sizes * probe_work).mean())
     if jobs is None:
         stream_budget = max(0.0, target_load - pretrain_share) * total * horizon
         jobs = int(stream_budget / mean_gpu_s)
     arrivals = np.sort(rng.random(jobs)) * horizon
-    sizes = sample_sizes(rng, jobs)
+    sizes = sample_sizes(rng, jobs, trace)
     work = np.maximum(runtime_quantile(rng.random(jobs)), 1.0)
     outcome_draw = rng.random(jobs)
     cut = rng.random(jobs)
@@ -331,8 +373,8 @@ def generate(
     for i in range(jobs):
         outcome = (
             "failed"
-            if outcome_draw[i] < KALOS_FAIL
-            else ("cancelled" if outcome_draw[i] < KALOS_FAIL + KALOS_CANCEL else "completed")
+            if outcome_draw[i] < profile.failed
+            else ("cancelled" if outcome_draw[i] < profile.failed + profile.cancelled else "completed")
         )
         w = float(work[i]) * (float(cut[i]) if outcome != "completed" else 1.0)
         size = int(min(sizes[i], capacity[chips[job_chips[i]]]))

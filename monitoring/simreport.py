@@ -89,6 +89,7 @@ def run_all(
     workload: str | None = None,
     elastic_share: float = 0.0,
     inference_share: float = 0.1,
+    trace: str = "kalos",
     check_invariants: bool = False,
     progress=None,
 ) -> list[dict]:
@@ -102,7 +103,9 @@ def run_all(
             if workload:
                 shared_jobs = read_workload(workload, set(capacity))
             else:
-                shared_jobs = generate(capacity, days, seed=seed, jobs=jobs, elastic_share=elastic_share)
+                shared_jobs = generate(
+                    capacity, days, seed=seed, jobs=jobs, elastic_share=elastic_share, trace=trace
+                )
         sim_config = SimConfig(days=days, seed=seed, name=config["name"], check_invariants=check_invariants)
         if "checkpoint" in config:
             sim_config = replace(sim_config, checkpoint=config["checkpoint"])

@@ -144,6 +144,11 @@ def test_the_generator_follows_the_trace_summaries():
     work = np.array([j.work_s for j in jobs if j.outcome == "completed"])
     assert 900 < np.median(work) < 1500  # Philly: median 1,186 s
     assert math.isclose(len(jobs), 20_000, rel_tol=0.01)
+    helios = generate({"H100-SXM": 100_000}, 30, seed=0, jobs=20_000, pretrain_share=0.0, trace="helios")
+    sizes = np.array([j.gpus for j in helios])
+    assert np.median(sizes) == 1 and 3 < sizes.mean() < 4.5 and sizes.max() <= 2048  # Helios: 3.7
+    outcomes = [j.outcome for j in helios]
+    assert 0.13 < outcomes.count("failed") / len(helios) < 0.18
 
 
 def test_the_simulate_command_compares_configurations(tmp_path, capsys):

@@ -49,6 +49,9 @@ class Command(BaseCommand):
             default=0.1,
             help="share of the largest chip type for a diurnal chat service (0: none)",
         )
+        parser.add_argument(
+            "--trace", default="kalos", choices=["kalos", "helios"], help="job sizes and outcomes to follow"
+        )
         parser.add_argument("--compare", nargs="+", default=None, metavar="CONFIG")
         parser.add_argument(
             "--check-invariants", action="store_true", help="run the invariant checker every cycle"
@@ -93,6 +96,7 @@ class Command(BaseCommand):
                 workload=opts["workload"],
                 elastic_share=opts["elastic"],
                 inference_share=opts["inference"],
+                trace=opts["trace"],
                 check_invariants=opts["check_invariants"],
                 progress=progress,
             )
