@@ -1,9 +1,9 @@
 """Live telemetry over websockets: /ws/telemetry/.
 
-A client gets the newest full frame on connect (first byte "S", then the frame of
-engine.fleet.encode_frame) and every newer frame after it (first byte "F"), at most once per
-second. Frames carry a sequence number: a client that sees a gap, or reconnects, sends the text
-"resync" and gets a full frame again. Each frame is encoded once and fanned out to the group
+A client gets a compressed snapshot of the newest frame on connect ("S", engine.fleet) and a
+compressed delta for each newer frame after it ("D": the change from the frame it names), at most
+once per second. A client whose frame is not the one a delta names (a gap, a reconnect) sends the
+text "resync" and gets a snapshot again. Each delta is encoded once and fanned out to the group
 "telemetry": with Redis the simulated fleet (or a node agent's collector) publishes it to the
 channel layer; on the embedded default one broadcaster per server process reads the live store
 once a second and publishes to the in-memory layer.
@@ -20,7 +20,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from cluster.roles import is_viewer
-from engine.fleet import decode_frame
+from engine.fleet import decode_frame, delta_message, snapshot_message
 from monitoring.livestore import FRAME_KEY, live_store
 
 GROUP = "telemetry"
@@ -35,16 +35,14 @@ async def _broadcast_forever() -> None:
     """Embedded default: publish each new frame of the live store to the group, once. The frame
     already there at start went to each client as its snapshot."""
     layer = get_channel_layer()
-    data = await sync_to_async(_latest)()
-    last = decode_frame(data)[0] if data else -1
+    previous = await sync_to_async(_latest)()
     while True:
-        data = await sync_to_async(_latest)()
-        if data:
-            seq = decode_frame(data)[0]
-            if seq != last:
-                last = seq
-                await layer.group_send(GROUP, {"type": "telemetry.frame", "frame": b"F" + data})
         await asyncio.sleep(1.0)
+        data = await sync_to_async(_latest)()
+        if data and (previous is None or decode_frame(data)[0] != decode_frame(previous)[0]):
+            message = delta_message(previous, data) if previous else snapshot_message(data)
+            previous = data
+            await layer.group_send(GROUP, {"type": "telemetry.frame", "frame": message})
 
 
 def ensure_broadcaster() -> None:
@@ -89,7 +87,7 @@ class TelemetryConsumer(AsyncWebsocketConsumer):
     async def _send_snapshot(self):
         data = await sync_to_async(_latest)()
         if data:
-            await self.send(bytes_data=b"S" + data)
+            await self.send(bytes_data=snapshot_message(data))
 
     async def telemetry_frame(self, event):
         await self.send(bytes_data=event["frame"])

@@ -28,7 +28,7 @@ from django.utils import timezone
 from cluster.models import GPU, Node
 from cluster.services import apply_node_action
 from cluster.snapshot import topology_cache
-from engine.fleet import Fleet, decode_frame, encode_frame
+from engine.fleet import Fleet, decode_frame, delta_message, encode_frame, snapshot_message
 from engine.network import Network, traffic_per_gpu
 from engine.states import InvalidTransition
 from monitoring.livestore import FRAME_KEY, NETWORK_KEY, STATE_KEY, live_store
@@ -75,8 +75,8 @@ def _utilization(snapshot, fleet: Fleet) -> np.ndarray:
     return util
 
 
-def _publish(encoded: bytes) -> None:
-    """With Redis, hand the frame to every dashboard once through the channel layer (on the
+def _publish(previous: bytes | None, encoded: bytes) -> None:
+    """With Redis, hand the change to every dashboard once through the channel layer (on the
     embedded default each server process's broadcaster picks it up from the live store)."""
     if not settings.REDIS_URL:
         return
@@ -85,7 +85,8 @@ def _publish(encoded: bytes) -> None:
 
     layer = get_channel_layer()
     if layer is not None:
-        async_to_sync(layer.group_send)("telemetry", {"type": "telemetry.frame", "frame": b"F" + encoded})
+        message = delta_message(previous, encoded) if previous else snapshot_message(encoded)
+        async_to_sync(layer.group_send)("telemetry", {"type": "telemetry.frame", "frame": message})
 
 
 def _network(snapshot, seq: int, sim_t: float) -> dict:
@@ -133,7 +134,7 @@ def tick(now=None) -> dict:
     fleet.step(sim_t, _utilization(snapshot, fleet))
     encoded = encode_frame(seq, sim_t, fleet.frame())
     store.put(FRAME_KEY, encoded)
-    _publish(encoded)
+    _publish(previous, encoded)
     store.put(NETWORK_KEY, json.dumps(_network(snapshot, seq, sim_t)).encode())
     telemetry_ms = (time.perf_counter() - started) * 1000
 

@@ -9,7 +9,14 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 from django.test import Client
 
-from engine.fleet import decode_frame, encode_frame
+from engine.fleet import (
+    FRAME_METRICS,
+    apply_message,
+    decode_frame,
+    delta_message,
+    encode_frame,
+    snapshot_message,
+)
 from monitoring.consumers import GROUP, TelemetryConsumer
 from monitoring.livestore import FRAME_KEY, live_store, reset_store
 
@@ -54,15 +61,19 @@ def test_a_viewer_gets_a_snapshot_then_group_frames_and_can_resync(frame_in_stor
         assert connected
         snapshot = await communicator.receive_from()
         assert snapshot[:1] == b"S"
-        seq, t, values = decode_frame(snapshot[1:])
+        full = apply_message(None, snapshot)
+        seq, t, values = decode_frame(full)
         assert seq == 7 and t == 123.0 and len(values["util"]) == 16 and values["temperature"][0] == 2
         newer = encode_frame(8, 128.0, {k: v + 1 for k, v in values.items()})
-        await get_channel_layer().group_send(GROUP, {"type": "telemetry.frame", "frame": b"F" + newer})
+        delta = delta_message(full, newer)
+        await get_channel_layer().group_send(GROUP, {"type": "telemetry.frame", "frame": delta})
         pushed = await communicator.receive_from()
-        assert pushed[:1] == b"F" and decode_frame(pushed[1:])[0] == 8
+        assert pushed[:1] == b"D"
+        seq, _, values = decode_frame(apply_message(full, pushed))
+        assert seq == 8 and values["temperature"][0] == 3
         await communicator.send_to(text_data="resync")
         again = await communicator.receive_from()
-        assert again[:1] == b"S" and decode_frame(again[1:])[0] == 7  # the store's newest frame
+        assert again[:1] == b"S" and decode_frame(apply_message(None, again))[0] == 7  # the store's newest
         await communicator.disconnect()
 
     async_to_sync(run)()
@@ -83,3 +94,35 @@ def test_the_layout_endpoint_places_every_gpu(small_cluster, viewer_client):
     assert layout["gpus"] == 76 and sum(layout["rack_gpu_count"]) == 76
     assert len(layout["racks"]) == len(layout["rack_gpu_start"])
     assert layout["node_gpu_start"][0] == 0 and len(layout["hostnames"]) == len(layout["node_gpu_start"])
+
+
+def test_deltas_rebuild_the_frame_and_refuse_the_wrong_base():
+    rng = np.random.default_rng(0)
+    frames = [
+        encode_frame(i, float(i), {m: rng.integers(0, 100, 1000).astype(np.uint8) for m in FRAME_METRICS})
+        for i in (1, 2, 3)
+    ]
+    current = apply_message(None, snapshot_message(frames[0]))
+    assert current == frames[0]
+    current = apply_message(current, delta_message(frames[0], frames[1]))
+    assert current == frames[1]
+    with pytest.raises(ValueError, match="resync"):
+        apply_message(frames[0], delta_message(frames[1], frames[2]))
+
+
+def test_a_100k_gpu_frame_travels_under_150_kb():
+    from engine.chips import BY_NAME
+    from engine.fleet import Fleet
+    from engine.presets import preset_document
+    from engine.synthetic import snapshot_from_spec
+    from engine.topology_spec import parse_topology
+
+    topo = snapshot_from_spec(parse_topology(preset_document("100k"), set(BY_NAME)))
+    fleet = Fleet(topo, seed=1)
+    util = np.where(np.random.default_rng(2).random(topo.num_gpus) < 0.7, 0.92, 0.0).astype(np.float32)
+    fleet.step(0.0, util)
+    first = encode_frame(1, 0.0, fleet.frame())
+    fleet.step(5.0, util)
+    second = encode_frame(2, 5.0, fleet.frame())
+    assert len(first) == 21 + 5 * 100_000
+    assert len(snapshot_message(first)) < 150_000 and len(delta_message(first, second)) < 150_000
