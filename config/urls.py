@@ -14,6 +14,7 @@ urlpatterns = [
     path("services/", scheduling_views.services, name="services"),
     path("services/<int:pk>/", scheduling_views.service_detail, name="service-detail"),
     path("live/", monitoring_views.live, name="live"),
+    path("overview/", monitoring_views.overview_page, name="overview"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -8,6 +8,7 @@ router.register("faults", views.FaultEventViewSet)
 router.register("simulations", views.SimulationViewSet)
 
 urlpatterns = [
+    path("overview/", views.OverviewView.as_view(), name="overview"),
     path("telemetry/layout/", views.TelemetryLayoutView.as_view(), name="telemetry-layout"),
     path("telemetry/network/", views.NetworkView.as_view(), name="telemetry-network"),
     path("telemetry/frame/", views.TelemetryFrameView.as_view(), name="telemetry-frame"),

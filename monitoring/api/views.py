@@ -127,3 +127,14 @@ class TelemetryLayoutView(APIView):
                 "node_gpu_start": node_start,
             }
         )
+
+
+class OverviewView(APIView):
+    """GPUs by state (free, allocated, allocated but idle, cordoned, down, in repair) as counts and
+    shares, the busy share, running and pending jobs, faults per hour over 24 h, open faults."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request):
+        from monitoring.overview import overview
+
+        return Response(overview())
