@@ -28,7 +28,7 @@ from scheduling.choices import CheckpointKind, EventKind, JobState
 from scheduling.cycle import _active_allocations, _insert_allocations, _layout
 from scheduling.locks import cycle_lock
 from scheduling.models import Allocation, Checkpoint, Job, JobEvent
-from scheduling.plans import plan_for, plan_summary
+from scheduling.plans import resize_job
 from scheduling.trigger import request_cycle
 
 LEMON_WINDOW = timedelta(days=7)
@@ -236,19 +236,9 @@ def _recover(
     job.save(update_fields=["progress_s"])
     if plan.outcome == "shrink":
         kept = np.setdiff1d(job_gpus, plan.lost_gpus)
-        old_plan, new_plan = job.plan, plan_for(job, job.chip.name if job.chip else "", snapshot, kept)
-        Job.objects.filter(pk=job.pk).update(allocated_gpus=len(kept), plan=new_plan)
-        data = {"old_gpus": len(job_gpus), "new_gpus": len(kept), "old_plan": old_plan, "new_plan": new_plan}
-        if old_plan.get("tokens_per_s") and new_plan.get("tokens_per_s"):
-            data["throughput_ratio"] = new_plan["tokens_per_s"] / old_plan["tokens_per_s"]
-        JobEvent.objects.create(
-            job=job,
-            kind=EventKind.RESIZED,
-            at=detected,
-            reason=f"shrunk from {len(job_gpus)} to {len(kept)} GPUs after a fault"
-            + (f"; re-planned {plan_summary(new_plan)}" if new_plan and "error" not in new_plan else ""),
-            data={**data, "fault": fault.pk},
-        )
+        job.allocated_gpus = len(job_gpus)  # the size before the fault, for the event
+        reason = f"shrunk from {len(job_gpus)} to {len(kept)} GPUs after a fault"
+        resize_job(job, snapshot, kept, at=detected, reason=reason, fault=fault.pk).save()
     JobEvent.objects.create(
         job=job,
         kind=EventKind.RECOVERED,

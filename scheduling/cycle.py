@@ -25,7 +25,7 @@ from scheduling.bulk import update_rows
 from scheduling.choices import EventKind, JobState
 from scheduling.locks import cycle_lock
 from scheduling.models import Allocation, Checkpoint, Job, JobEvent, Queue
-from scheduling.plans import plan_for, plan_summary
+from scheduling.plans import plan_for, plan_summary, resize_job
 
 _layout_cache: dict[str, object] = {"key": None, "layout": None}
 _allocation_cache: dict[str, object] = {}
@@ -404,19 +404,8 @@ def _apply_resizes(resizes, snapshot, now: datetime, rows: list[tuple[int, int]]
                 active=False, released_at=now
             )
         rows.extend((job.pk, int(g)) for g in snapshot.gpu_id[r.added])
-        old_plan = job.plan
-        new_plan = plan_for(job, job.chip.name if job.chip else "", snapshot, r.gpus)
-        job.allocated_gpus, job.plan = r.new_size, new_plan
-        job.save(update_fields=["allocated_gpus", "plan"])
-        data = {"old_gpus": r.old_size, "new_gpus": r.new_size, "old_plan": old_plan, "new_plan": new_plan}
-        if r.by_job is not None:
-            data["by_job"] = r.by_job
-        if old_plan.get("tokens_per_s") and new_plan.get("tokens_per_s"):
-            data["throughput_ratio"] = new_plan["tokens_per_s"] / old_plan["tokens_per_s"]
-        reason = r.reason
-        if new_plan and "error" not in new_plan:
-            reason += f"; re-planned {plan_summary(new_plan)}"
-        events.append(JobEvent(job=job, kind=EventKind.RESIZED, at=now, reason=reason, data=data))
+        extra = {"by_job": r.by_job} if r.by_job is not None else {}
+        events.append(resize_job(job, snapshot, r.gpus, at=now, reason=r.reason, **extra))
     return events
 
 

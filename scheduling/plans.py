@@ -95,3 +95,28 @@ def plan_summary(plan: dict) -> str:
         f"TP{plan['tp']} PP{plan['pp']} DP{plan['dp']}, {plan['step_s']:.2f} s/step, "
         f"{plan['tokens_per_s']:,.0f} tokens/s"
     )
+
+
+def resize_job(job, snapshot, gpus: np.ndarray, *, at, reason: str, **extra):
+    """Re-plan ``job`` on its new GPU set, save its size and plan, and return the unsaved
+    ``resized`` event carrying the old and new plan and the modelled throughput ratio."""
+    from scheduling.choices import EventKind
+    from scheduling.models import JobEvent
+
+    old_plan = job.plan
+    new_plan = plan_for(job, job.chip.name if job.chip else "", snapshot, gpus)
+    old_size = job.allocated_gpus
+    job.allocated_gpus, job.plan = int(len(gpus)), new_plan
+    job.save(update_fields=["allocated_gpus", "plan"])
+    data = {
+        "old_gpus": old_size,
+        "new_gpus": job.allocated_gpus,
+        "old_plan": old_plan,
+        "new_plan": new_plan,
+        **extra,
+    }
+    if old_plan.get("tokens_per_s") and new_plan.get("tokens_per_s"):
+        data["throughput_ratio"] = new_plan["tokens_per_s"] / old_plan["tokens_per_s"]
+    if new_plan and "error" not in new_plan:
+        reason += f"; re-planned {plan_summary(new_plan)}"
+    return JobEvent(job=job, kind=EventKind.RESIZED, at=at, reason=reason, data=data)
