@@ -126,11 +126,14 @@ class Fabric:
 
     def level_for(self, gpus: int) -> int:
         """The smallest span level whose domain holds ``gpus`` GPUs."""
-        sizes = (self.gpus_per_node, self.gpus_per_rack, self.gpus_per_pod, self.gpus_per_datacenter)
-        for level, size in enumerate(sizes):
-            if gpus <= size:
-                return level
-        return 4
+        return int(self.levels_for(np.array([gpus]))[0])
+
+    def levels_for(self, gpus: np.ndarray) -> np.ndarray:
+        """``level_for`` of every entry of ``gpus`` (region when no datacenter holds it)."""
+        sizes = np.array(
+            [self.gpus_per_node, self.gpus_per_rack, self.gpus_per_pod, self.gpus_per_datacenter]
+        )
+        return np.searchsorted(sizes, gpus, side="left")
 
     def bandwidth(self, level: int, chip: ChipSpec) -> float:
         """Per-GPU bus bandwidth (GB/s) for a collective whose GPUs span ``level``."""
@@ -222,8 +225,8 @@ def _evaluate(model, chip, gpus, fabric, span_level, datacenters, t, p, d, v, b,
     ar = 2 * (t - 1) / t * act_bytes / nvlink + lat[0]
     tp = np.where(t > 1, m * (L / p) * np.where(rc == 1, 6, 4) * ar, 0.0)
 
-    pp_level = np.minimum([fabric.level_for(x) for x in (t * p)], span_level)
-    pp_bw = np.array([fabric.bandwidth(int(lv), chip) for lv in pp_level]) * 1e9
+    pp_level = np.minimum(fabric.levels_for(t * p), span_level)
+    pp_bw = np.array([fabric.bandwidth(level, chip) for level in range(len(SPAN_LEVELS))])[pp_level] * 1e9
     hop = act_bytes / t / pp_bw + np.asarray(lat)[pp_level]
     pp = np.where(p > 1, 2 * (p - 1) * hop, 0.0)
 
@@ -248,22 +251,9 @@ def _evaluate(model, chip, gpus, fabric, span_level, datacenters, t, p, d, v, b,
     return step, memory, {"compute": compute, "bubble": bubble, "tp": tp, "pp": pp, "dp": dp}, m
 
 
-def plans(
-    model: ModelSpec,
-    chip: str | ChipSpec,
-    gpus: int,
-    *,
-    fabric: Fabric | None = None,
-    span_level: int | None = None,
-    datacenters: int = 1,
-    fixed: dict | None = None,
-) -> list[Plan]:
-    """Every feasible plan for ``model`` on ``gpus`` GPUs of ``chip``, fastest first.
-
-    ``span_level`` is the lowest common topology level of the placement (index in SPAN_LEVELS;
-    default: the smallest level that holds ``gpus``); ``datacenters`` how many it spans.
-    ``fixed`` pins plan axes, e.g. {"tp": 8, "pp": 16}.
-    """
+def _ranked(model, chip, gpus, fabric, span_level, datacenters, fixed):
+    """Evaluate the plan grid; returns a builder of Plan objects and the feasible plans' indices,
+    fastest first (ties go to fewer pipeline stages and no recomputation)."""
     fabric = fabric or Fabric()
     spec = BY_NAME[chip] if isinstance(chip, str) else chip
     if gpus <= 0:
@@ -282,56 +272,63 @@ def plans(
             f"{model.name or 'the model'} does not fit on {gpus} {spec.name}: the smallest plan needs "
             f"{memory[best] / GIB:.0f} GiB per GPU, the chip has {spec.memory_gib:.0f} GiB"
         )
-    # fastest first; ties go to fewer pipeline stages and no recomputation
     order = fits[np.lexsort((rc[fits], p[fits], step[fits]))]
-    flops = (
-        6 * model.params * model.batch_tokens
-        + 12 * model.layers * model.hidden * model.seq_len * model.batch_tokens
-    )
-    out = []
-    for i in order:
-        i = int(i)
-        out.append(
-            Plan(
-                chip=spec.name,
-                gpus=gpus,
-                tp=int(t[i]),
-                pp=int(p[i]),
-                dp=int(d[i]),
-                virtual_stages=int(v[i]),
-                micro_batch=int(b[i]),
-                micro_batches=int(m[i]),
-                recompute=bool(rc[i]),
-                step_s=float(step[i]),
-                tokens_per_s=model.batch_tokens / float(step[i]),
-                memory_gib=float(memory[i] / GIB),
-                mfu=flops / float(step[i]) / (gpus * spec.bf16_tflops * 1e12),
-                breakdown={k: float(val[i]) for k, val in parts.items()},
-            )
+    flops = model.batch_tokens * (6 * model.params + 12 * model.layers * model.hidden * model.seq_len)
+
+    def build(i: int) -> Plan:
+        return Plan(
+            chip=spec.name,
+            gpus=gpus,
+            tp=int(t[i]),
+            pp=int(p[i]),
+            dp=int(d[i]),
+            virtual_stages=int(v[i]),
+            micro_batch=int(b[i]),
+            micro_batches=int(m[i]),
+            recompute=bool(rc[i]),
+            step_s=float(step[i]),
+            tokens_per_s=model.batch_tokens / float(step[i]),
+            memory_gib=float(memory[i] / GIB),
+            mfu=flops / float(step[i]) / (gpus * spec.bf16_tflops * 1e12),
+            breakdown={k: float(val[i]) for k, val in parts.items()},
         )
-    return out
+
+    return build, order
 
 
-def best_plan(model: ModelSpec, chip: str | ChipSpec, gpus: int, **kwargs) -> Plan:
-    """The fastest feasible plan (raises NoFeasiblePlan when none fits)."""
-    fabric = kwargs.get("fabric") or Fabric()
-    spec = BY_NAME[chip] if isinstance(chip, str) else chip
-    span_level = kwargs.get("span_level")
-    if span_level is None:
-        span_level = fabric.level_for(gpus)
-    datacenters = kwargs.get("datacenters", 1)
-    t, p, d, v, b, rc = _grid(model, gpus, fabric, kwargs.get("fixed"))
-    if len(t):
-        step, memory, _, _ = _evaluate(model, spec, gpus, fabric, span_level, datacenters, t, p, d, v, b, rc)
-        budget = (spec.memory_gib - fabric.memory_reserve_gib) * GIB
-        ok = memory <= budget
-        if ok.any():
-            i = int(np.flatnonzero(ok)[np.argmin(step[ok])])
-            fixed = {"tp": int(t[i]), "pp": int(p[i]), "vs": int(v[i]), "mb": int(b[i]), "rc": int(rc[i])}
-            return plans(
-                model, spec, gpus, fabric=fabric, span_level=span_level, datacenters=datacenters, fixed=fixed
-            )[0]
-    return plans(model, spec, gpus, **kwargs)[0]  # raises with the reason
+def plans(
+    model: ModelSpec,
+    chip: str | ChipSpec,
+    gpus: int,
+    *,
+    fabric: Fabric | None = None,
+    span_level: int | None = None,
+    datacenters: int = 1,
+    fixed: dict | None = None,
+) -> list[Plan]:
+    """Every feasible plan for ``model`` on ``gpus`` GPUs of ``chip``, fastest first.
+
+    ``span_level`` is the lowest common topology level of the placement (index in SPAN_LEVELS;
+    default: the smallest level that holds ``gpus``); ``datacenters`` how many it spans.
+    ``fixed`` pins plan axes, e.g. {"tp": 8, "pp": 16}.
+    """
+    build, order = _ranked(model, chip, gpus, fabric, span_level, datacenters, fixed)
+    return [build(int(i)) for i in order]
+
+
+def best_plan(
+    model: ModelSpec,
+    chip: str | ChipSpec,
+    gpus: int,
+    *,
+    fabric: Fabric | None = None,
+    span_level: int | None = None,
+    datacenters: int = 1,
+    fixed: dict | None = None,
+) -> Plan:
+    """The fastest feasible plan (raises NoFeasiblePlan when none fits); see ``plans``."""
+    build, order = _ranked(model, chip, gpus, fabric, span_level, datacenters, fixed)
+    return build(int(order[0]))
 
 
 def rank_chips(model: ModelSpec, gpus: int, chips: list[str], *, fabric: Fabric | None = None) -> list[dict]:
