@@ -234,7 +234,7 @@ class Simulation:
                 view.append(cached[1])
                 continue
             last = job.run_start + checkpoints * job.interval
-            end = job.run_start + job.remaining / job.size / max(1e-9, 1 - job.stall_fraction)
+            end = self._finish_time(job)
             view.append(
                 RunningJob(
                     spec.id,
@@ -314,8 +314,16 @@ class Simulation:
         job.run_start = self.now + overhead
         job.version += 1
         self.running[job.spec.id] = job
-        finish = job.run_start + job.remaining / size / (1 - job.stall_fraction)
-        self._push(finish, "end", job.spec.id, job.version)
+        self._schedule_end(job)
+
+    def _schedule_end(self, job: _Job) -> None:
+        """The job ends when its remaining work is done at its size, less checkpoint stalls; an
+        end event of an older run (older version) is ignored."""
+        self._push(self._finish_time(job), "end", job.spec.id, job.version)
+
+    @staticmethod
+    def _finish_time(job: _Job) -> float:
+        return job.run_start + job.remaining / job.size / max(1e-9, 1 - job.stall_fraction)
 
     def _save(self, job: _Job, *, graceful: bool, at: float | None = None) -> float:
         """Account the run so far; returns the GPU-seconds lost. Graceful: the policy can save now."""
@@ -490,8 +498,7 @@ class Simulation:
         job.run_start = self.now + restart
         job.version += 1
         self._policy(job)
-        finish = job.run_start + job.remaining / job.size / (1 - job.stall_fraction)
-        self._push(finish, "end", spec.id, job.version)
+        self._schedule_end(job)
 
     def _on_gpu_back(self, gpu: int) -> None:
         self.topo.gpu_state[gpu] = GPU_READY

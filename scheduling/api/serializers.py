@@ -162,6 +162,19 @@ class JobEventSerializer(serializers.ModelSerializer):
         fields = ["kind", "at", "reason", "data"]
 
 
+def validate_chip_names(chips: list[str]) -> list[str]:
+    """Chip types of the cluster, each listed once (jobs and inference services)."""
+    known = set(topology_cache.structure().chip_names)
+    unknown = [c for c in chips if c not in known]
+    if unknown:
+        raise serializers.ValidationError(
+            f"unknown chip type {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    if len(set(chips)) != len(chips):
+        raise serializers.ValidationError("a chip type is listed twice")
+    return chips
+
+
 def _shape_problem(attrs) -> dict | None:
     """{field: message} when elastic, shared and mixed-chip settings contradict each other."""
     low, step, gpus = attrs.get("min_gpus"), attrs.get("size_step", 1), attrs["gpus"]
@@ -270,15 +283,7 @@ class JobSerializer(serializers.ModelSerializer):
         return copy.deepcopy(JobSerializer._field_cache[cls])
 
     def validate_chip_types(self, chips):
-        known = set(topology_cache.structure().chip_names)
-        unknown = [c for c in chips if c not in known]
-        if unknown:
-            raise serializers.ValidationError(
-                f"unknown chip type {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
-        if len(set(chips)) != len(chips):
-            raise serializers.ValidationError("a chip type is listed twice")
-        return chips
+        return validate_chip_names(chips)
 
     def validate_model(self, model):
         if not model:
@@ -437,7 +442,7 @@ class InferenceServiceSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError(str(exc).removeprefix("load_profile.")) from exc
 
     def validate_chip_types(self, chips):
-        return JobSerializer.validate_chip_types(self, chips)
+        return validate_chip_names(chips)
 
     def validate(self, attrs):
         merged = {**({} if self.instance is None else self.instance.__dict__), **attrs}
