@@ -179,9 +179,10 @@ def _parts(snapshot_chips, gpus) -> tuple[tuple[str, int], ...]:
     return tuple((chip_names[c], int(n)) for c, n in zip(chips, counts, strict=True))
 
 
-def load_pending() -> tuple[list[PendingJob], dict[int, str]]:
+def load_pending() -> tuple[list[PendingJob], dict[int, str], dict[int, str]]:
     """Pending jobs in one plain query (10,000 of them are normal on a busy cluster); submit times
-    come back as epoch seconds so no row needs a datetime object."""
+    come back as epoch seconds so no row needs a datetime object. Returns the jobs, their current
+    reasons, and the chip ranking to show in the reason of jobs whose chip types were ranked."""
     job, queue = Job._meta.db_table, Queue._meta.db_table
     if connection.vendor == "postgresql":
         epoch = "EXTRACT(EPOCH FROM j.submitted_at)::float8"
@@ -190,18 +191,22 @@ def load_pending() -> tuple[list[PendingJob], dict[int, str]]:
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT j.id, q.name, j.gpus, j.priority, j.chip_types, j.topology, {epoch}, "
-            f"j.estimated_duration_s, j.pending_reason, j.min_gpus, j.size_step, j.share, j.mixed_chips "
-            f"FROM {job} j JOIN {queue} q ON q.id = j.queue_id "
+            f"j.estimated_duration_s, j.pending_reason, j.min_gpus, j.size_step, j.share, j.mixed_chips, "
+            f"j.chip_ranking FROM {job} j JOIN {queue} q ON q.id = j.queue_id "
             f"WHERE j.state = %s",
             [JobState.PENDING.value],
         )
         rows = cursor.fetchall()
-    pending, reasons = [], {}
+    pending, reasons, ranked = [], {}, {}
     for row in rows:
         job_id, queue_name, gpus, priority, chips, topology, submitted, duration, reason = row[:9]
-        low, step, share, mixed = row[9:]
+        low, step, share, mixed, ranking = row[9:]
         if isinstance(chips, str):  # SQLite returns JSON as text
             chips = json.loads(chips)
+        if ranking and ranking != "[]":
+            ranking = json.loads(ranking) if isinstance(ranking, str) else ranking
+            if len(ranking) > 1:
+                ranked[job_id] = describe_ranking(ranking)
         pending.append(
             PendingJob(
                 job_id,
@@ -219,7 +224,7 @@ def load_pending() -> tuple[list[PendingJob], dict[int, str]]:
             )
         )
         reasons[job_id] = reason
-    return pending, reasons
+    return pending, reasons, ranked
 
 
 def run_cycle(
@@ -236,13 +241,13 @@ def run_cycle(
         layout = _layout(snapshot)
         queues = load_queues()
         running = load_running()
-        pending, old_reasons = load_pending()
+        pending, old_reasons, ranked = load_pending()
         t1 = time.perf_counter()
         timings["load"] = (t1 - t0) * 1000
         result = schedule(layout, queues, running, pending, now.timestamp(), config)
         t2 = time.perf_counter()
         timings["engine"] = (t2 - t1) * 1000
-        gpus = apply_decisions(result, snapshot, now, old_reasons)
+        gpus = apply_decisions(result, snapshot, now, old_reasons, ranked)
         timings["apply"] = (time.perf_counter() - t2) * 1000
         summary = CycleSummary(
             ran=True,
@@ -301,7 +306,13 @@ def _insert_allocations(
             )
 
 
-def apply_decisions(result: CycleResult, snapshot, now: datetime, old_reasons: dict[int, str]) -> int:
+def apply_decisions(
+    result: CycleResult,
+    snapshot,
+    now: datetime,
+    old_reasons: dict[int, str],
+    ranked: dict[int, str] | None = None,
+) -> int:
     """Write a cycle's decisions; returns the number of GPUs newly allocated."""
     chip_ids = dict(ChipType.objects.values_list("name", "id"))
     events: list[JobEvent] = []
@@ -362,7 +373,9 @@ def apply_decisions(result: CycleResult, snapshot, now: datetime, old_reasons: d
     # Reasons carry live numbers ("largest free block: 312 in pod bj2-p04") that move every cycle;
     # rewriting ten thousand rows each cycle for a number is wasteful, so a reason whose wording is
     # unchanged is refreshed every REASON_REFRESH_CYCLES cycles only.
-    _with_chip_ranking(result.pending)
+    for job_id, ranking in (ranked or {}).items():  # jobs whose chip types were ranked say so
+        if job_id in result.pending:
+            result.pending[job_id] = f"{result.pending[job_id]} ({ranking})"
     _reason_state["cycles"] += 1
     refresh = _reason_state["cycles"] % REASON_REFRESH_CYCLES == 0
     changed = [
@@ -415,18 +428,6 @@ def _shares(result: CycleResult) -> dict[int, int]:
     if not single:
         return {}
     return dict(Job.objects.filter(pk__in=single, share__lt=1000).values_list("id", "share"))
-
-
-def _with_chip_ranking(pending: dict[int, str]) -> None:
-    """Jobs whose chip types were ranked by cost-performance say so in their pending reason."""
-    if not pending:
-        return
-    ranked = (
-        Job.objects.filter(state=JobState.PENDING).exclude(chip_ranking=[]).values_list("id", "chip_ranking")
-    )
-    for job_id, ranking in ranked:
-        if job_id in pending and len(ranking) > 1:
-            pending[job_id] = f"{pending[job_id]} ({describe_ranking(ranking)})"
 
 
 def _apply_preemptions(preemptions, now: datetime) -> list[JobEvent]:
