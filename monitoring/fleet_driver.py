@@ -212,8 +212,22 @@ def _repairs(state: dict, fleet: Fleet, sim_t: float, accelerate: float) -> int:
 
 def _advance_jobs(wall: float, accelerate: float) -> tuple[int, int]:
     checkpoints = finished = 0
-    running = Job.objects.filter(state=JobState.RUNNING, started_at__isnull=False).select_related(
-        "checkpoint_policy", "queue__default_checkpoint_policy"
+    running = (
+        Job.objects.filter(state=JobState.RUNNING, started_at__isnull=False)
+        .select_related("checkpoint_policy", "queue__default_checkpoint_policy")
+        .only(
+            "id",
+            "started_at",
+            "estimated_duration_s",
+            "last_checkpoint_at",
+            "progress_s",
+            "parameters",
+            "service_id",
+            "checkpoint_policy__kind",
+            "checkpoint_policy__interval_s",
+            "queue__default_checkpoint_policy__kind",
+            "queue__default_checkpoint_policy__interval_s",
+        )
     )
     for job in running:
         elapsed = (wall - job.started_at.timestamp()) * accelerate
