@@ -177,3 +177,23 @@ class GPU(models.Model):
             raise ValidationError(
                 {"index": f"index {self.index} is outside node {self.node}'s {self.node.gpus_per_node} GPUs"}
             )
+
+
+class AuditRecord(models.Model):
+    """Who changed what, from a page, the API or the admin: queue quotas, node actions, policies."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.CharField(max_length=150)
+    action = models.CharField(max_length=32, help_text="e.g. update, create, cordon")
+    object_type = models.CharField(max_length=32, db_index=True, help_text="queue, node, checkpoint policy")
+    object_id = models.PositiveIntegerField(null=True, blank=True)
+    object_name = models.CharField(max_length=128)
+    changes = models.JSONField(default=dict, blank=True, help_text="field: [before, after]")
+    reason = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["object_type", "object_id", "at"])]
+
+    def __str__(self) -> str:
+        return f"{self.actor} {self.action} {self.object_type} {self.object_name}"

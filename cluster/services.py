@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from django.db import transaction
 from django.utils import timezone
 
-from cluster.models import Node
+from cluster.models import AuditRecord, Node
 from engine.states import InvalidTransition, node_action_target
 
 
@@ -29,12 +29,25 @@ def apply_node_action(nodes: Iterable[Node], action: str, *, actor: str, reason:
     if problems:
         raise InvalidTransition("; ".join(problems))
     now = timezone.now()
+    before_states = [node.state for node in locked]
     text = f"{action} by {actor}" + (f": {reason}" if reason else "")
     for node in locked:
         node.state = targets[node.pk]
         node.state_reason = "" if action in ("uncordon", "return") else text[:255]
         node.state_changed_at = now
     Node.objects.bulk_update(locked, ["state", "state_reason", "state_changed_at"])
+    AuditRecord.objects.bulk_create(
+        AuditRecord(
+            actor=actor[:150],
+            action=action,
+            object_type="node",
+            object_id=node.pk,
+            object_name=node.hostname,
+            changes={"state": [before, node.state]},
+            reason=reason[:255],
+        )
+        for node, before in zip(locked, before_states, strict=True)
+    )
     if action == "return":
         # a repaired node comes back whole: its GPUs were reset, its open faults are cleared
         from cluster.models import GPU

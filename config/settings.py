@@ -128,6 +128,7 @@ AUTOSCALE_INTERVAL_S = env_int("MYRIAD_AUTOSCALE_INTERVAL_S", 30, minimum=1)
 SIMULATED_FLEET = env_bool("MYRIAD_SIMULATED_FLEET", False)
 FLEET_TICK_S = env_int("MYRIAD_FLEET_TICK_S", 5, minimum=1)
 FLEET_ACCELERATE = env_int("MYRIAD_FLEET_ACCELERATE", 60, minimum=1)
+SAMPLE_INTERVAL_S = env_int("MYRIAD_SAMPLE_INTERVAL_S", 60, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {
         "task": "scheduling.tasks.run_scheduling_cycle",
@@ -136,6 +137,10 @@ CELERY_BEAT_SCHEDULE = {
     "autoscale-services": {
         "task": "scheduling.tasks.autoscale_services",
         "schedule": float(AUTOSCALE_INTERVAL_S),
+    },
+    "sample-cluster": {
+        "task": "monitoring.tasks.sample_cluster",
+        "schedule": float(SAMPLE_INTERVAL_S),
     },
 }
 if SIMULATED_FLEET:

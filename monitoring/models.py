@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 from cluster.models import GPU, DatacenterLink, Node, Pod
 from monitoring.choices import FaultAction, FaultSource, Severity
@@ -104,3 +104,40 @@ class Simulation(models.Model):
 
     def __str__(self) -> str:
         return self.name or f"simulation {self.pk}"
+
+
+class ClusterSample(models.Model):
+    """One row per sampling interval for the whole cluster (never per GPU): the overview's buckets,
+    jobs and faults, so the overview can chart the last hour, day and week."""
+
+    at = models.DateTimeField(unique=True)
+    gpus = models.PositiveIntegerField()
+    free = models.PositiveIntegerField()
+    allocated = models.PositiveIntegerField(help_text="Held by a job and working")
+    allocated_idle = models.PositiveIntegerField()
+    cordoned = models.PositiveIntegerField()
+    down = models.PositiveIntegerField()
+    repairing = models.PositiveIntegerField()
+    running_jobs = models.PositiveIntegerField()
+    pending_jobs = models.PositiveIntegerField()
+    open_faults = models.PositiveIntegerField()
+    faults_last_hour = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(
+                    gpus=F("free")
+                    + F("allocated")
+                    + F("allocated_idle")
+                    + F("cordoned")
+                    + F("down")
+                    + F("repairing")
+                ),
+                name="sample_buckets_sum_to_gpus",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"sample at {self.at:%Y-%m-%d %H:%M}"

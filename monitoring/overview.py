@@ -18,7 +18,7 @@ from cluster.snapshot import topology_cache
 from engine.fleet import decode_frame
 from engine.states import GPU_STATE_CODE, NODE_STATE_CODE
 from monitoring.livestore import FRAME_KEY, live_store
-from monitoring.models import FaultEvent
+from monitoring.models import ClusterSample, FaultEvent
 from scheduling.choices import JobState
 from scheduling.cycle import _active_allocations
 from scheduling.models import Job
@@ -80,3 +80,106 @@ def overview() -> dict:
         "open_faults": FaultEvent.objects.filter(cleared_at__isnull=True).count(),
         "telemetry_frame": frame_seq,
     }
+
+
+WINDOWS = {"hour": timedelta(hours=1), "day": timedelta(days=1), "week": timedelta(days=7)}
+SERIES = (
+    "free",
+    "allocated",
+    "allocated_idle",
+    "cordoned",
+    "down",
+    "repairing",
+    "running_jobs",
+    "pending_jobs",
+)
+
+
+def take_sample(now=None):
+    """Store one ClusterSample: the overview's counts now and the faults of the last hour."""
+    now = now or timezone.now()
+    data = overview()
+    return ClusterSample.objects.update_or_create(
+        at=now.replace(microsecond=0),
+        defaults={
+            "gpus": data["gpus"],
+            **data["counts"],
+            "running_jobs": data["running_jobs"],
+            "pending_jobs": data["pending_jobs"],
+            "open_faults": data["open_faults"],
+            "faults_last_hour": FaultEvent.objects.filter(
+                at__gte=now - timedelta(hours=1), at__lte=now
+            ).count(),
+        },
+    )[0]
+
+
+def history(window: str = "day", now=None, points: int = 360) -> dict:
+    """Samples over the last hour, day or week, thinned to at most `points` evenly spaced rows."""
+    if window not in WINDOWS:
+        raise ValueError(f"window must be one of {', '.join(WINDOWS)}")
+    now = now or timezone.now()
+    rows = list(
+        ClusterSample.objects.filter(at__gte=now - WINDOWS[window], at__lte=now)
+        .order_by("at")
+        .values("at", "gpus", "open_faults", "faults_last_hour", *SERIES)
+    )
+    if len(rows) > points:
+        keep = np.linspace(0, len(rows) - 1, points).round().astype(int)
+        rows = [rows[i] for i in keep]
+    out = {"window": window, "at": [r["at"].isoformat() for r in rows]}
+    for key in ("gpus", "open_faults", "faults_last_hour", *SERIES):
+        out[key] = [r[key] for r in rows]
+    out["busy_share"] = [round(r["allocated"] / r["gpus"], 4) if r["gpus"] else 0.0 for r in rows]
+    return out
+
+
+def queue_health() -> list[dict]:
+    """Per queue: running and pending jobs, the oldest pending job's wait, stopped, GPUs used vs nominal."""
+    from django.db.models import Count, Min, Q
+
+    from scheduling.models import Queue
+    from scheduling.usage import queue_usage
+
+    now = timezone.now()
+    usage = queue_usage()
+    rows = []
+    for q in Queue.objects.annotate(
+        running=Count("jobs", filter=Q(jobs__state=JobState.RUNNING)),
+        pending=Count("jobs", filter=Q(jobs__state=JobState.PENDING)),
+        oldest=Min("jobs__submitted_at", filter=Q(jobs__state=JobState.PENDING)),
+    ).order_by("-priority", "name"):
+        chips = usage.get(q.name, [])
+        nominal = sum(c["nominal"] for c in chips)
+        used = sum(c["used"] for c in chips)
+        wait = (now - q.oldest).total_seconds() if q.oldest else 0.0
+        if q.stopped:
+            health = "stopped"
+        elif q.pending and wait > 3600:
+            health = "starving"
+        elif used > nominal:
+            health = "borrowing"
+        else:
+            health = "ok"
+        rows.append(
+            {
+                "id": q.pk,
+                "name": q.name,
+                "running": q.running,
+                "pending": q.pending,
+                "oldest_pending_s": round(wait, 1),
+                "nominal": nominal,
+                "used": used,
+                "health": health,
+            }
+        )
+    return rows
+
+
+def ettr_last_day(now=None) -> dict:
+    """Cluster ETTR over the last 24 h and where the rest went (GPU-weighted)."""
+    from scheduling.ettr import cluster_ettr
+
+    now = now or timezone.now()
+    data = cluster_ettr(now - timedelta(hours=24), now)
+    return {"ettr": data["ettr"], "jobs": data["jobs"], "loss_share": data["loss_share"]}

@@ -24,3 +24,11 @@ def fleet_tick() -> dict:
     from monitoring.fleet_driver import tick
 
     return tick()
+
+
+@shared_task(ignore_result=True, time_limit=60, soft_time_limit=50)
+def sample_cluster() -> str:
+    """Store one ClusterSample for the overview's charts over time."""
+    from monitoring.overview import take_sample
+
+    return str(take_sample())

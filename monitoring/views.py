@@ -1,36 +1,385 @@
-"""The live telemetry page: every GPU as one heatmap cell, fed by websocket frames."""
+"""Operator pages: overview, live heatmap, topology drill-down, node page with actions, faults,
+simulations. Every list is scoped and paginated on the server; arrays come from the snapshot."""
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
-from django.shortcuts import render
+import json
+from datetime import timedelta
 
-from cluster.roles import is_viewer
+import numpy as np
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.db.models import Count, Q, Sum
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+
+from cluster.choices import COLOURS, NodeState
+from cluster.models import GPU, AuditRecord, Datacenter, Node, Pod, Rack
+from cluster.pages import flat_errors, viewer_page
+from cluster.roles import is_operator
+from cluster.services import apply_node_action
+from engine.states import NODE_ACTIONS, InvalidTransition
+from monitoring.models import FaultEvent, Simulation
+
+PAGE_SIZE = 50
+BUCKET_LABELS = {
+    "free": "free",
+    "allocated": "allocated and busy",
+    "allocated_idle": "allocated but idle",
+    "cordoned": "cordoned or draining",
+    "down": "down",
+    "repairing": "in repair",
+}
 
 
-@login_required
+@viewer_page
 def live(request):
-    if not is_viewer(request.user):
-        raise PermissionDenied("Your account has no role; ask an administrator for viewer or operator.")
     return render(request, "monitoring/live.html")
 
 
-@login_required
+@viewer_page
 def overview_page(request):
-    from monitoring.overview import BUCKETS, overview
+    from monitoring.overview import BUCKETS, ettr_last_day, overview, queue_health
 
-    if not is_viewer(request.user):
-        raise PermissionDenied("Your account has no role; ask an administrator for viewer or operator.")
     data = overview()
-    labels = {
-        "free": "free",
-        "allocated": "allocated and busy",
-        "allocated_idle": "allocated but idle",
-        "cordoned": "cordoned or draining",
-        "down": "down",
-        "repairing": "in repair",
-    }
-    rows = [(labels[b], data["counts"][b], data["shares"][b] * 100) for b in BUCKETS]
+    rows = [(BUCKET_LABELS[b], data["counts"][b], data["shares"][b] * 100) for b in BUCKETS]
     busy_pct = round(data["busy_share"] * 100, 1)
-    return render(request, "monitoring/overview.html", {"data": data, "rows": rows, "busy_pct": busy_pct})
+    ettr = ettr_last_day()
+    losses = sorted(ettr["loss_share"].items(), key=lambda kv: -kv[1])
+    return render(
+        request,
+        "monitoring/overview.html",
+        {
+            "data": data,
+            "rows": rows,
+            "busy_pct": busy_pct,
+            "ettr": ettr,
+            "ettr_pct": round(ettr["ettr"] * 100, 2) if ettr["ettr"] is not None else None,
+            "losses": [(k.replace("_", " "), v * 100) for k, v in losses],
+            "queues": queue_health(),
+            "labels": json.dumps(BUCKET_LABELS),
+        },
+    )
+
+
+# --- topology ---------------------------------------------------------------------------------
+
+_LEVELS = {
+    # level: (model, the Node path to it, the child level, the Node path to the child)
+    None: (None, None, "datacenter", "rack__pod__datacenter"),
+    "datacenter": (Datacenter, "rack__pod__datacenter", "pod", "rack__pod"),
+    "pod": (Pod, "rack__pod", "rack", "rack"),
+    "rack": (Rack, "rack", "node", None),
+}
+
+
+def _state_counts(nodes, group: str) -> dict[int, dict]:
+    """Per child: nodes, GPUs, GPUs by node state, spares, lemons (one grouped query)."""
+    per_state = {s: Sum("gpus_per_node", filter=Q(state=s)) for s in NodeState.values}
+    rows = nodes.values(f"{group}_id").annotate(
+        nodes=Count("id"),
+        gpus=Sum("gpus_per_node"),
+        spares=Count("id", filter=Q(is_spare=True)),
+        lemons=Count("id", filter=Q(is_lemon=True)),
+        **per_state,
+    )
+    return {r[f"{group}_id"]: r for r in rows}
+
+
+def _held_counts(group: str) -> dict[int, int]:
+    from scheduling.models import Allocation
+
+    key = f"gpu__node__{group}_id"
+    return {
+        r[key]: r["n"]
+        for r in Allocation.objects.filter(active=True).values(key).annotate(n=Count("gpu_id", distinct=True))
+    }
+
+
+def _breadcrumbs(obj) -> list[tuple[str, str]]:
+    crumbs = []
+    while obj is not None:
+        if isinstance(obj, Rack):
+            crumbs.append((f"rack {obj.name}", f"/topology/rack/{obj.pk}/"))
+            obj = obj.pod
+        elif isinstance(obj, Pod):
+            crumbs.append((f"pod {obj.name}", f"/topology/pod/{obj.pk}/"))
+            obj = obj.datacenter
+        elif isinstance(obj, Datacenter):
+            crumbs.append((f"datacenter {obj.name}", f"/topology/datacenter/{obj.pk}/"))
+            crumbs.append((f"region {obj.region.name}", "/topology/"))
+            obj = None
+    return [("cluster", "/topology/"), *reversed(crumbs)]
+
+
+@viewer_page
+def topology(request, level: str | None = None, pk: int | None = None):
+    """Region > datacenter > pod > rack > node, with GPUs by node state and GPUs held at each level."""
+    if level not in _LEVELS:
+        raise Http404(f"unknown topology level {level!r}")
+    model, path, child, child_path = _LEVELS[level]
+    obj = get_object_or_404(model, pk=pk) if model else None
+    nodes = Node.objects.all() if obj is None else Node.objects.filter(**{path: obj})
+    states = [(s, label, COLOURS[s]) for s, label in NodeState.choices]
+    context = {"obj": obj, "level": level, "child": child, "states": states, "crumbs": _breadcrumbs(obj)}
+    if child == "node":
+        page = Paginator(
+            nodes.select_related("chip_type")
+            .order_by("hostname")
+            .annotate(
+                held=Count("gpus__allocations", filter=Q(gpus__allocations__active=True), distinct=True),
+                open_faults=Count("faults", filter=Q(faults__cleared_at__isnull=True), distinct=True),
+            ),
+            PAGE_SIZE,
+        ).get_page(request.GET.get("page"))
+        context["page"] = page
+        return render(request, "monitoring/topology.html", context)
+    counts = _state_counts(nodes, child_path)
+    held = _held_counts(child_path)
+    children_model = {"datacenter": Datacenter, "pod": Pod, "rack": Rack}[child]
+    children = children_model.objects.filter(pk__in=counts).order_by("pk")
+    if child == "datacenter":
+        children = children.select_related("region")
+    page = Paginator(children, PAGE_SIZE).get_page(request.GET.get("page"))
+    rows = []
+    for c in page:
+        r = counts[c.pk]
+        rows.append(
+            {
+                "obj": c,
+                "name": f"{c.region.name} / {c.name}" if child == "datacenter" else c.name,
+                "url": f"/topology/{child}/{c.pk}/",
+                "nodes": r["nodes"],
+                "gpus": r["gpus"] or 0,
+                "held": held.get(c.pk, 0),
+                "spares": r["spares"],
+                "lemons": r["lemons"],
+                "states": [(s, label, r[s] or 0, colour) for s, label, colour in states],
+            }
+        )
+    total = {s: sum((counts[k][s] or 0) for k in counts) for s in NodeState.values}
+    context.update(
+        page=page,
+        rows=rows,
+        totals=[(label, total[s], colour) for s, label, colour in states],
+        gpus=sum((r["gpus"] or 0) for r in counts.values()),
+    )
+    return render(request, "monitoring/topology.html", context)
+
+
+@viewer_page
+def node_detail(request, hostname: str):
+    from scheduling.models import Allocation, Job
+
+    node = get_object_or_404(
+        Node.objects.select_related("rack__pod__datacenter__region", "chip_type"), hostname=hostname
+    )
+    if request.method == "POST":
+        action = request.POST.get("action", "")
+        reason = request.POST.get("reason", "").strip()
+        try:
+            if action not in NODE_ACTIONS:
+                raise InvalidTransition(f"action: unknown node action {action!r}")
+            apply_node_action([node], action, actor=request.user.username, reason=reason)
+        except InvalidTransition as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, f"{action.replace('_', ' ')} {node.hostname}: done")
+        return redirect("node-page", hostname=node.hostname)
+    gpus = list(node.gpus.order_by("index"))
+    holders = dict(Allocation.objects.filter(active=True, gpu__node=node).values_list("gpu_id", "job_id"))
+    jobs = {j.pk: j for j in Job.objects.filter(pk__in=set(holders.values())).select_related("queue")}
+    telemetry = _node_telemetry(node)
+    gpu_rows = [
+        {
+            "gpu": g,
+            "job": jobs.get(holders.get(g.pk)),
+            "telemetry": telemetry[i] if telemetry else None,
+            "state_colour": COLOURS[g.state],
+            "health_colour": COLOURS[g.health],
+        }
+        for i, g in enumerate(gpus)
+    ]
+    actions = [a for a, (allowed, _) in NODE_ACTIONS.items() if node.state in allowed]
+    return render(
+        request,
+        "monitoring/node.html",
+        {
+            "node": node,
+            "crumbs": _breadcrumbs(node.rack),
+            "gpu_rows": gpu_rows,
+            "jobs": sorted(jobs.values(), key=lambda j: j.pk),
+            "faults": FaultEvent.objects.filter(Q(node=node) | Q(gpu__node=node)).select_related(
+                "gpu", "job"
+            )[:20],
+            "audit": AuditRecord.objects.filter(object_type="node", object_id=node.pk)[:10],
+            "actions": actions if is_operator(request.user) else [],
+            "state_colour": COLOURS[node.state],
+        },
+    )
+
+
+def _node_telemetry(node: Node) -> list[dict] | None:
+    """The node's GPUs in the newest telemetry frame, or None when there is none."""
+    from cluster.snapshot import topology_cache
+    from engine.fleet import decode_frame
+    from monitoring.livestore import FRAME_KEY, live_store
+
+    data = live_store().get(FRAME_KEY)
+    if not data:
+        return None
+    try:
+        _, _, values = decode_frame(data)
+    except ValueError:
+        return None
+    snap = topology_cache.current()
+    idx = np.flatnonzero(snap.gpu_node == np.searchsorted(snap.node_id, node.pk))
+    if not len(idx) or len(values["util"]) != snap.num_gpus:
+        return None
+    return [{m: int(values[m][i]) for m in ("util", "memory", "temperature", "power")} for i in idx]
+
+
+# --- faults -----------------------------------------------------------------------------------
+
+FAULT_WINDOWS = {
+    "day": (timedelta(days=1), timedelta(hours=1)),
+    "week": (timedelta(days=7), timedelta(hours=6)),
+}
+
+
+@viewer_page
+def faults(request):
+    """Faults per rack over time (by cause), lemon nodes, open faults with the recovery in progress."""
+    window = request.GET.get("window", "week")
+    if window not in FAULT_WINDOWS:
+        window = "week"
+    cause = request.GET.get("cause", "")
+    span, step = FAULT_WINDOWS[window]
+    now = timezone.now()
+    since = now - span
+    recent = FaultEvent.objects.filter(at__gte=since)
+    causes = sorted(c for c in recent.values_list("cause", flat=True).distinct() if c)
+    if cause:
+        recent = recent.filter(cause=cause)
+    rows = list(
+        recent.values_list(
+            "at", "node__rack__name", "gpu__node__rack__name", "node__rack_id", "gpu__node__rack_id"
+        )
+    )
+    buckets = int(span / step)
+    racks: dict[str, list[int]] = {}
+    rack_ids: dict[str, int] = {}
+    for at, rack_a, rack_b, id_a, id_b in rows:
+        name = rack_a or rack_b
+        if not name:
+            continue  # a link or pod fault names no rack
+        b = min(int((at - since) / step), buckets - 1)
+        racks.setdefault(name, [0] * buckets)[b] += 1
+        rack_ids[name] = id_a or id_b
+    order = sorted(racks, key=lambda r: (-sum(racks[r]), r))
+    chart = {
+        "racks": order,
+        "z": [racks[r] for r in order],
+        "x": [(since + step * (i + 0.5)).isoformat() for i in range(buckets)],
+    }
+    table = [(r, rack_ids[r], sum(racks[r]), max(racks[r])) for r in order[:PAGE_SIZE]]
+    lemons = _lemons(now - timedelta(days=30))
+    open_faults = Paginator(
+        FaultEvent.objects.filter(cleared_at__isnull=True).select_related(
+            "node", "gpu__node", "job", "pod", "link"
+        ),
+        PAGE_SIZE,
+    ).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "monitoring/faults.html",
+        {
+            "chart": json.dumps(chart),
+            "table": table,
+            "total": len(rows),
+            "window": window,
+            "windows": list(FAULT_WINDOWS),
+            "cause": cause,
+            "causes": causes,
+            "lemons": lemons,
+            "open_faults": open_faults,
+            "step_hours": int(step.total_seconds() // 3600),
+        },
+    )
+
+
+def _lemons(since, limit: int = PAGE_SIZE, threshold: int = 3) -> list[Node]:
+    """Nodes marked lemon, or with `threshold` or more faults (on the node or its GPUs) since then."""
+    counts: dict[int, int] = {}
+    sides = (
+        ("node_id", {"node__isnull": False}),
+        ("gpu__node_id", {"node__isnull": True, "gpu__isnull": False}),
+    )
+    for key, only in sides:
+        for node_id, n in (
+            FaultEvent.objects.filter(at__gte=since, **only).values_list(key).annotate(n=Count("id"))
+        ):
+            counts[node_id] = counts.get(node_id, 0) + n
+    ids = {k for k, v in counts.items() if v >= threshold} | set(
+        Node.objects.filter(is_lemon=True).values_list("id", flat=True)
+    )
+    nodes = list(Node.objects.filter(pk__in=ids).select_related("rack"))
+    for node in nodes:
+        node.faults_30d = counts.get(node.pk, 0)
+    return sorted(nodes, key=lambda n: (-n.faults_30d, n.hostname))[:limit]
+
+
+# --- simulations ------------------------------------------------------------------------------
+
+
+@viewer_page
+def simulations(request):
+    """Start a what-if simulation (operators), follow the runs, open their reports."""
+    from django.db import transaction
+
+    from engine.presets import PRESETS
+    from monitoring.api.serializers import SimulationSerializer
+    from monitoring.tasks import run_simulation_task
+
+    errors = []
+    form = {
+        "cluster": "10k",
+        "days": "7",
+        "seed": "0",
+        "jobs": "",
+        "elastic_share": "0",
+        "configurations": "",
+    }
+    if request.method == "POST":
+        form = {k: request.POST.get(k, "").strip() for k in form} | {
+            "name": request.POST.get("name", "").strip()
+        }
+        payload = {k: v for k, v in form.items() if v != "" and k != "configurations"}
+        payload["configurations"] = [c.strip() for c in form["configurations"].split(",") if c.strip()]
+        serializer = SimulationSerializer(data=payload)
+        if serializer.is_valid():
+            sim = serializer.save(created_by=request.user.username)
+            transaction.on_commit(lambda: run_simulation_task.delay(sim.pk))
+            return redirect("simulation-page", pk=sim.pk)
+        errors = flat_errors(serializer.errors)
+    page = Paginator(Simulation.objects.all(), PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "monitoring/simulations.html",
+        {"page": page, "form": form, "errors": errors, "presets": list(PRESETS) + ["inventory"]},
+    )
+
+
+@viewer_page
+def simulation_detail(request, pk: int):
+    sim = get_object_or_404(Simulation, pk=pk)
+    return render(
+        request, "monitoring/simulation_detail.html", {"sim": sim, "summary": json.dumps(sim.summary)}
+    )
+
+
+@viewer_page
+def gpu_redirect(request, pk: int):
+    gpu = get_object_or_404(GPU.objects.select_related("node"), pk=pk)
+    return redirect("node-page", hostname=gpu.node.hostname)

@@ -30,25 +30,47 @@ def job_mtbf(job: Job) -> tuple[float, str]:
         first = job.events.filter(kind="admitted").order_by("at").values_list("at", flat=True).first()
         running = ((job.finished_at or timezone.now()) - (first or job.started_at)).total_seconds()
         return running / faults, "measured"
-    per_second = PHYSICS.gpu_interruptions_per_day * factor * job.gpus / 86_400
-    return 1.0 / per_second, "default physics"
+    return default_mtbf(job.gpus, factor), "default physics"
 
 
 def recommendation(job: Job) -> dict:
     policy = job.checkpoint_policy or job.queue.default_checkpoint_policy
-    kind = PolicyKind(policy.kind) if policy else PolicyKind.ASYNC
-    state = state_bytes(job.parameters or 0.0, PHYSICS.bytes_per_parameter)
-    storage = PHYSICS.storage_gbps(job.gpus)
-    stall = max(stall_seconds(kind, state, job.gpus, storage, PHYSICS.host_copy_gbps), 1e-3)
     mtbf, source = job_mtbf(job)
-    restart = XID_DETECTION_S + PHYSICS.restart_s(job.gpus)
-    rec = recommend(stall, mtbf, restart, policy.interval_s if policy else None)
     return {
         "policy": policy.name if policy else None,
+        **recommend_for(
+            PolicyKind(policy.kind) if policy else PolicyKind.ASYNC,
+            policy.interval_s if policy else None,
+            job.parameters or 0.0,
+            job.gpus,
+            mtbf,
+        ),
+        "mtbf_source": source,
+    }
+
+
+def default_mtbf(gpus: int, failure_rate_factor: float = 1.0) -> float:
+    return 86_400 / (PHYSICS.gpu_interruptions_per_day * failure_rate_factor * gpus)
+
+
+# reference jobs the policies page shows recommendations for: (label, parameters, GPUs)
+REFERENCE_JOBS = (
+    ("70B on 1,024 GPUs", 70e9, 1024),
+    ("405B on 16,384 GPUs", 405e9, 16_384),
+)
+
+
+def recommend_for(kind: PolicyKind, chosen: float | None, parameters: float, gpus: int, mtbf: float) -> dict:
+    """The Daly interval for a job of this size under this mechanism, next to the chosen one."""
+    state = state_bytes(parameters, PHYSICS.bytes_per_parameter)
+    storage = PHYSICS.storage_gbps(gpus)
+    stall = max(stall_seconds(kind, state, gpus, storage, PHYSICS.host_copy_gbps), 1e-3)
+    restart = XID_DETECTION_S + PHYSICS.restart_s(gpus)
+    rec = recommend(stall, mtbf, restart, chosen)
+    return {
         "kind": kind.value,
         "stall_s": round(stall, 3),
         "mtbf_s": round(mtbf, 1),
-        "mtbf_source": source,
         "recommended_interval_s": round(rec.interval_s, 1),
         "recommended_expected_ettr": round(rec.expected_ettr, 5),
         "chosen_interval_s": rec.chosen_interval_s,

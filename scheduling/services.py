@@ -10,7 +10,7 @@ from cluster.snapshot import topology_cache
 from engine.placement import LEVELS, level_limit
 from engine.steptime import ModelSpec
 from scheduling.choices import EventKind, JobState
-from scheduling.models import Allocation, Checkpoint, Job, JobEvent
+from scheduling.models import Allocation, Checkpoint, Job, JobEvent, Queue
 from scheduling.plans import ranking_for
 from scheduling.trigger import request_cycle
 
@@ -149,3 +149,20 @@ def record_checkpoint(job: Job, **fields) -> Checkpoint:
         },
     )
     return checkpoint
+
+
+QUEUE_AUDITED = ("description", "priority", "weight", "reclaim_within_cohort", "within_queue", "stopped")
+POLICY_AUDITED = ("name", "description", "kind", "interval_s", "triggered_success")
+
+
+def queue_audit_state(queue: Queue) -> dict:
+    """What an audit record of a queue compares: its settings and each chip type's quota."""
+    state = {f: getattr(queue, f) for f in QUEUE_AUDITED}
+    for q in queue.quotas.select_related("chip_type"):
+        for f in ("nominal", "borrowing_limit", "lending_limit"):
+            state[f"{q.chip_type.name}.{f}"] = getattr(q, f)
+    return state
+
+
+def policy_audit_state(policy) -> dict:
+    return {f: getattr(policy, f) for f in POLICY_AUDITED} if policy else {}

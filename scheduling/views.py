@@ -6,17 +6,35 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.shortcuts import get_object_or_404, render
+from django.db import transaction
+from django.db.models import Count
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 
-from cluster.roles import is_viewer
+from cluster.audit import changes, record
+from cluster.models import AuditRecord, ChipType
+from cluster.pages import flat_errors, viewer_page
+from cluster.roles import is_operator, is_viewer
 from engine.inference import LoadProfile
 from scheduling.api.serializers import JobDetailSerializer
 from scheduling.choices import ACTIVE_STATES, JobState
+from scheduling.ettr import BUCKETS as ETTR_BUCKETS
+from scheduling.ettr import job_ettr
 from scheduling.inference import replicas_of
-from scheduling.models import InferenceService, Job, Queue
+from scheduling.models import Allocation, CheckpointPolicy, InferenceService, Job, Queue
+from scheduling.services import (
+    POLICY_AUDITED,
+    QUEUE_AUDITED,
+    JobStateError,
+    change_state,
+    policy_audit_state,
+    queue_audit_state,
+)
+from scheduling.timeline import segments
 
 PAGE_SIZE = 50
 
@@ -53,12 +71,86 @@ def jobs(request):
     )
 
 
-@login_required
+@viewer_page
 def job_detail(request, pk: int):
-    _viewer(request)
     job = get_object_or_404(Job.objects.select_related("queue", "chip"), pk=pk)
+    if request.method == "POST":
+        action = request.POST.get("action", "")
+        try:
+            if action not in ("cancel", "suspend", "resume"):
+                raise JobStateError(f"action: unknown job action {action!r}")
+            with transaction.atomic():
+                change_state(
+                    job.pk, action, actor=request.user.username, reason=request.POST.get("reason", "")
+                )
+        except JobStateError as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, f"{action} job {job.pk}: done")
+        return redirect("job-page", pk=job.pk)
     data = JobDetailSerializer(job, context={"request": request}).data
-    return render(request, "scheduling/job_detail.html", {"job": job, "data": data})
+    now = timezone.now()
+    events = list(job.events.order_by("at", "id").values_list("at", "kind"))
+    checkpoints = list(job.checkpoints.order_by("at").values_list("at", "stall_s"))
+    timeline = [
+        {"state": s["state"], "start": s["start"].isoformat(), "end": s["end"].isoformat()}
+        for s in segments(events, checkpoints, now)
+    ]
+    ettr = job_ettr([job]).get(job.pk)
+    losses = (
+        [(k.replace("_", " "), ettr[f"{k}_s"], ettr[f"{k}_s"] / ettr["wall_s"] * 100) for k in ETTR_BUCKETS]
+        if ettr
+        else []
+    )
+    actions = []
+    if is_operator(request.user):
+        actions = {
+            JobState.PENDING: ["suspend", "cancel"],
+            JobState.RUNNING: ["suspend", "cancel"],
+            JobState.SUSPENDED: ["resume", "cancel"],
+        }.get(job.state, [])
+    return render(
+        request,
+        "scheduling/job_detail.html",
+        {
+            "job": job,
+            "data": data,
+            "timeline": json.dumps(timeline),
+            "placement": _placement(job),
+            "checkpoints": job.checkpoints.all()[:20],
+            "faults": job.faults.select_related("node", "gpu__node")[:20],
+            "ettr": ettr,
+            "losses": losses,
+            "actions": actions,
+        },
+    )
+
+
+def _placement(job: Job) -> list[dict]:
+    """The job's GPUs by rack and node: where it runs, for the placement map."""
+    rows = (
+        Allocation.objects.filter(job=job, active=True)
+        .values(
+            "gpu__node__rack_id", "gpu__node__rack__name", "gpu__node__rack__pod__name", "gpu__node__hostname"
+        )
+        .annotate(n=Count("gpu_id"))
+        .order_by("gpu__node__rack_id", "gpu__node__hostname")
+    )
+    racks: dict[int, dict] = {}
+    for r in rows:
+        rack = racks.setdefault(
+            r["gpu__node__rack_id"],
+            {
+                "id": r["gpu__node__rack_id"],
+                "name": r["gpu__node__rack__name"],
+                "pod": r["gpu__node__rack__pod__name"],
+                "nodes": [],
+                "gpus": 0,
+            },
+        )
+        rack["nodes"].append((r["gpu__node__hostname"], r["n"]))
+        rack["gpus"] += r["n"]
+    return list(racks.values())
 
 
 @login_required
@@ -96,5 +188,189 @@ def service_detail(request, pk: int):
             "chart": json.dumps(chart),
             "replicas": replicas,
             "scales": service.scales.all()[:50],
+        },
+    )
+
+
+# --- queues -----------------------------------------------------------------------------------
+
+
+@viewer_page
+def queues(request):
+    """Per queue and chip type: nominal, used, borrowed, lent, pending demand; policies and health."""
+    from monitoring.overview import queue_health
+    from scheduling.usage import queue_usage
+
+    usage = queue_usage()
+    health = {h["name"]: h for h in queue_health()}
+    rows = [
+        {"queue": q, "usage": usage.get(q.name, []), "health": health.get(q.name)}
+        for q in Queue.objects.select_related("cohort", "default_checkpoint_policy").order_by(
+            "-priority", "name"
+        )
+    ]
+    audit = AuditRecord.objects.filter(object_type="queue")[:20]
+    return render(request, "scheduling/queues.html", {"rows": rows, "audit": audit})
+
+
+@viewer_page
+def queue_edit(request, pk: int):
+    """Operators edit a queue's priority, weight, policies, stopped flag and quotas per chip type.
+    Validation is the API's (the same serializer); errors name the field and change nothing."""
+    from scheduling.api.serializers import QueueSerializer
+
+    queue = get_object_or_404(Queue, pk=pk)
+    chips = list(ChipType.objects.order_by("name").values_list("name", flat=True))
+    errors: list[str] = []
+    if request.method == "POST":
+        post = request.POST
+        quotas = []
+        for i in range(int(post.get("quota_rows", "0") or 0)):
+            chip = post.get(f"quota-{i}-chip_type", "").strip()
+            if not chip:
+                continue
+            quota = {"chip_type": chip}
+            for f in ("nominal", "borrowing_limit", "lending_limit"):
+                value = post.get(f"quota-{i}-{f}", "").strip()
+                quota[f] = value if value != "" else (0 if f == "nominal" else None)
+            quotas.append(quota)
+        payload = {
+            "description": post.get("description", ""),
+            "priority": post.get("priority", ""),
+            "weight": post.get("weight", ""),
+            "reclaim_within_cohort": post.get("reclaim_within_cohort", ""),
+            "within_queue": post.get("within_queue", ""),
+            "stopped": post.get("stopped") == "on",
+            "quotas": quotas,
+        }
+        serializer = QueueSerializer(queue, data=payload, partial=True)
+        if serializer.is_valid():
+            before = queue_audit_state(queue)
+            with transaction.atomic():
+                saved = serializer.save()
+                diff = changes(before, queue_audit_state(saved))
+                if diff:
+                    record(request.user, "update", "queue", saved, diff, post.get("reason", ""))
+            request_cycle_on_commit()
+            messages.success(
+                request, f"queue {queue.name}: {len(diff)} change(s) saved" if diff else "no changes"
+            )
+            return redirect("queues")
+        errors = flat_errors(serializer.errors)
+        form = payload
+    else:
+        form = {f: getattr(queue, f) for f in QUEUE_AUDITED}
+        form["quotas"] = [
+            {
+                "chip_type": q.chip_type.name,
+                "nominal": q.nominal,
+                "borrowing_limit": q.borrowing_limit,
+                "lending_limit": q.lending_limit,
+            }
+            for q in queue.quotas.select_related("chip_type").order_by("chip_type__name")
+        ]
+    quota_rows = [
+        *form["quotas"],
+        {"chip_type": "", "nominal": "", "borrowing_limit": "", "lending_limit": ""},
+    ]
+    return render(
+        request,
+        "scheduling/queue_edit.html",
+        {
+            "queue": queue,
+            "form": form,
+            "quota_rows": quota_rows,
+            "chips": chips,
+            "errors": errors,
+            "reclaim_choices": Queue._meta.get_field("reclaim_within_cohort").choices,
+            "within_choices": Queue._meta.get_field("within_queue").choices,
+            "audit": AuditRecord.objects.filter(object_type="queue", object_id=queue.pk)[:20],
+        },
+    )
+
+
+def request_cycle_on_commit() -> None:
+    """A quota change may admit or preempt work: run a scheduling cycle after the commit."""
+    from scheduling.trigger import request_cycle
+
+    transaction.on_commit(request_cycle)
+
+
+# --- checkpoint policies ----------------------------------------------------------------------
+
+
+def _policy_rows():
+    from engine.checkpoint import PolicyKind
+    from scheduling.checkpoints import REFERENCE_JOBS, default_mtbf, recommend_for
+
+    running = dict(
+        Job.objects.filter(state=JobState.RUNNING, checkpoint_policy__isnull=False)
+        .values("checkpoint_policy_id")
+        .annotate(n=Count("id"))
+        .values_list("checkpoint_policy_id", "n")
+    )
+    rows = []
+    for p in CheckpointPolicy.objects.order_by("name"):
+        refs = [
+            (label, recommend_for(PolicyKind(p.kind), p.interval_s, params, gpus, default_mtbf(gpus)))
+            for label, params, gpus in REFERENCE_JOBS
+        ]
+        rows.append({"policy": p, "refs": refs, "running": running.get(p.pk, 0)})
+    return rows
+
+
+@viewer_page
+def policies(request):
+    """Checkpoint policies with the recommended interval next to the chosen one."""
+    from scheduling.checkpoints import REFERENCE_JOBS
+
+    return render(
+        request,
+        "scheduling/policies.html",
+        {
+            "rows": _policy_rows(),
+            "references": [label for label, _, _ in REFERENCE_JOBS],
+            "audit": AuditRecord.objects.filter(object_type="checkpoint policy")[:20],
+        },
+    )
+
+
+@viewer_page
+def policy_edit(request, pk: int | None = None):
+    """Create (pk None) or edit a checkpoint policy; validation is the API's serializer."""
+    from scheduling.api.serializers import CheckpointPolicySerializer
+
+    policy = get_object_or_404(CheckpointPolicy, pk=pk) if pk else None
+    fields = POLICY_AUDITED
+    errors: list[str] = []
+    if request.method == "POST":
+        form = {f: request.POST.get(f, "").strip() for f in fields}
+        payload = {**form, "interval_s": form["interval_s"] or None}
+        if payload["triggered_success"] == "":
+            payload.pop("triggered_success")
+        serializer = CheckpointPolicySerializer(policy, data=payload)
+        if serializer.is_valid():
+            before = policy_audit_state(policy)
+            with transaction.atomic():
+                saved = serializer.save()
+                diff = changes(before, policy_audit_state(saved))
+                record(request.user, "update" if policy else "create", "checkpoint policy", saved, diff)
+            messages.success(request, f"checkpoint policy {saved.name} saved")
+            return redirect("policies")
+        errors = flat_errors(serializer.errors)
+    else:
+        form = (
+            {f: getattr(policy, f) for f in fields}
+            if policy
+            else {"kind": "async", "triggered_success": 0.95}
+        )
+    return render(
+        request,
+        "scheduling/policy_edit.html",
+        {
+            "policy": policy,
+            "form": form,
+            "errors": errors,
+            "kinds": CheckpointPolicy._meta.get_field("kind").choices,
         },
     )

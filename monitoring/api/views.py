@@ -135,6 +135,20 @@ class OverviewView(APIView):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
-        from monitoring.overview import overview
+        from monitoring.overview import ettr_last_day, overview, queue_health
 
-        return Response(overview())
+        return Response({**overview(), "ettr_24h": ettr_last_day(), "queues": queue_health()})
+
+
+class OverviewHistoryView(APIView):
+    """Cluster samples over the last hour, day or week (`?window=hour|day|week`), thinned to at
+    most 360 points: GPUs by state, running and pending jobs, faults in the hour before each sample."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request):
+        from monitoring.overview import WINDOWS, history
+
+        window = request.query_params.get("window", "day")
+        if window not in WINDOWS:
+            return Response({"window": [f"must be one of {', '.join(WINDOWS)}"]}, status=400)
+        return Response(history(window))

@@ -11,13 +11,21 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from cluster.audit import changes, record
 from scheduling import filtersets
 from scheduling.api import serializers as s
 from scheduling.choices import ACTIVE_STATES
 from scheduling.ettr import cluster_ettr
 from scheduling.inference import autoscale, stop_service
 from scheduling.models import CheckpointPolicy, Cohort, InferenceService, Job, Queue
-from scheduling.services import JobStateError, change_state, record_checkpoint, submit_job
+from scheduling.services import (
+    JobStateError,
+    change_state,
+    policy_audit_state,
+    queue_audit_state,
+    record_checkpoint,
+    submit_job,
+)
 from scheduling.tasks import autoscale_services
 from scheduling.trigger import request_cycle
 
@@ -27,6 +35,25 @@ class CheckpointPolicyViewSet(viewsets.ModelViewSet):
     serializer_class = s.CheckpointPolicySerializer
     ordering_fields = ["name", "interval_s"]
     search_fields = ["name"]
+
+    @transaction.atomic
+    def perform_create(self, serializer):
+        policy = serializer.save()
+        record(
+            self.request.user, "create", "checkpoint policy", policy, changes({}, policy_audit_state(policy))
+        )
+
+    @transaction.atomic
+    def perform_update(self, serializer):
+        before = policy_audit_state(serializer.instance)
+        policy = serializer.save()
+        record(
+            self.request.user,
+            "update",
+            "checkpoint policy",
+            policy,
+            changes(before, policy_audit_state(policy)),
+        )
 
 
 class CohortViewSet(viewsets.ModelViewSet):
@@ -43,9 +70,19 @@ class QueueViewSet(viewsets.ModelViewSet):
     ordering_fields = ["name", "priority", "weight"]
     search_fields = ["name", "description"]
 
+    @transaction.atomic
+    def perform_create(self, serializer):
+        queue = serializer.save()
+        record(self.request.user, "create", "queue", queue, changes({}, queue_audit_state(queue)))
+
+    @transaction.atomic
     def perform_update(self, serializer):
-        serializer.save()
-        request_cycle()  # new quotas or policies may admit or preempt
+        before = queue_audit_state(serializer.instance)
+        queue = serializer.save()
+        diff = changes(before, queue_audit_state(queue))
+        if diff:
+            record(self.request.user, "update", "queue", queue, diff)
+        transaction.on_commit(request_cycle)  # new quotas or policies may admit or preempt
 
     def destroy(self, request, *args, **kwargs):
         queue = self.get_object()
@@ -59,8 +96,17 @@ class QueueViewSet(viewsets.ModelViewSet):
 
     def _set_stopped(self, stopped: bool):
         queue = self.get_object()
-        queue.stopped = stopped
-        queue.save(update_fields=["stopped", "updated_at"])
+        with transaction.atomic():
+            if queue.stopped != stopped:
+                record(
+                    self.request.user,
+                    "stop" if stopped else "resume",
+                    "queue",
+                    queue,
+                    {"stopped": [queue.stopped, stopped]},
+                )
+            queue.stopped = stopped
+            queue.save(update_fields=["stopped", "updated_at"])
         request_cycle()
         return Response(self.get_serializer(queue).data)
 
