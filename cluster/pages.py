@@ -47,3 +47,18 @@ def flat_errors(errors) -> list[str]:
 
     walk("", errors)
     return out
+
+
+def operator_page(view):
+    """Pages that only operators open at all (edit forms)."""
+
+    @login_required
+    @wraps(view)
+    def wrapped(request, *args, **kwargs):
+        if not is_viewer(request.user):
+            raise PermissionDenied(NO_ROLE)
+        if not is_operator(request.user):
+            raise PermissionDenied(NOT_OPERATOR)
+        return view(request, *args, **kwargs)
+
+    return wrapped

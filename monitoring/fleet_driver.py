@@ -12,7 +12,10 @@ wall clock. Each tick:
   production fault task classifies and recovers, exactly as a node agent's report would be;
 - repairs nodes that faults took down, after a lognormal repair time (down -> repairing -> ready);
 - advances running jobs: a checkpoint every policy interval (reported as the node agent does),
-  and completion when a job's estimated duration has elapsed in simulated time.
+  and completion when a job's estimated duration has elapsed in simulated time;
+- submits the tenants' work (MYRIAD_FLEET_ARRIVALS, on by default): a seeded day of arrivals (repeated) from
+  the trace-calibrated generator (engine.simworkload: Acme Kalos sizes, Philly run times, large
+  pretraining gangs), replayed in simulated time through the same submit path as the API.
 """
 
 from __future__ import annotations
@@ -141,6 +144,7 @@ def tick(now=None) -> dict:
     faults = _faults(state, fleet, snapshot, sim_t)
     repaired = _repairs(state, fleet, sim_t, accelerate)
     checkpoints, finished = _advance_jobs(wall, accelerate)
+    submitted = _arrivals(state, snapshot, sim_t) if settings.FLEET_ARRIVALS else 0
     state.update(seq=seq, sim_t=sim_t, wall_t=wall)
     store.put(STATE_KEY, json.dumps(state).encode())
     return {
@@ -150,6 +154,7 @@ def tick(now=None) -> dict:
         "repaired": repaired,
         "checkpoints": checkpoints,
         "finished": finished,
+        "submitted": submitted,
         "telemetry_ms": round(telemetry_ms, 1),
         "tick_ms": round((time.perf_counter() - started) * 1000, 1),
     }
@@ -250,3 +255,60 @@ def _advance_jobs(wall: float, accelerate: float) -> tuple[int, int]:
             )
             checkpoints += 1
     return checkpoints, finished
+
+
+ARRIVAL_DAYS = 1.0  # one seeded day of arrivals, repeated
+WARM_START_S = 6 * 3600.0  # the first tick submits the first six simulated hours: a busy cluster at once
+MAX_ARRIVALS_PER_TICK = 500
+# the generator's queues -> the queues `seed_queues` creates
+QUEUE_NAMES = {"pretrain": "pretrain", "research": "research", "dev": "finetune"}
+_workloads: dict[tuple, list] = {}
+
+
+def _workload(capacity: dict[str, int]) -> list:
+    from engine.simworkload import generate
+
+    key = tuple(sorted(capacity.items()))
+    if key not in _workloads:
+        _workloads[key] = generate(capacity, ARRIVAL_DAYS, seed=SEED, target_load=0.9, pretrain_share=0.4)
+    return _workloads[key]
+
+
+def _arrivals(state: dict, snapshot, sim_t: float) -> int:
+    """Submit the jobs whose arrival time passed since the last tick (the day repeats)."""
+    from scheduling.models import Queue
+    from scheduling.services import submit_job
+
+    queues = {q.name: q for q in Queue.objects.filter(name__in=set(QUEUE_NAMES.values()), stopped=False)}
+    if not queues:
+        return 0
+    capacity = {chip: n for chip, n in snapshot.count_by_chip().items() if n}
+    jobs = _workload(capacity)
+    horizon = ARRIVAL_DAYS * 86_400.0
+    start = float(state.setdefault("arrivals_t0", sim_t - WARM_START_S))
+    done = float(state.get("arrived_until", 0.0))
+    now = sim_t - start
+    if now <= done:
+        return 0
+    due = []
+    for day in range(int(done // horizon), int(now // horizon) + 1):  # the day repeats
+        due += [j for j in jobs if done < j.arrival + day * horizon <= now]
+    submitted = 0  # a burst beyond MAX_ARRIVALS_PER_TICK (a long pause of the beat) is dropped
+    for job in due[:MAX_ARRIVALS_PER_TICK]:
+        queue = queues.get(QUEUE_NAMES.get(job.queue, ""))
+        if queue is None:
+            continue
+        submit_job(
+            name=f"{job.queue}-{job.id}",
+            queue=queue,
+            gpus=job.gpus,
+            chip_types=[job.chip],
+            topology=job.topology,
+            priority=max(job.priority, queue.priority),
+            kind=job.kind,
+            estimated_duration_s=job.work_s,
+            parameters=job.parameters or None,
+        )
+        submitted += 1
+    state["arrived_until"] = now
+    return submitted

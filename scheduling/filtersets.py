@@ -21,4 +21,4 @@ class QueueFilterSet(filters.FilterSet):
 
     class Meta:
         model = Queue
-        fields = ["cohort", "stopped"]
+        fields = ["name", "cohort", "stopped"]

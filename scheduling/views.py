@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from cluster.audit import changes, record
 from cluster.models import AuditRecord, ChipType
-from cluster.pages import flat_errors, viewer_page
+from cluster.pages import flat_errors, operator_page, viewer_page
 from cluster.roles import is_operator, is_viewer
 from engine.inference import LoadProfile
 from scheduling.api.serializers import JobDetailSerializer
@@ -213,7 +213,7 @@ def queues(request):
     return render(request, "scheduling/queues.html", {"rows": rows, "audit": audit})
 
 
-@viewer_page
+@operator_page
 def queue_edit(request, pk: int):
     """Operators edit a queue's priority, weight, policies, stopped flag and quotas per chip type.
     Validation is the API's (the same serializer); errors name the field and change nothing."""
@@ -335,7 +335,7 @@ def policies(request):
     )
 
 
-@viewer_page
+@operator_page
 def policy_edit(request, pk: int | None = None):
     """Create (pk None) or edit a checkpoint policy; validation is the API's serializer."""
     from scheduling.api.serializers import CheckpointPolicySerializer

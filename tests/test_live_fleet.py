@@ -139,3 +139,28 @@ def test_a_planned_training_job_runs_at_its_modelled_utilization(
         np.array(list(Allocation.objects.filter(job=job, active=True).values_list("gpu_id", flat=True)))
     )
     assert abs(float(frame["util"][gpus].mean()) - 100 * share) < 3
+
+
+def test_the_simulated_tenants_submit_a_seeded_day_of_work_through_the_submit_path(store, small_cluster):
+    from django.core.management import call_command
+
+    from engine.simworkload import generate
+    from monitoring.fleet_driver import ARRIVAL_DAYS, SEED, WARM_START_S
+
+    call_command("seed_queues")
+    now = timezone.now()
+    first = tick(now)
+    jobs = generate(
+        {"H100-SXM": 64, "A100-80G": 12}, ARRIVAL_DAYS, seed=SEED, target_load=0.9, pretrain_share=0.4
+    )
+    expected = [j for j in jobs if 0 < j.arrival <= WARM_START_S]
+    assert first["submitted"] == len(expected) > 0  # the warm start: the first six simulated hours
+    submitted = Job.objects.order_by("id")
+    assert [j.name for j in submitted] == [f"{j.queue}-{j.id}" for j in expected]
+    assert {j.queue.name for j in submitted} <= {"pretrain", "research", "finetune"}
+    assert all(j.events.filter(kind="submitted").exists() for j in submitted)
+    # one wall minute later at 60x: the next simulated hour's arrivals, and no job twice
+    second = tick(now + timedelta(seconds=60))
+    later = [j for j in jobs if WARM_START_S < j.arrival <= WARM_START_S + 3600]
+    assert second["submitted"] == len(later)
+    assert Job.objects.count() == len(expected) + len(later)

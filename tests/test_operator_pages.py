@@ -156,6 +156,7 @@ def test_operator_edits_a_queue_quota_and_the_queue_page_shows_it(queues, viewer
         "reason": "new grant",
     }
     assert _client(viewer).post(f"/queues/{vision.pk}/edit/", form).status_code == 403
+    assert _client(viewer).get(f"/queues/{vision.pk}/edit/").status_code == 403
     assert QueueQuota.objects.get(queue=vision).nominal == 32
     client = _client(operator)
     page = client.post(f"/queues/{vision.pk}/edit/", form, follow=True).content.decode()

@@ -1,0 +1,207 @@
+"""Browser tests: Playwright driving Debian's Chromium against a whole running stack (ASGI server,
+Celery worker and beat, simulated fleet) on the demo cluster. Each page is saved as a screenshot
+under MYRIAD_SCREENSHOT_DIR (default var/screenshots)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.browser_stack import CHROMIUM, CHROMIUM_ARGS, PASSWORDS, ROOT, start_stack
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"needs Debian's Chromium at {CHROMIUM}")
+
+SHOTS = Path(os.environ.get("MYRIAD_SCREENSHOT_DIR", ROOT / "var" / "screenshots"))
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = start_stack(tmp_path_factory.mktemp("browser-stack"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def _page(browser, stack, role: str):
+    context = browser.new_context(base_url=stack.url, viewport={"width": 1500, "height": 1000})
+    page = context.new_page()
+    page.errors = []
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    page.goto("/accounts/login/")
+    page.fill("#id_username", role)
+    page.fill("#id_password", PASSWORDS[role])
+    page.click("button[type=submit]")
+    page.wait_for_url(lambda url: "/accounts/login/" not in url)
+    return page
+
+
+def _api(page, stack, path: str, method: str = "get", role: str = "operator", **body):
+    headers = {"Authorization": f"Token {stack.tokens[role]}"}
+    if method == "get":
+        r = page.request.get(stack.url + path, headers=headers)
+    else:
+        r = page.request.post(stack.url + path, headers=headers, data=body)
+    assert r.ok, f"{method} {path}: {r.status} {r.text()}"
+    return r.json()
+
+
+def _shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=False)
+
+
+def test_anonymous_visitors_are_sent_to_the_login(browser, stack):
+    page = browser.new_context(base_url=stack.url).new_page()
+    for url in ("/overview/", "/live/", "/queues/", "/faults/"):
+        page.goto(url)
+        assert "/accounts/login/" in page.url
+    _shot(page, "login")
+    page.context.close()
+
+
+def test_every_page_renders_without_script_errors(browser, stack):
+    page = _page(browser, stack, "operator")
+    node = _api(page, stack, "/api/v1/nodes/?is_spare=false&page_size=1")["results"][0]["hostname"]
+    pages = {
+        "overview": "/overview/",
+        "topology": "/topology/",
+        "faults": "/faults/",
+        "jobs": "/jobs/",
+        "queues": "/queues/",
+        "services": "/services/",
+        "policies": "/policies/",
+        "simulations": "/simulations/",
+        "inventory": "/",
+        "node": f"/nodes/{node}/",
+    }
+    for name, url in pages.items():
+        r = page.goto(url)
+        assert r.status == 200, (url, r.status)
+        page.wait_for_load_state("networkidle")
+        _shot(page, name)
+    assert page.errors == []
+    page.context.close()
+
+
+def test_overview_numbers_match_the_api(browser, stack):
+    page = _page(browser, stack, "viewer")
+    labels = {
+        "free": "free",
+        "allocated": "allocated and busy",
+        "allocated_idle": "allocated but idle",
+        "cordoned": "cordoned or draining",
+        "down": "down",
+        "repairing": "in repair",
+    }
+    mismatch = None
+    for _ in range(5):  # the fleet ticks every second: compare a page and an API read taken together
+        page.goto("/overview/")
+        shown = {
+            row.locator("td").nth(0).inner_text(): int(row.locator("td").nth(1).inner_text())
+            for row in page.locator("#states tbody tr").all()
+        }
+        api = _api(page, stack, "/api/v1/overview/", role="viewer")
+        expected = {labels[k]: v for k, v in api["counts"].items()}
+        gpus = int(page.locator("#gpus").inner_text())
+        running = int(page.locator("#running").inner_text())
+        if shown == expected and gpus == api["gpus"] and running == api["running_jobs"]:
+            assert sum(shown.values()) == gpus == 3072
+            break
+        mismatch = (shown, expected, gpus, running, api["running_jobs"])
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"overview page and API disagree: {mismatch}")
+    page.context.close()
+
+
+def test_live_heatmap_shows_one_cell_per_gpu_and_a_table_view(browser, stack):
+    page = _page(browser, stack, "viewer")
+    page.goto("/live/")
+    page.wait_for_function(
+        "document.getElementById('status').textContent.startsWith('frame')", timeout=20_000
+    )
+    cells = page.evaluate(
+        "document.getElementById('heat').data[0].z.flat().filter(v => v !== null && v !== undefined).length"
+    )
+    assert cells == _api(page, stack, "/api/v1/overview/", role="viewer")["gpus"] == 3072
+    first = page.locator("#status").inner_text()
+    page.wait_for_function(
+        f"document.getElementById('status').textContent !== {first!r}", timeout=20_000
+    )  # frames keep arriving over the websocket
+    page.locator("#rack-table-view summary").focus()
+    page.keyboard.press("Enter")  # the table view opens from the keyboard
+    page.wait_for_selector("#rack-table tbody tr")
+    racks = len(page.evaluate("fetch('/api/v1/telemetry/layout/').then(r => r.json()).then(l => l.racks)"))
+    assert page.locator("#rack-table tbody tr").count() == min(100, racks)
+    _shot(page, "live")
+    assert page.errors == []
+    page.context.close()
+
+
+def test_an_injected_fault_shows_on_the_fault_view_and_the_node_within_seconds(browser, stack):
+    page = _page(browser, stack, "operator")
+    node = _api(page, stack, "/api/v1/nodes/?state=ready&is_spare=false&chip_type=H100-SXM&page_size=1")[
+        "results"
+    ][0]
+    gpu = _api(page, stack, f"/api/v1/gpus/?hostname={node['hostname']}&page_size=1")["results"][0]
+    _api(page, stack, "/api/v1/faults/", method="post", source="xid", gpu=gpu["id"], xid=79)
+    deadline = time.monotonic() + 30
+    state = "ready"
+    while time.monotonic() < deadline:
+        page.goto(f"/nodes/{node['hostname']}/")
+        state = page.locator("#node-state").inner_text()
+        if state != "ready":
+            break
+        time.sleep(0.5)
+    assert state in ("down", "repairing", "draining", "cordoned"), state
+    assert "XID 79" in page.locator("#node-faults").inner_text()
+    _shot(page, "node-faulted")
+    page.goto("/faults/")
+    open_faults = page.locator("#open-faults").inner_text()
+    assert node["hostname"] in open_faults and "XID 79" in open_faults
+    assert page.locator("#fault-heat .main-svg").count() > 0  # the rack heatmap drew
+    _shot(page, "faults-after-injection")
+    page.context.close()
+
+
+def test_an_operator_edits_a_quota_and_a_viewer_cannot(browser, stack):
+    op = _page(browser, stack, "operator")
+    op.goto("/queues/")
+    op.locator("a[aria-label^='Edit queue research']").click()
+    nominal = op.locator("input[name='quota-0-nominal']")
+    old = int(nominal.input_value())
+    nominal.fill(str(old + 8))
+    op.fill("input[name='reason']", "browser test grant")
+    op.click("#queue-form button[type=submit]")
+    op.wait_for_url("**/queues/")
+    usage = op.locator("table.usage[data-queue='research'] td.nominal").first.inner_text()
+    assert int(usage) == old + 8
+    assert "browser test grant" in op.locator("#queue-audit").inner_text()
+    # bad input: the form names the field and nothing changes
+    op.locator("a[aria-label^='Edit queue research']").click()
+    op.fill("input[name='weight']", "0")
+    op.click("#queue-form button[type=submit]")
+    assert "weight: must be greater than zero" in op.locator("#form-errors").inner_text()
+    _shot(op, "queue-edit-error")
+    op.context.close()
+
+    viewer = _page(browser, stack, "viewer")
+    viewer.goto("/queues/")
+    assert viewer.locator("a[aria-label^='Edit queue']").count() == 0
+    _shot(viewer, "queues")
+    queue_id = _api(viewer, stack, "/api/v1/queues/?name=research", role="viewer")["results"][0]["id"]
+    r = viewer.goto(f"/queues/{queue_id}/edit/")
+    assert r.status == 403
+    viewer.context.close()
