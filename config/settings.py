@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import dj_database_url
-import plotly
 
 from config.env import env_bool, env_int, env_list, env_str, env_url
 
@@ -203,8 +202,9 @@ SPECTACULAR_SETTINGS = {
 
 # --- Static files, i18n -----------------------------------------------------------------------
 STATIC_URL = "/static/"
-# plotly.js is served from the plotly package itself: browsers here have no internet
-STATICFILES_DIRS = [BASE_DIR / "static", ("plotly", Path(plotly.__file__).parent / "package_data")]
+# every asset is served by this server (static/vendor/plotly: plotly.js's cartesian bundle);
+# browsers here have no internet
+STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "staticfiles"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 # Serve static files straight from the app folders too, so the site works without collectstatic.

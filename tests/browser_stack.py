@@ -86,11 +86,16 @@ def manage(env: dict, *args: str) -> str:
 
 
 def start_stack(
-    data_dir: Path, cluster: str = "demo", *, fleet_tick_s: int = 1, log: Path | None = None
+    data_dir: Path,
+    cluster: str = "demo",
+    *,
+    fleet_tick_s: int = 1,
+    simulated_fleet: bool = True,
+    log: Path | None = None,
 ) -> Stack:
     env = {**os.environ, "MYRIAD_DATA_DIR": str(data_dir), "MYRIAD_DEBUG": "1"}
     env.update(
-        MYRIAD_SIMULATED_FLEET="1",
+        MYRIAD_SIMULATED_FLEET="1" if simulated_fleet else "0",
         MYRIAD_FLEET_TICK_S=str(fleet_tick_s),
         MYRIAD_SAMPLE_INTERVAL_S="5",
         MYRIAD_CYCLE_INTERVAL_S="2",

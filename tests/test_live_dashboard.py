@@ -86,7 +86,7 @@ def test_the_live_page_needs_a_role_and_loads_plotly_locally(small_cluster, view
     assert client.get("/live/").status_code == 403
     client.force_login(viewer)
     page = client.get("/live/").content.decode()
-    assert "/ws/telemetry/" in page and 'src="/static/plotly/plotly.min.js"' in page
+    assert "/ws/telemetry/" in page and 'src="/static/vendor/plotly/plotly-cartesian.min.js"' in page
 
 
 def test_the_layout_endpoint_places_every_gpu(small_cluster, viewer_client):

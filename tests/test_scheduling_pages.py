@@ -57,9 +57,10 @@ def test_service_page_charts_the_day_with_local_plotly(
         autoscale(service.pk, at(14))
     client = _client(viewer)
     page = client.get(f"/services/{service.pk}/").content.decode()
-    assert 'src="/static/plotly/plotly.min.js"' in page and "http" not in page.split("<script")[1][:80]
+    assert 'src="/static/vendor/plotly/plotly-cartesian.min.js"' in page
+    assert "http" not in page.split("<script")[1][:80]
     assert "0 &rarr; 4" in page  # the scaling history
     listing = client.get("/services/").content.decode()
     assert service.name in listing and "<td>4</td>" in listing
-    assert client.get("/static/plotly/plotly.min.js").status_code == 200
+    assert client.get("/static/vendor/plotly/plotly-cartesian.min.js").status_code == 200
     assert InferenceService.objects.get(pk=service.pk).desired_replicas == 4
