@@ -40,3 +40,4 @@ bench: $(VENV)/.installed
 	$(PY) -m bench.packing
 	$(PY) -m bench.simulate
 	$(PY) -m bench.live_tick
+	$(PY) -m bench.dashboard

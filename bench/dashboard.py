@@ -243,9 +243,7 @@ def main() -> None:
             f"snapshot decoded {m['myriad-snapshot']:.0f} ms, heatmap drawn {ms:.0f} ms"
         )
     print(f"cluster {args.cluster}: {paint['cells']:,} heatmap cells; {database}, channel layer {layer}")
-    print(
-        f"stack set-up (migrate, build, start, first frame): {setup_s:.1f} s; {busy:.0%} of nodes busy"
-    )
+    print(f"stack set-up (migrate, build, start, first frame): {setup_s:.1f} s; {busy:.0%} of nodes busy")
     print()
     print("figure                                   value        target")
     worst = max(paint["first_paint_ms"])

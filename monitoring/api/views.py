@@ -122,6 +122,8 @@ class TelemetryLayoutView(APIView):
                 "gpus": snap.num_gpus,
                 "racks": list(snap.names.get("rack", [str(i) for i in snap.rack_id.tolist()])),
                 "rack_ids": snap.rack_id.tolist(),
+                "pods": list(snap.names.get("pod", ())),
+                "rack_pod": snap.rack_pod.tolist(),
                 "rack_gpu_start": rack_start,
                 "rack_gpu_count": rack_count,
                 "hostnames": list(snap.node_hostname),
