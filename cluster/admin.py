@@ -8,7 +8,7 @@ from django.db.models import Count, Sum
 from django.utils.html import format_html
 
 from cluster.choices import colour
-from cluster.models import GPU, ChipType, Datacenter, DatacenterLink, Node, Pod, Rack, Region
+from cluster.models import GPU, AuditRecord, ChipType, Datacenter, DatacenterLink, Node, Pod, Rack, Region
 from cluster.services import apply_node_action, set_spare
 from engine.states import InvalidTransition
 
@@ -227,3 +227,22 @@ class GPUAdmin(admin.ModelAdmin):
     @admin.display(description="health", ordering="health")
     def health_label(self, obj):
         return state_badge(obj.health, obj.get_health_display())
+
+
+@admin.register(AuditRecord)
+class AuditRecordAdmin(admin.ModelAdmin):
+    """Who changed what: read only, written by the pages, the API and node actions."""
+
+    list_display = ["at", "actor", "action", "object_type", "object_name", "changes", "reason"]
+    list_filter = ["object_type", "action"]
+    search_fields = ["actor", "object_name", "reason"]
+    date_hierarchy = "at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
