@@ -158,6 +158,16 @@ def topology(request, level: str | None = None, pk: int | None = None):
                 "states": [(s, label, r[s] or 0, colour) for s, label, colour in states],
             }
         )
+    if child == "datacenter":  # the cluster level: one line per region above its datacenters
+        regions: dict[str, dict] = {}
+        for dc in Datacenter.objects.filter(pk__in=counts).select_related("region"):
+            r = regions.setdefault(
+                dc.region.name, {"name": dc.region.name, "datacenters": 0, "gpus": 0, "held": 0}
+            )
+            r["datacenters"] += 1
+            r["gpus"] += counts[dc.pk]["gpus"] or 0
+            r["held"] += held.get(dc.pk, 0)
+        context["regions"] = sorted(regions.values(), key=lambda r: r["name"])
     total = {s: sum((counts[k][s] or 0) for k in counts) for s in NodeState.values}
     context.update(
         page=page,

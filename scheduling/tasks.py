@@ -17,13 +17,15 @@ def run_scheduling_cycle() -> dict:
 
 @worker_ready.connect
 def warm_up(**_kwargs) -> None:
-    """Load the topology snapshot and its layout when the worker starts, so the first cycle after
-    a restart is as fast as the others (a 100k-GPU snapshot takes about half a second to load)."""
+    """Load the topology snapshot, its layout and the active allocations when the worker starts, so
+    the first cycle after a restart is as fast as the others (at 100k GPUs the snapshot takes about
+    half a second to load and the allocations about 0.1 s)."""
     from cluster.snapshot import topology_cache
-    from scheduling.cycle import _layout
+    from scheduling.cycle import _active_allocations, _layout
 
     try:
         _layout(topology_cache.current())
+        _active_allocations()
     except Exception:  # noqa: BLE001 - an empty or unmigrated database: the first cycle loads it
         logging.getLogger("myriad.scheduling").warning("could not preload the topology", exc_info=True)
 

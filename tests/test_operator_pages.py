@@ -82,6 +82,7 @@ def test_topology_drills_down_to_a_node_with_counts_by_state(queues, viewer, ope
     client = _client(viewer)
     top = client.get("/topology/").content.decode()
     assert "north / dc1" in top and "north / dc2" in top
+    assert "<td>north</td><td>2</td><td>76</td><td>0</td>" in top  # the region line
     dc = node.rack.pod.datacenter
     pod_page = client.get(f"/topology/datacenter/{dc.pk}/").content.decode()
     assert node.rack.pod.name in pod_page
