@@ -96,10 +96,7 @@ def _active_allocations() -> np.ndarray:
     GPU ids packed in a string, so 100,000 allocations are not 100,000 Python tuples."""
     table = Allocation._meta.db_table
     with connection.cursor() as cursor:
-        # Allocation ids only grow, so (number of active rows, newest active id) changes whenever an
-        # allocation is added or released: an exact and cheap test for "same as last cycle".
-        cursor.execute(f"SELECT COUNT(*), COALESCE(MAX(id), 0) FROM {table} WHERE active")
-        key = (connection.alias, connection.settings_dict["NAME"], *cursor.fetchone())
+        key = _allocation_key(cursor)
         if _allocation_cache.get("key") == key:
             return _allocation_cache["pairs"]
         if connection.vendor == "postgresql":
@@ -387,7 +384,46 @@ def apply_decisions(
     ]
     update_rows(Job, ["pending_reason"], changed)
     JobEvent.objects.bulk_create(events, batch_size=1000)
+    _carry_allocations(result, snapshot, rows)
     return len(rows)
+
+
+def _allocation_key(cursor) -> tuple:
+    """(database, active rows, newest active id, sum of their job ids, sum of their GPU ids).
+    Allocation ids only grow, so an insert anywhere changes the newest id or the count, a release
+    changes the count; the sums tell the cycle's own view of the rows from the database's."""
+    cursor.execute(
+        "SELECT COUNT(*), COALESCE(MAX(id), 0), COALESCE(SUM(job_id), 0), COALESCE(SUM(gpu_id), 0) "
+        f"FROM {Allocation._meta.db_table} WHERE active"
+    )
+    return (connection.alias, connection.settings_dict["NAME"], *(int(v) for v in cursor.fetchone()))
+
+
+def _carry_allocations(result: CycleResult, snapshot, rows: list[tuple[int, int]]) -> None:
+    """Carry the cached active allocations over this cycle's own changes, so the next cycle does
+    not read 100,000 rows again. The carried pairs are kept only when the database agrees (same
+    count of active rows) and only once the transaction commits; any other writer changes the key
+    and the next cycle reads everything, as before."""
+    cached = _allocation_cache.get("pairs")
+    _allocation_cache.clear()
+    if cached is None:
+        return
+    released = np.zeros(0, dtype=np.int64)
+    victims = [p.job_id for p in result.preemptions]
+    keep = ~np.isin(cached[:, 0], victims) if victims else np.ones(len(cached), dtype=bool)
+    shrunk = [(r.job_id, snapshot.gpu_id[r.released]) for r in result.resizes if len(r.released)]
+    if shrunk:
+        released = np.concatenate([(np.int64(j) << 32) | gpus.astype(np.int64) for j, gpus in shrunk])
+        keep &= ~np.isin((cached[:, 0] << 32) | cached[:, 1], released)
+    added = np.array(rows, dtype=np.int64).reshape(-1, 2)
+    pairs = np.concatenate([cached[keep], added])
+    # by job, and within a job in insertion order: the order the database read returns
+    pairs = pairs[np.argsort(pairs[:, 0], kind="stable")]
+    with connection.cursor() as cursor:
+        key = _allocation_key(cursor)
+    if key[2:] != (len(pairs), key[3], int(pairs[:, 0].sum()), int(pairs[:, 1].sum())):
+        return  # someone else changed allocations meanwhile: the next cycle reads them
+    transaction.on_commit(lambda: _allocation_cache.update(key=key, pairs=pairs))
 
 
 def _plan_admitted(result: CycleResult, snapshot, now: datetime, events: list[JobEvent]) -> None:

@@ -1,0 +1,99 @@
+"""The cycle carries its cached view of the active allocations over its own changes (admissions,
+preemptions, shrinks) instead of reading every row again, and never trusts it once anyone else
+changed an allocation."""
+
+import numpy as np
+
+from scheduling import cycle
+from scheduling.models import Allocation, Job
+
+
+def _fresh() -> np.ndarray:
+    saved = dict(cycle._allocation_cache)
+    cycle._allocation_cache.clear()
+    pairs = cycle._active_allocations()
+    cycle._allocation_cache.clear()
+    cycle._allocation_cache.update(saved)
+    return pairs
+
+
+def _carried_matches_the_database() -> bool:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        key = cycle._allocation_key(cursor)
+    carried = cycle._allocation_cache.get("pairs")
+    return cycle._allocation_cache.get("key") == key and np.array_equal(carried, _fresh())
+
+
+def _post(client, capture, body):
+    with capture(execute=True):
+        response = client.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.content
+    return Job.objects.get(pk=response.json()["id"])
+
+
+def test_admissions_shrinks_and_preemptions_are_carried_exactly(
+    queues, operator_client, eager_celery, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    small = _post(operator_client, capture, {"queue": "vision", "gpus": 8, "chip_types": ["H100-SXM"]})
+    assert small.state == "running"  # the first cycle had nothing running: nothing cached yet
+    elastic = _post(
+        operator_client,
+        capture,
+        {
+            "queue": "vision",
+            "gpus": 40,
+            "min_gpus": 8,
+            "size_step": 8,
+            "chip_types": ["H100-SXM"],
+            "topology": "any",
+        },
+    )
+    assert _carried_matches_the_database()
+    # nlp reclaims its lent quota: the elastic job shrinks (a resize released by the cycle itself)
+    claimer = _post(
+        operator_client,
+        capture,
+        {"queue": "nlp", "gpus": 24, "chip_types": ["H100-SXM"], "topology": "any", "priority": 5},
+    )
+    elastic.refresh_from_db()
+    assert claimer.state == "running" and elastic.events.filter(kind="resized").exists()
+    assert _carried_matches_the_database()
+
+
+def test_a_release_by_anyone_else_makes_the_next_cycle_read_everything(
+    queues, operator_client, eager_celery, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    job = _post(operator_client, capture, {"queue": "vision", "gpus": 16, "chip_types": ["H100-SXM"]})
+    other = _post(operator_client, capture, {"queue": "nlp", "gpus": 8, "chip_types": ["H100-SXM"]})
+    assert _carried_matches_the_database()
+    # released outside any cycle (as a node agent's report or an operator would)
+    Allocation.objects.filter(job=other, active=True).update(active=False)
+    stale = cycle._allocation_cache["pairs"]
+    assert len(stale) == 24 and len(cycle._active_allocations()) == 16  # the key no longer matches
+    assert set(cycle._active_allocations()[:, 0].tolist()) == {job.pk}
+
+
+def test_a_preemption_is_carried_exactly(
+    queues, operator_client, eager_celery, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    _post(
+        operator_client,
+        capture,
+        {"queue": "vision", "gpus": 8, "chip_types": ["H100-SXM"], "topology": "any"},
+    )
+    borrower = _post(
+        operator_client,
+        capture,
+        {"queue": "vision", "gpus": 32, "chip_types": ["H100-SXM"], "topology": "any"},
+    )
+    assert borrower.state == "running" and _carried_matches_the_database()
+    claimer = _post(
+        operator_client, capture, {"queue": "nlp", "gpus": 32, "chip_types": ["H100-SXM"], "topology": "any"}
+    )
+    assert claimer.state == "running" and Job.objects.filter(preemptions=1).exists()
+    assert _carried_matches_the_database()
