@@ -100,7 +100,16 @@ if REDIS_URL:
             # The pub/sub layer fans one group message out to many clients far faster than the
             # list-based default layer.
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # redis-py 8 caps an async pool at 100 connections and fails fast beyond it; commands
+            # of one server process (publishes, subscribes) share this pool
+            "CONFIG": {
+                "hosts": [
+                    {
+                        "address": REDIS_URL,
+                        "max_connections": env_int("MYRIAD_REDIS_MAX_CONNECTIONS", 1000, minimum=10),
+                    }
+                ]
+            },
         }
     }
     CELERY_BROKER_URL = REDIS_URL

@@ -126,3 +126,25 @@ def test_a_100k_gpu_frame_travels_under_150_kb():
     second = encode_frame(2, 5.0, fleet.frame())
     assert len(first) == 21 + 5 * 100_000
     assert len(snapshot_message(first)) < 150_000 and len(delta_message(first, second)) < 150_000
+
+
+@pytest.mark.redis
+def test_three_hundred_dashboards_joining_at_once_all_get_the_frame():
+    """On the Redis pub/sub layer, 300 channels joining the group at once (a wall of dashboards after
+    a server restart) each receive the one broadcast."""
+    import asyncio
+
+    from channels.layers import channel_layers
+
+    async def burst():
+        layer = channel_layers.make_backend("default")
+        names = await asyncio.gather(*(layer.new_channel() for _ in range(300)))
+        await asyncio.gather(*(layer.group_add("dashboard-burst", n) for n in names))
+        await layer.group_send("dashboard-burst", {"type": "telemetry.frame", "frame": b"x"})
+        got = await asyncio.gather(*(asyncio.wait_for(layer.receive(n), 10) for n in names))
+        await asyncio.gather(*(layer.group_discard("dashboard-burst", n) for n in names))
+        await layer.flush()
+        return got
+
+    received = asyncio.run(burst())
+    assert len(received) == 300 and all(m["frame"] == b"x" for m in received)
