@@ -269,7 +269,8 @@ def faults(request):
     now = timezone.now()
     since = now - span
     recent = FaultEvent.objects.filter(at__gte=since)
-    causes = sorted(c for c in recent.values_list("cause", flat=True).distinct() if c)
+    by_cause = list(recent.values("cause").annotate(n=Count("id")).order_by("-n", "cause"))
+    causes = sorted(r["cause"] for r in by_cause if r["cause"])
     if cause:
         recent = recent.filter(cause=cause)
     rows = list(
@@ -312,6 +313,7 @@ def faults(request):
             "windows": list(FAULT_WINDOWS),
             "cause": cause,
             "causes": causes,
+            "by_cause": by_cause,
             "lemons": lemons,
             "open_faults": open_faults,
             "step_hours": int(step.total_seconds() // 3600),

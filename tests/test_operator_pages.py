@@ -8,7 +8,7 @@ from django.test import Client
 from django.utils import timezone
 
 from cluster.models import AuditRecord, Node, Rack
-from monitoring.models import ClusterSample, Simulation
+from monitoring.models import ClusterSample, FaultEvent, Simulation
 from scheduling.models import CheckpointPolicy, Job, QueueQuota
 
 
@@ -131,6 +131,8 @@ def test_faults_page_shows_racks_over_time_lemons_and_open_faults(
     Node.objects.filter(pk=gpu.node_id).update(is_lemon=True)
     page = _client(viewer).get("/faults/").content.decode()
     assert "1 faults in the last week" in page
+    fault = FaultEvent.objects.get()
+    assert f'cause={fault.cause}">{fault.cause}</a></td><td>1</td>' in page  # by cause
     assert f'<td><a href="/topology/rack/{gpu.node.rack_id}/">{gpu.node.rack.name}</a></td><td>1</td>' in page
     assert "XID 79" in page and f">{job.pk} train</a>" in page  # the open fault names the job it hit
     assert (
