@@ -273,28 +273,27 @@ def faults(request):
     causes = sorted(r["cause"] for r in by_cause if r["cause"])
     if cause:
         recent = recent.filter(cause=cause)
-    rows = list(
-        recent.values_list(
-            "at", "node__rack__name", "gpu__node__rack__name", "node__rack_id", "gpu__node__rack_id"
-        )
-    )
+    rows = list(recent.values_list("at", "node__rack_id", "gpu__node__rack_id"))
     buckets = int(span / step)
-    racks: dict[str, list[int]] = {}
-    rack_ids: dict[str, int] = {}
-    for at, rack_a, rack_b, id_a, id_b in rows:
-        name = rack_a or rack_b
-        if not name:
+    per_rack: dict[int, list[int]] = {}
+    for at, rack_a, rack_b in rows:
+        rack = rack_a or rack_b
+        if not rack:
             continue  # a link or pod fault names no rack
         b = min(int((at - since) / step), buckets - 1)
-        racks.setdefault(name, [0] * buckets)[b] += 1
-        rack_ids[name] = id_a or id_b
-    order = sorted(racks, key=lambda r: (-sum(racks[r]), r))
+        per_rack.setdefault(rack, [0] * buckets)[b] += 1
+    # rack names repeat across pods ("r01"): label each as datacenter-pod/rack
+    labels = {
+        r.pk: f"{r.pod.datacenter.name}-{r.pod.name}/{r.name}"
+        for r in Rack.objects.filter(pk__in=per_rack).select_related("pod__datacenter")
+    }
+    order = sorted(per_rack, key=lambda r: (-sum(per_rack[r]), labels[r]))
     chart = {
-        "racks": order,
-        "z": [racks[r] for r in order],
+        "racks": [labels[r] for r in order],
+        "z": [per_rack[r] for r in order],
         "x": [(since + step * (i + 0.5)).isoformat() for i in range(buckets)],
     }
-    table = [(r, rack_ids[r], sum(racks[r]), max(racks[r])) for r in order[:PAGE_SIZE]]
+    table = [(labels[r], r, sum(per_rack[r]), max(per_rack[r])) for r in order[:PAGE_SIZE]]
     lemons = _lemons(now - timedelta(days=30))
     open_faults = Paginator(
         FaultEvent.objects.filter(cleared_at__isnull=True).select_related(

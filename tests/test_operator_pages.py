@@ -133,7 +133,9 @@ def test_faults_page_shows_racks_over_time_lemons_and_open_faults(
     assert "1 faults in the last week" in page
     fault = FaultEvent.objects.get()
     assert f'cause={fault.cause}">{fault.cause}</a></td><td>1</td>' in page  # by cause
-    assert f'<td><a href="/topology/rack/{gpu.node.rack_id}/">{gpu.node.rack.name}</a></td><td>1</td>' in page
+    rack = gpu.node.rack
+    label = f"{rack.pod.datacenter.name}-{rack.pod.name}/{rack.name}"
+    assert f'<td><a href="/topology/rack/{rack.pk}/">{label}</a></td><td>1</td>' in page
     assert "XID 79" in page and f">{job.pk} train</a>" in page  # the open fault names the job it hit
     assert (
         f'<a href="/nodes/{gpu.node.hostname}/">{gpu.node.hostname}</a></td><td>{gpu.node.rack.name}' in page
