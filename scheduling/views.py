@@ -21,7 +21,7 @@ from cluster.pages import flat_errors, operator_page, viewer_page
 from cluster.roles import is_operator, is_viewer
 from engine.inference import LoadProfile
 from scheduling.api.serializers import JobDetailSerializer
-from scheduling.choices import ACTIVE_STATES, JobState
+from scheduling.choices import ACTIVE_STATES, JobKind, JobState
 from scheduling.ettr import BUCKETS as ETTR_BUCKETS
 from scheduling.ettr import job_ettr
 from scheduling.inference import replicas_of
@@ -50,7 +50,10 @@ def jobs(request):
     _viewer(request)
     state = request.GET.get("state", "active")
     queue = request.GET.get("queue", "")
+    kind = request.GET.get("kind", "")
     qs = Job.objects.select_related("queue", "chip").order_by("-submitted_at", "-id")
+    if kind in JobKind.values:
+        qs = qs.filter(kind=kind)
     if state == "active":
         qs = qs.filter(state__in=ACTIVE_STATES)
     elif state in JobState.values:
@@ -65,6 +68,8 @@ def jobs(request):
             "page": page,
             "state": state,
             "queue": queue,
+            "kind": kind,
+            "kinds": JobKind.values,
             "states": ["active", *JobState.values, "all"],
             "queues": Queue.objects.values_list("name", flat=True),
         },

@@ -42,6 +42,8 @@ def test_job_pages_show_plan_size_history_and_reasons(
     listing = client.get("/jobs/", {"state": "running", "queue": "vision"}).content.decode()
     assert "pretrain-8b" in listing and "1 jobs" in listing
     assert "pretrain-8b" not in client.get("/jobs/", {"state": "pending"}).content.decode()
+    assert "pretrain-8b" not in client.get("/jobs/", {"state": "all", "kind": "inference"}).content.decode()
+    assert "pretrain-8b" in client.get("/jobs/", {"state": "all", "kind": "training"}).content.decode()
 
 
 def test_pages_need_a_login_and_a_role(queues, outsider):
