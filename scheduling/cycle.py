@@ -298,9 +298,11 @@ def _insert_allocations(
             ):
                 copy.write(block)
         else:
+            # one timestamp, adapted once as the ORM would (not 100,000 datetime conversions)
+            stamp = connection.ops.adapt_datetimefield_value(now)
             cursor.executemany(
                 f"INSERT INTO {table} {columns} VALUES (%s, %s, %s, %s, %s)",
-                [(j, g, True, shares.get(j, 1000), now) for j, g in rows],
+                [(j, g, True, shares.get(j, 1000), stamp) for j, g in rows],
             )
 
 
