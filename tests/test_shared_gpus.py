@@ -87,3 +87,14 @@ def test_released_shares_make_room_again(two_jobs):
     # turning the released share back on would overfill the GPU
     with pytest.raises(IntegrityError), transaction.atomic():
         Allocation.objects.filter(pk=first.pk).update(active=True)
+
+
+def test_turning_a_released_whole_gpu_back_on_over_a_share_is_refused(two_jobs):
+    a, _, c = two_jobs
+    gpu = GPU.objects.first()
+    whole = Allocation.objects.create(job=c, gpu=gpu, created_at=timezone.now())
+    Allocation.objects.filter(pk=whole.pk).update(active=False, released_at=timezone.now())
+    Allocation.objects.create(job=a, gpu=gpu, share=600, created_at=timezone.now())
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Allocation.objects.filter(pk=whole.pk).update(active=True)
+    assert Allocation.objects.filter(gpu=gpu, active=True).count() == 1
