@@ -48,6 +48,9 @@ class SchedulerConfig:
     max_reservations: int = 4  # blocked gangs that hold reservations at once
     max_preemption_attempts: int = 64  # per cycle; the rest wait for the next cycle
     max_victim_domains: int = 16  # candidate domains examined per preemption attempt
+    # GPUs one cycle may start (None: no limit); the jobs after it wait for the next cycle, which
+    # the caller runs at once. It bounds a cycle's writes (like Slurm's sched_max_job_start).
+    max_start_gpus: int | None = None
 
 
 def build_quota_book(
@@ -181,12 +184,22 @@ class Cycle:
 
     # --- the cycle -----------------------------------------------------------------------
     def run(self) -> CycleResult:
+        limit, started = self.config.max_start_gpus, 0
         for qi, job in self._ordered():
             self.result.considered += 1
+            if limit is not None and started >= limit:
+                self.result.start_limited = True
+                self.result.pending[job.id] = (
+                    f"waiting for the next cycle: this one started {started} GPUs, its limit is {limit}"
+                )
+                continue
+            admitted = len(self.result.admissions)
             reason = self._schedule_job(qi, job)
             if reason:
                 self.result.pending[job.id] = reason
-        self._grow()
+            started += sum(len(a.gpus) for a in self.result.admissions[admitted:])
+        if not self.result.start_limited:  # growth takes only what no pending job could use
+            self._grow()
         return self.result
 
     def _chip_options(self, qi: int, job: PendingJob) -> list[int]:

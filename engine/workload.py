@@ -186,3 +186,4 @@ class CycleResult:
     pending: dict[int, str] = field(default_factory=dict)  # job id -> why it is still pending
     considered: int = 0
     preemption_attempts: int = 0
+    start_limited: bool = False  # the start limit left jobs for the next cycle

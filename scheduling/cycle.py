@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -242,6 +243,8 @@ def run_cycle(
         pending, old_reasons, ranked = load_pending()
         t1 = time.perf_counter()
         timings["load"] = (t1 - t0) * 1000
+        if config is None:
+            config = SchedulerConfig(max_start_gpus=settings.CYCLE_MAX_START_GPUS or None)
         result = schedule(layout, queues, running, pending, now.timestamp(), config)
         t2 = time.perf_counter()
         timings["engine"] = (t2 - t1) * 1000
@@ -258,6 +261,10 @@ def run_cycle(
             timings_ms={k: round(v, 1) for k, v in timings.items()},
         )
         transaction.on_commit(lambda: _publish(summary))
+        if result.start_limited:  # the jobs past this cycle's start limit go next, at once
+            from scheduling.trigger import request_cycle
+
+            request_cycle()  # after the commit
     log.info(
         "cycle: %d considered, %d admitted, %d preempted, %d reserved, %d pending; %s",
         summary.considered,

@@ -251,3 +251,21 @@ def test_a_blocked_gang_reserves_and_short_jobs_backfill():
     assert (
         "reserved for a larger job starting in 1000 s; this job would not end before it" in result.pending[3]
     )
+
+
+# --- start limit ------------------------------------------------------------------------------
+
+
+def test_a_cycle_starts_at_most_its_limit_and_says_why_the_rest_wait():
+    from engine.scheduler import SchedulerConfig
+
+    lay = layout_for()
+    pending = [job(1, 8), job(2, 16), job(3, 8), job(4, 8)]
+    result, _ = cycle(lay, [big_queue()], [], pending, config=SchedulerConfig(max_start_gpus=20))
+    # jobs 1 and 2 start (24 GPUs: the job that crosses the limit still starts whole); 3 and 4 wait
+    assert [a.job_id for a in result.admissions] == [1, 2]
+    assert result.start_limited and result.considered == 4
+    assert result.pending[3] == "waiting for the next cycle: this one started 24 GPUs, its limit is 20"
+    assert set(result.pending) == {3, 4}
+    unlimited, _ = cycle(lay, [big_queue()], [], pending)
+    assert len(unlimited.admissions) == 4 and not unlimited.start_limited
