@@ -136,9 +136,9 @@ def load_running() -> list[RunningJob]:
             "mixed_chips",
         )
     )
+    pairs = _active_allocations()  # also with nothing running: the cycle then carries it over
     if not jobs:
         return []
-    pairs = _active_allocations()
     gpu_index = topology_cache.gpu_indices(pairs[:, 1])
     snapshot = topology_cache.structure()
     snapshot_chips = (snapshot.chip_names, snapshot.gpu_chip)
