@@ -13,19 +13,27 @@ NO_ROLE = "Your account has no role; ask an administrator for viewer or operator
 NOT_OPERATOR = "Only operators may change this; your role is viewer."
 
 
-def viewer_page(view):
-    """Login required, and a role that may read; POSTs also need the operator role."""
-
+def _role_page(view, *, operators_only: bool):
     @login_required
     @wraps(view)
     def wrapped(request, *args, **kwargs):
         if not is_viewer(request.user):
             raise PermissionDenied(NO_ROLE)
-        if request.method == "POST" and not is_operator(request.user):
+        if (operators_only or request.method == "POST") and not is_operator(request.user):
             raise PermissionDenied(NOT_OPERATOR)
         return view(request, *args, **kwargs)
 
     return wrapped
+
+
+def viewer_page(view):
+    """Login required, and a role that may read; POSTs also need the operator role."""
+    return _role_page(view, operators_only=False)
+
+
+def operator_page(view):
+    """Pages that only operators open at all (edit forms)."""
+    return _role_page(view, operators_only=True)
 
 
 def flat_errors(errors) -> list[str]:
@@ -47,18 +55,3 @@ def flat_errors(errors) -> list[str]:
 
     walk("", errors)
     return out
-
-
-def operator_page(view):
-    """Pages that only operators open at all (edit forms)."""
-
-    @login_required
-    @wraps(view)
-    def wrapped(request, *args, **kwargs):
-        if not is_viewer(request.user):
-            raise PermissionDenied(NO_ROLE)
-        if not is_operator(request.user):
-            raise PermissionDenied(NOT_OPERATOR)
-        return view(request, *args, **kwargs)
-
-    return wrapped

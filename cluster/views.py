@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, Sum
 from django.shortcuts import render
 
 from cluster.choices import COLOURS, NodeState
 from cluster.models import GPU, Datacenter, Node
-from cluster.roles import is_viewer
+from cluster.pages import viewer_page
 
 _DC = "rack__pod__datacenter__name"
 _REGION = "rack__pod__datacenter__region__name"
 
 
-@login_required
+@viewer_page
 def inventory(request):
-    if not is_viewer(request.user):
-        raise PermissionDenied("Your account has no role; ask an administrator for viewer or operator.")
     state_counts = {s: Count("id", filter=Q(state=s)) for s in NodeState.values}
     rows = (
         Node.objects.values(_REGION, _DC, "chip_type__name")

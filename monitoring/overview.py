@@ -134,7 +134,7 @@ def history(window: str = "day", now=None, points: int = 360) -> dict:
     return out
 
 
-def queue_health() -> list[dict]:
+def queue_health(usage: dict[str, list[dict]] | None = None) -> list[dict]:
     """Per queue: running and pending jobs, the oldest pending job's wait, stopped, GPUs used vs nominal."""
     from django.db.models import Count, Min, Q
 
@@ -142,7 +142,7 @@ def queue_health() -> list[dict]:
     from scheduling.usage import queue_usage
 
     now = timezone.now()
-    usage = queue_usage()
+    usage = queue_usage() if usage is None else usage
     rows = []
     for q in Queue.objects.annotate(
         running=Count("jobs", filter=Q(jobs__state=JobState.RUNNING)),

@@ -7,8 +7,6 @@ import json
 from datetime import UTC, datetime
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Count
@@ -18,7 +16,7 @@ from django.utils import timezone
 from cluster.audit import changes, record
 from cluster.models import AuditRecord, ChipType
 from cluster.pages import flat_errors, operator_page, viewer_page
-from cluster.roles import is_operator, is_viewer
+from cluster.roles import is_operator
 from engine.inference import LoadProfile
 from scheduling.api.serializers import JobDetailSerializer
 from scheduling.choices import ACTIVE_STATES, JobKind, JobState
@@ -35,19 +33,14 @@ from scheduling.services import (
     queue_audit_state,
 )
 from scheduling.timeline import segments
+from scheduling.trigger import request_cycle
 
 PAGE_SIZE = 50
 
 
-def _viewer(request) -> None:
-    if not is_viewer(request.user):
-        raise PermissionDenied("Your account has no role; ask an administrator for viewer or operator.")
-
-
-@login_required
+@viewer_page
 def jobs(request):
     """Jobs, filtered and paginated on the server; by default only active ones."""
-    _viewer(request)
     state = request.GET.get("state", "active")
     queue = request.GET.get("queue", "")
     kind = request.GET.get("kind", "")
@@ -158,9 +151,8 @@ def _placement(job: Job) -> list[dict]:
     return list(racks.values())
 
 
-@login_required
+@viewer_page
 def services(request):
-    _viewer(request)
     rows = []
     for service in InferenceService.objects.select_related("queue"):
         states = list(replicas_of(service).values_list("state", flat=True))
@@ -168,9 +160,8 @@ def services(request):
     return render(request, "scheduling/services.html", {"rows": rows})
 
 
-@login_required
+@viewer_page
 def service_detail(request, pk: int):
-    _viewer(request)
     service = get_object_or_404(InferenceService.objects.select_related("queue"), pk=pk)
     profile = LoadProfile.from_dict(service.load_profile)
     day = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
@@ -207,7 +198,7 @@ def queues(request):
     from scheduling.usage import queue_usage
 
     usage = queue_usage()
-    health = {h["name"]: h for h in queue_health()}
+    health = {h["name"]: h for h in queue_health(usage)}
     rows = [
         {"queue": q, "usage": usage.get(q.name, []), "health": health.get(q.name)}
         for q in Queue.objects.select_related("cohort", "default_checkpoint_policy").order_by(
@@ -256,7 +247,7 @@ def queue_edit(request, pk: int):
                 diff = changes(before, queue_audit_state(saved))
                 if diff:
                     record(request.user, "update", "queue", saved, diff, post.get("reason", ""))
-            request_cycle_on_commit()
+            request_cycle()  # new quotas may admit or preempt; runs after the commit
             messages.success(
                 request, f"queue {queue.name}: {len(diff)} change(s) saved" if diff else "no changes"
             )
@@ -292,13 +283,6 @@ def queue_edit(request, pk: int):
             "audit": AuditRecord.objects.filter(object_type="queue", object_id=queue.pk)[:20],
         },
     )
-
-
-def request_cycle_on_commit() -> None:
-    """A quota change may admit or preempt work: run a scheduling cycle after the commit."""
-    from scheduling.trigger import request_cycle
-
-    transaction.on_commit(request_cycle)
 
 
 # --- checkpoint policies ----------------------------------------------------------------------

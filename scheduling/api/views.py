@@ -82,7 +82,7 @@ class QueueViewSet(viewsets.ModelViewSet):
         diff = changes(before, queue_audit_state(queue))
         if diff:
             record(self.request.user, "update", "queue", queue, diff)
-        transaction.on_commit(request_cycle)  # new quotas or policies may admit or preempt
+        request_cycle()  # new quotas or policies may admit or preempt (after the commit)
 
     def destroy(self, request, *args, **kwargs):
         queue = self.get_object()
