@@ -25,7 +25,7 @@ from engine.recovery import plan_recovery
 from monitoring.models import FaultEvent
 from scheduling.checkpoints import policy_kind
 from scheduling.choices import CheckpointKind, EventKind, JobState
-from scheduling.cycle import _active_allocations, _insert_allocations, _layout
+from scheduling.cycle import NewAllocations, _active_allocations, _insert_allocations, _layout
 from scheduling.locks import cycle_lock
 from scheduling.models import Allocation, Checkpoint, Job, JobEvent
 from scheduling.plans import resize_job
@@ -227,9 +227,9 @@ def _recover(
         Allocation.objects.filter(job=job, active=True, gpu_id__in=lost_ids).update(
             active=False, released_at=now
         )
-        _insert_allocations(
-            [(job.pk, int(g)) for g in snapshot.gpu_id[plan.replacement_gpus]], now, {job.pk: job.share}
-        )
+        replacements = NewAllocations()
+        replacements.add(job.pk, snapshot.gpu_id[plan.replacement_gpus])
+        _insert_allocations(replacements, now, {job.pk: job.share})
         owned[plan.lost_gpus] = False
         owned[plan.replacement_gpus] = True
     restart_s = plan.seconds - steps.get("detect", 0.0)

@@ -185,25 +185,29 @@ def load_pending() -> tuple[list[PendingJob], dict[int, str], dict[int, str]]:
     job, queue = Job._meta.db_table, Queue._meta.db_table
     if connection.vendor == "postgresql":
         epoch = "EXTRACT(EPOCH FROM j.submitted_at)::float8"
+        as_text = "::text"  # JSON as text: most jobs share a handful of chip lists, parsed once each
     else:
         epoch = "(julianday(j.submitted_at) - 2440587.5) * 86400.0"
+        as_text = ""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT j.id, q.name, j.gpus, j.priority, j.chip_types, j.topology, {epoch}, "
+            f"SELECT j.id, q.name, j.gpus, j.priority, j.chip_types{as_text}, j.topology, {epoch}, "
             f"j.estimated_duration_s, j.pending_reason, j.min_gpus, j.size_step, j.share, j.mixed_chips, "
-            f"j.chip_ranking FROM {job} j JOIN {queue} q ON q.id = j.queue_id "
+            f"j.chip_ranking{as_text} FROM {job} j JOIN {queue} q ON q.id = j.queue_id "
             f"WHERE j.state = %s",
             [JobState.PENDING.value],
         )
         rows = cursor.fetchall()
     pending, reasons, ranked = [], {}, {}
+    chip_lists: dict[str | None, tuple[str, ...]] = {None: ()}
     for row in rows:
-        job_id, queue_name, gpus, priority, chips, topology, submitted, duration, reason = row[:9]
+        job_id, queue_name, gpus, priority, chips_text, topology, submitted, duration, reason = row[:9]
         low, step, share, mixed, ranking = row[9:]
-        if isinstance(chips, str):  # SQLite returns JSON as text
-            chips = json.loads(chips)
-        if ranking and ranking != "[]":
-            ranking = json.loads(ranking) if isinstance(ranking, str) else ranking
+        chips = chip_lists.get(chips_text)
+        if chips is None:
+            chips = chip_lists[chips_text] = tuple(json.loads(chips_text) or ())
+        if ranking and ranking.replace(" ", "") != "[]":
+            ranking = json.loads(ranking)
             if len(ranking) > 1:
                 ranked[job_id] = describe_ranking(ranking)
         pending.append(
@@ -212,7 +216,7 @@ def load_pending() -> tuple[list[PendingJob], dict[int, str], dict[int, str]]:
                 queue_name,
                 gpus,
                 priority,
-                tuple(chips or ()),
+                chips,
                 topology,
                 submitted,
                 duration,
@@ -286,18 +290,47 @@ def _publish(summary: CycleSummary) -> None:
         async_to_sync(layer.group_send)("scheduling", {"type": "cycle.summary", "summary": summary.as_dict()})
 
 
-def _insert_allocations(
-    rows: list[tuple[int, int]], now: datetime, shares: dict[int, int] | None = None
-) -> None:
-    """Active allocations for (job id, GPU id) rows; ``shares``: job id -> thousandths for jobs
-    that share a GPU (everyone else takes whole GPUs)."""
+class NewAllocations:
+    """The allocations a cycle writes: per job, the database ids of its new GPUs (numpy)."""
+
+    def __init__(self) -> None:
+        self.jobs: list[int] = []
+        self.gpus: list[np.ndarray] = []
+
+    def add(self, job_id: int, gpu_ids) -> None:
+        gpu_ids = np.asarray(gpu_ids, dtype=np.int64)
+        if len(gpu_ids):
+            self.jobs.append(int(job_id))
+            self.gpus.append(gpu_ids)
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self.gpus)
+
+    def pairs(self) -> np.ndarray:
+        """(job id, GPU id) rows, shape (n, 2), in insertion order."""
+        if not self.jobs:
+            return np.zeros((0, 2), dtype=np.int64)
+        counts = [len(g) for g in self.gpus]
+        return np.column_stack(
+            [np.repeat(np.array(self.jobs, dtype=np.int64), counts), np.concatenate(self.gpus)]
+        )
+
+
+def _insert_allocations(rows: NewAllocations, now: datetime, shares: dict[int, int] | None = None) -> None:
+    """Active allocations for the new rows; ``shares``: job id -> thousandths for jobs that share
+    a GPU (everyone else takes whole GPUs)."""
     table = Allocation._meta.db_table
     shares = shares or {}
     columns = "(job_id, gpu_id, active, share, created_at)"
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             stamp = now.isoformat()
-            block = "".join(f"{j}\t{g}\tt\t{shares.get(j, 1000)}\t{stamp}\n" for j, g in rows)
+            # one join per job over its GPU ids, not one formatted string per GPU
+            parts = []
+            for j, gpus in zip(rows.jobs, rows.gpus, strict=True):
+                head, tail = f"{j}\t", f"\tt\t{shares.get(j, 1000)}\t{stamp}\n"
+                parts.append(head + (tail + head).join(map(str, gpus.tolist())) + tail)
+            block = "".join(parts)
             # COPY is not wrapped by Django: map driver errors to Django's (IntegrityError...)
             with (
                 connection.wrap_database_errors,
@@ -309,7 +342,11 @@ def _insert_allocations(
             stamp = connection.ops.adapt_datetimefield_value(now)
             cursor.executemany(
                 f"INSERT INTO {table} {columns} VALUES (%s, %s, %s, %s, %s)",
-                [(j, g, True, shares.get(j, 1000), stamp) for j, g in rows],
+                [
+                    (j, g, True, shares.get(j, 1000), stamp)
+                    for j, gpus in zip(rows.jobs, rows.gpus, strict=True)
+                    for g in gpus.tolist()
+                ],
             )
 
 
@@ -329,14 +366,14 @@ def apply_decisions(
         events.extend(_apply_preemptions(result.preemptions, now))
 
     # shrinks release their GPUs before anyone takes them; growths are inserted with admissions
-    rows: list[tuple[int, int]] = []
+    rows = NewAllocations()
     if result.resizes:
         events.extend(_apply_resizes(result.resizes, snapshot, now, rows))
 
     admitted_jobs = []
     for a in result.admissions:
         gpu_ids = snapshot.gpu_id[a.gpus]
-        rows.extend((a.job_id, int(g)) for g in gpu_ids)
+        rows.add(a.job_id, gpu_ids)
         admitted_jobs.append(
             (a.job_id, JobState.RUNNING.value, now, chip_ids[a.chip], a.domain[:128], "", len(a.gpus))
         )
@@ -408,7 +445,7 @@ def _allocation_key(cursor) -> tuple:
     return (connection.alias, connection.settings_dict["NAME"], *(int(v) for v in cursor.fetchone()))
 
 
-def _carry_allocations(result: CycleResult, snapshot, rows: list[tuple[int, int]]) -> None:
+def _carry_allocations(result: CycleResult, snapshot, rows: NewAllocations) -> None:
     """Carry the cached active allocations over this cycle's own changes, so the next cycle does
     not read 100,000 rows again. The carried pairs are kept only when the database agrees (same
     count of active rows) and only once the transaction commits; any other writer changes the key
@@ -424,7 +461,7 @@ def _carry_allocations(result: CycleResult, snapshot, rows: list[tuple[int, int]
     if shrunk:
         released = np.concatenate([(np.int64(j) << 32) | gpus.astype(np.int64) for j, gpus in shrunk])
         keep &= ~np.isin((cached[:, 0] << 32) | cached[:, 1], released)
-    added = np.array(rows, dtype=np.int64).reshape(-1, 2)
+    added = rows.pairs()
     pairs = np.concatenate([cached[keep], added])
     # by job, and within a job in insertion order: the order the database read returns
     pairs = pairs[np.argsort(pairs[:, 0], kind="stable")]
@@ -450,7 +487,7 @@ def _plan_admitted(result: CycleResult, snapshot, now: datetime, events: list[Jo
         )
 
 
-def _apply_resizes(resizes, snapshot, now: datetime, rows: list[tuple[int, int]]) -> list[JobEvent]:
+def _apply_resizes(resizes, snapshot, now: datetime, rows: NewAllocations) -> list[JobEvent]:
     """Shrink and grow elastic jobs: allocations, size, re-chosen plan, and a resized event that
     carries the old and new plan with their modelled throughput."""
     events = []
@@ -462,7 +499,7 @@ def _apply_resizes(resizes, snapshot, now: datetime, rows: list[tuple[int, int]]
             Allocation.objects.filter(job=job, active=True, gpu_id__in=released_ids).update(
                 active=False, released_at=now
             )
-        rows.extend((job.pk, int(g)) for g in snapshot.gpu_id[r.added])
+        rows.add(job.pk, snapshot.gpu_id[r.added])
         extra = {"by_job": r.by_job} if r.by_job is not None else {}
         events.append(resize_job(job, snapshot, r.gpus, at=now, reason=r.reason, **extra))
     return events

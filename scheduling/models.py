@@ -202,7 +202,8 @@ class ServiceScale(models.Model):
 
 class Job(models.Model):
     name = models.CharField(max_length=128, blank=True)
-    queue = models.ForeignKey(Queue, on_delete=models.PROTECT, related_name="jobs")
+    # indexed through (queue, state) below; a second index on queue alone would only slow writes
+    queue = models.ForeignKey(Queue, on_delete=models.PROTECT, related_name="jobs", db_index=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     kind = models.CharField(max_length=16, choices=JobKind.choices, default=JobKind.TRAINING)
     priority = models.IntegerField(default=0)
@@ -238,7 +239,7 @@ class Job(models.Model):
         related_name="jobs",
         help_text="Empty: the queue's default",
     )
-    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING, db_index=True)
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
     pending_reason = models.TextField(blank=True)
     submitted_at = models.DateTimeField(db_index=True)
     started_at = models.DateTimeField(null=True, blank=True, help_text="Start of the current run")
@@ -251,7 +252,9 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-id"]
-        indexes = [models.Index(fields=["queue", "state"])]
+        # A plain index on state (db_index on a CharField would add a second, LIKE-pattern index
+        # on PostgreSQL that no query uses); every index here is paid again by each admission.
+        indexes = [models.Index(fields=["queue", "state"]), models.Index(fields=["state"], name="job_state")]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_positive"),
             models.CheckConstraint(
@@ -277,8 +280,14 @@ class Job(models.Model):
 class Allocation(models.Model):
     # No separate single-column indexes: (job, active) serves job lookups and the partial unique
     # index serves "who holds this GPU"; fewer indexes keep a 100k-GPU fill's inserts fast.
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations", db_index=False)
-    gpu = models.ForeignKey(GPU, on_delete=models.CASCADE, related_name="allocations", db_index=False)
+    # On PostgreSQL these references are checked per statement by triggers (migration 0009), not
+    # per row by foreign keys; SQLite keeps its foreign keys. The rules are the same.
+    job = models.ForeignKey(
+        Job, on_delete=models.CASCADE, related_name="allocations", db_index=False, db_constraint=False
+    )
+    gpu = models.ForeignKey(
+        GPU, on_delete=models.CASCADE, related_name="allocations", db_index=False, db_constraint=False
+    )
     active = models.BooleanField(default=True)
     share = models.PositiveSmallIntegerField(default=1000, help_text="Thousandths of the GPU")
     created_at = models.DateTimeField()

@@ -1,0 +1,112 @@
+"""An allocation always names a job and a GPU that exist, on SQLite (foreign keys) and on
+PostgreSQL (statement-level triggers that check a 100,000-row COPY in one join), and a GPU or job
+cannot be deleted from under an allocation, even by a transaction racing an insert."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from cluster.models import GPU
+from scheduling.cycle import NewAllocations, _insert_allocations
+from scheduling.models import Allocation, Job
+
+
+def _job(queues) -> Job:
+    return Job.objects.create(
+        queue=queues["vision"], gpus=2, chip_types=["H100-SXM"], topology="any", submitted_at=timezone.now()
+    )
+
+
+def _rows(job_id: int, gpu_ids) -> NewAllocations:
+    rows = NewAllocations()
+    rows.add(job_id, np.asarray(gpu_ids))
+    return rows
+
+
+def _check_now() -> None:
+    """SQLite checks its (deferred) foreign keys at commit; ask for the check at once."""
+    if connection.vendor == "sqlite":
+        connection.check_constraints(table_names=[Allocation._meta.db_table])
+
+
+def test_allocations_are_written_for_existing_jobs_and_gpus(queues):
+    job = _job(queues)
+    gpus = list(GPU.objects.order_by("id").values_list("id", flat=True)[:2])
+    with transaction.atomic():
+        _insert_allocations(_rows(job.pk, gpus), timezone.now())
+        _check_now()
+    assert sorted(Allocation.objects.filter(job=job, active=True).values_list("gpu_id", flat=True)) == gpus
+
+
+@pytest.mark.parametrize("missing", ["gpu", "job"])
+def test_an_allocation_naming_a_missing_gpu_or_job_is_refused(queues, missing):
+    job = _job(queues)
+    gpu = GPU.objects.order_by("id").first().pk
+    absent = 10**9
+    rows = _rows(absent, [gpu]) if missing == "job" else _rows(job.pk, [gpu, absent])
+    with pytest.raises(IntegrityError), transaction.atomic():
+        _insert_allocations(rows, timezone.now())
+        _check_now()
+    assert not Allocation.objects.exists()
+
+
+def test_deleting_a_gpu_that_an_allocation_names_is_refused(queues):
+    job = _job(queues)
+    gpu = GPU.objects.order_by("id").first()
+    with transaction.atomic():
+        _insert_allocations(_rows(job.pk, [gpu.pk]), timezone.now())
+    Allocation.objects.filter(job=job).update(active=False, released_at=timezone.now())
+    with pytest.raises(IntegrityError), transaction.atomic():
+        GPU.objects.filter(pk=gpu.pk)._raw_delete(connection.alias)  # no ORM cascade
+        _check_now()
+    assert GPU.objects.filter(pk=gpu.pk).exists()
+    # the ORM deletes the allocations first (CASCADE), so deleting the job through it works
+    job.delete()
+    assert not Allocation.objects.exists()
+
+
+@pytest.mark.postgres
+def test_an_allocations_job_and_gpu_never_change(queues):
+    job = _job(queues)
+    first, second = GPU.objects.order_by("id").values_list("id", flat=True)[:2]
+    with transaction.atomic():
+        _insert_allocations(_rows(job.pk, [first]), timezone.now())
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Allocation.objects.filter(job=job).update(gpu_id=second)
+    assert Allocation.objects.get(job=job).gpu_id == first
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_gpu_deleted_while_an_allocation_is_written_is_refused(queues):
+    """The deleting transaction waits for the one writing the allocation, then sees its row."""
+    job = _job(queues)
+    gpu = GPU.objects.order_by("id").first().pk
+    written, outcome = threading.Event(), {}
+
+    def delete_gpu():
+        written.wait(10)
+        try:
+            with transaction.atomic():
+                GPU.objects.filter(pk=gpu)._raw_delete(connection.alias)
+            outcome["deleted"] = True
+        except IntegrityError as exc:
+            outcome["refused"] = str(exc)
+        finally:
+            connection.close()
+
+    deleter = threading.Thread(target=delete_gpu)
+    deleter.start()
+    with transaction.atomic():
+        _insert_allocations(_rows(job.pk, [gpu]), timezone.now())
+        written.set()
+        time.sleep(0.5)  # the deleter is now waiting for this transaction
+        assert deleter.is_alive()
+    deleter.join(10)
+    assert "a deleted GPU is still named by an allocation" in outcome.get("refused", ""), outcome
+    assert GPU.objects.filter(pk=gpu).exists()
+    assert Allocation.objects.filter(gpu_id=gpu, active=True).count() == 1
