@@ -113,7 +113,8 @@ def _active_allocations() -> np.ndarray:
         gpus = np.fromstring(",".join(r[1] for r in rows), dtype=np.int64, sep=",")
         counts = [r[1].count(",") + 1 for r in rows]
         jobs = np.repeat(np.array([r[0] for r in rows], dtype=np.int64), counts)
-        pairs = np.stack([jobs, gpus], axis=1)
+        order = np.lexsort((gpus, jobs))  # by job, then GPU: the order the carried pairs keep
+        pairs = np.stack([jobs[order], gpus[order]], axis=1)
     _allocation_cache.update(key=key, pairs=pairs)
     return pairs
 
@@ -463,8 +464,7 @@ def _carry_allocations(result: CycleResult, snapshot, rows: NewAllocations) -> N
         keep &= ~np.isin((cached[:, 0] << 32) | cached[:, 1], released)
     added = rows.pairs()
     pairs = np.concatenate([cached[keep], added])
-    # by job, and within a job in insertion order: the order the database read returns
-    pairs = pairs[np.argsort(pairs[:, 0], kind="stable")]
+    pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]  # by job, then GPU, as a fresh read
     with connection.cursor() as cursor:
         key = _allocation_key(cursor)
     if key[2:] != (len(pairs), key[3], int(pairs[:, 0].sum()), int(pairs[:, 1].sum())):

@@ -278,8 +278,8 @@ class Job(models.Model):
 
 
 class Allocation(models.Model):
-    # No separate single-column indexes: (job, active) serves job lookups and the partial unique
-    # index serves "who holds this GPU"; fewer indexes keep a 100k-GPU fill's inserts fast.
+    # No separate single-column indexes: (job, gpu) of active rows serves job lookups and the
+    # partial unique index serves "who holds this GPU"; fewer indexes keep a 100k-GPU fill fast.
     # On PostgreSQL these references are checked per statement by triggers (migration 0009), not
     # per row by foreign keys; SQLite keeps its foreign keys. The rules are the same.
     job = models.ForeignKey(
@@ -303,7 +303,15 @@ class Allocation(models.Model):
             models.CheckConstraint(condition=Q(share__gte=1, share__lte=1000), name="allocation_share_range"),
         ]
         indexes = [
-            models.Index(fields=["job", "active"]),
+            # Released allocations stay as history and outnumber the active ones as time goes on;
+            # the cycle's reads ("every active allocation, by job") and the per-job lookups only
+            # ever ask for active rows, so only those are indexed, job first.
+            models.Index(
+                fields=["job", "gpu"],
+                include=["id"],
+                condition=Q(active=True),
+                name="allocation_active_by_job",
+            ),
             models.Index(
                 fields=["gpu"], condition=Q(active=True, share__lt=1000), name="allocation_shared_gpu"
             ),
