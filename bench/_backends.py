@@ -2,7 +2,8 @@
 
 SQLite gets a new file in a temporary folder; PostgreSQL gets the database ``myriad_bench``
 (dropped and created) on MYRIAD_BENCH_PG (default postgres://postgres@127.0.0.1:5432), and is
-skipped with a note when no server answers there.
+skipped with a note when no server answers there. Benchmarks that ask for it run PostgreSQL with
+Redis at MYRIAD_BENCH_REDIS (default redis://127.0.0.1:6379/14, flushed first).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import tempfile
 
 PG_BASE = os.environ.get("MYRIAD_BENCH_PG", "postgres://postgres@127.0.0.1:5432")
+REDIS_URL = os.environ.get("MYRIAD_BENCH_REDIS", "redis://127.0.0.1:6379/14")
 
 
 def _pg_available() -> bool:
@@ -29,16 +31,35 @@ def _pg_available() -> bool:
         return False
 
 
-def run_per_backend(module: str, extra_args: list[str] | None = None) -> dict[str, dict]:
-    """Run ``python -m module --child`` per backend; each child prints one JSON line last."""
+def _redis_available() -> bool:
+    try:
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3)
+        client.flushdb()
+        return True
+    except Exception as exc:  # noqa: BLE001 - any failure means "measure without Redis"
+        print(f"(Redis not used: {exc})", file=sys.stderr)
+        return False
+
+
+def run_per_backend(
+    module: str, extra_args: list[str] | None = None, *, redis_with_postgres: bool = False
+) -> dict[str, dict]:
+    """Run ``python -m module --child`` per backend; each child prints one JSON line last.
+    ``redis_with_postgres``: the PostgreSQL run also uses Redis (Celery broker, cycle marker,
+    channel layer) as a production deployment does; the SQLite run stays on the embedded stores."""
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         backends = {"sqlite": {"MYRIAD_DATABASE_URL": f"sqlite:///{tmp}/bench.sqlite3"}}
         if _pg_available():
             backends["postgresql"] = {"MYRIAD_DATABASE_URL": f"{PG_BASE}/myriad_bench"}
+            if redis_with_postgres and _redis_available():
+                backends["postgresql"]["MYRIAD_REDIS_URL"] = REDIS_URL
         for name, env in backends.items():
-            child_env = {**os.environ, **env, "MYRIAD_DATA_DIR": tmp}
+            child_env = {**os.environ, "MYRIAD_DATA_DIR": tmp}
             child_env.pop("MYRIAD_REDIS_URL", None)
+            child_env.update(env)
             out = subprocess.run(
                 [sys.executable, "-m", module, "--child", *(extra_args or [])],
                 env=child_env,

@@ -271,13 +271,14 @@ def run_cycle(
 
             request_cycle()  # after the commit
     log.info(
-        "cycle: %d considered, %d admitted, %d preempted, %d reserved, %d pending; %s",
+        "cycle: %d considered, %d admitted, %d preempted, %d reserved, %d pending; %s; %.1f ms in all",
         summary.considered,
         summary.admitted,
         summary.preempted,
         summary.reserved,
         summary.pending,
         summary.timings_ms,
+        (time.perf_counter() - t0) * 1000,  # with the commit
     )
     return summary
 
