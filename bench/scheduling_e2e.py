@@ -20,6 +20,7 @@ For each database, on a freshly built 100k cluster:
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
@@ -69,9 +70,10 @@ def _start_worker(tmp: Path) -> subprocess.Popen:
 
 def child() -> dict:
     setup_django()
-    from django.contrib.auth.models import User
+    from django.core.management import call_command
     from django.db.models import Count
     from django.utils import timezone
+    from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
 
     from bench.workloads import fill_workload, mixed_workload
@@ -87,9 +89,11 @@ def child() -> dict:
     build_cluster(resolve_topology("100k"))
     snapshot = topology_cache.current()
     total = snapshot.num_gpus
-    user = User.objects.create_superuser("bench", "bench@example.com", "bench")
+    # an operator login with its API token, as a pipeline submits (token lookup and role check
+    # included in every request)
+    call_command("create_login", "bench", "--role", "operator", stdout=io.StringIO())
     client = APIClient()
-    client.force_authenticate(user)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get(user__username='bench').key}")
     chips = {c.name: c for c in ChipType.objects.all()}
 
     def make_queues(specs, cohort=None):

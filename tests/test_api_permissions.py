@@ -124,7 +124,30 @@ def test_token_authentication_works(small_cluster, viewer):
     client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
     assert client.get(list_url("nodes")).status_code == 200
     client.credentials(HTTP_AUTHORIZATION="Token not-a-token")
-    assert client.get(list_url("nodes")).status_code == 401
+    r = client.get(list_url("nodes"))
+    assert r.status_code == 401 and r.json()["detail"] == "Invalid token."
+
+
+def test_a_token_carries_its_users_role_and_stops_with_the_user(small_cluster, viewer, operator):
+    """The one-query token check returns the same user, role and errors as DRF's own."""
+    from cluster.api.authentication import TokenAuthentication
+
+    op_token = Token.objects.create(user=operator)
+    user, token = TokenAuthentication().authenticate_credentials(op_token.key)
+    assert user == operator and user.username == operator.username and token.user == user
+    assert user.last_login == operator.last_login and user.date_joined == operator.date_joined
+    assert token.created == op_token.created
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {op_token.key}")
+    node = Node.objects.first()
+    assert client.post(reverse("node-cordon", args=[node.pk]), {"reason": "token test"}).status_code == 200
+    viewer_client = APIClient()
+    viewer_client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=viewer).key}")
+    assert viewer_client.post(reverse("node-uncordon", args=[node.pk])).status_code == 403
+    operator.is_active = False
+    operator.save()
+    r = client.get(list_url("nodes"))
+    assert r.status_code == 401 and r.json()["detail"] == "User inactive or deleted."
 
 
 def test_session_authentication_works(small_cluster, viewer):

@@ -1,0 +1,83 @@
+"""API token authentication in one query.
+
+DRF's TokenAuthentication reads the token and its user through the ORM, and the role check then
+reads the user's groups: two queries and about a millisecond of query building on every request,
+which is a quarter of a job submission. This class answers the same way (the same user, the same
+token object, the same errors) from one plain SQL statement that also returns the user's group
+names, so the role check needs no query of its own.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.db.models.expressions import Col
+from django.utils.translation import gettext_lazy as _
+from rest_framework import authentication, exceptions
+from rest_framework.authtoken.models import Token
+
+_query: dict[str, tuple] = {}
+
+
+def _statement():
+    """(SQL, user field attnames, per-field converters), built once per database vendor."""
+    cached = _query.get(connection.vendor)
+    if cached is not None:
+        return cached
+    user_model = get_user_model()
+    qn = connection.ops.quote_name
+    fields = list(user_model._meta.concrete_fields)
+    membership = user_model.groups.through._meta
+    group = user_model.groups.field.related_model._meta
+    agg = "json_agg" if connection.vendor == "postgresql" else "json_group_array"
+    groups = (
+        f"(SELECT {agg}(g.{qn('name')}) FROM {qn(group.db_table)} g "
+        f"JOIN {qn(membership.db_table)} m ON m.{qn('group_id')} = g.{qn('id')} "
+        f"WHERE m.{qn('user_id')} = u.{qn(user_model._meta.pk.column)})"
+    )
+    columns = ", ".join(f"u.{qn(f.column)}" for f in fields)
+    token = Token._meta
+    sql = (
+        f"SELECT t.{qn('created')}, {groups}, {columns} FROM {qn(token.db_table)} t "
+        f"JOIN {qn(user_model._meta.db_table)} u ON u.{qn(user_model._meta.pk.column)} = t.{qn('user_id')} "
+        f"WHERE t.{qn('key')} = %s"
+    )
+    # the converters the ORM would apply to each column (SQLite returns datetimes as text)
+    converters = []
+    for f in [token.get_field("created"), *fields]:
+        col = Col("x", f)
+        converters.append((col, connection.ops.get_db_converters(col) + f.get_db_converters(connection)))
+    cached = _query[connection.vendor] = (sql, [f.attname for f in fields], converters)
+    return cached
+
+
+def _convert(value, col, converters):
+    for converter in converters:
+        value = converter(value, col, connection)
+    return value
+
+
+class TokenAuthentication(authentication.TokenAuthentication):
+    """``Authorization: Token <key>``, as DRF's, in one query that also reads the user's groups."""
+
+    def authenticate_credentials(self, key):
+        sql, attnames, converters = _statement()
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [key])
+            row = cursor.fetchone()
+        if row is None:
+            raise exceptions.AuthenticationFailed(_("Invalid token."))
+        created, groups = row[0], row[1]
+        values = [row[0], *row[2:]]
+        created, *values = [_convert(v, col, conv) for v, (col, conv) in zip(values, converters, strict=True)]
+        user = get_user_model().from_db(connection.alias, attnames, values)
+        if not user.is_active:
+            raise exceptions.AuthenticationFailed(_("User inactive or deleted."))
+        if isinstance(groups, str):  # SQLite returns JSON as text
+            groups = json.loads(groups)
+        user._myriad_groups = {g for g in groups or () if g is not None}  # read by cluster.roles
+        token = Token(key=key, user=user, created=created)
+        token._state.adding, token._state.db = False, connection.alias
+        return (user, token)
