@@ -9,6 +9,7 @@ from django.utils import timezone
 from cluster.snapshot import topology_cache
 from engine.placement import LEVELS, level_limit
 from engine.steptime import ModelSpec
+from scheduling.bulk import insert_row
 from scheduling.choices import EventKind, JobState
 from scheduling.models import Allocation, Checkpoint, Job, JobEvent, Queue
 from scheduling.plans import ranking_for
@@ -58,24 +59,29 @@ def submit_job(**fields) -> Job:
             ranking = ranking_for(fields["model"], fields["gpus"], chips)
             fields["chip_ranking"] = ranking
             fields["chip_types"] = [r["chip"] for r in ranking if r["feasible"]] or chips
-    job = Job.objects.create(
+    # the submit path is hot (pipelines submit thousands of jobs): both rows are written from
+    # statements built once, not by the ORM anew on every submit
+    job = Job(
         state=JobState.PENDING,
         submitted_at=timezone.now(),
         pending_reason="waiting for the next scheduling cycle",
         **fields,
     )
-    JobEvent.objects.create(
-        job=job,
-        kind=EventKind.SUBMITTED,
-        at=job.submitted_at,
-        reason=f"submitted to queue {job.queue.name}",
-        data={
-            "gpus": job.gpus,
-            "min_gpus": job.min_gpus,
-            "chip_types": job.chip_types,
-            "topology": job.topology,
-            **({"chip_ranking": job.chip_ranking} if job.chip_ranking else {}),
-        },
+    insert_row(job)
+    insert_row(
+        JobEvent(
+            job=job,
+            kind=EventKind.SUBMITTED,
+            at=job.submitted_at,
+            reason=f"submitted to queue {job.queue.name}",
+            data={
+                "gpus": job.gpus,
+                "min_gpus": job.min_gpus,
+                "chip_types": job.chip_types,
+                "topology": job.topology,
+                **({"chip_ranking": job.chip_ranking} if job.chip_ranking else {}),
+            },
+        )
     )
     request_cycle()
     return job

@@ -219,3 +219,39 @@ def test_the_partial_unique_index_exists_after_every_migration(db):
         constraints = connection.introspection.get_constraints(cursor, Allocation._meta.db_table)
     guard = constraints.get("gpu_in_one_active_allocation")
     assert guard is not None and guard["unique"] and guard["columns"] == ["gpu_id"]
+
+
+def test_a_submitted_job_row_is_the_one_the_orm_would_write(queues, operator_client):
+    """The submit path writes its two rows from prepared statements; every column must equal what
+    Job.objects.create and JobEvent.objects.create write for the same values."""
+    from django.forms.models import model_to_dict
+
+    from scheduling.models import Job, JobEvent
+
+    body = {
+        "queue": "vision",
+        "gpus": 16,
+        "chip_types": ["H100-SXM"],
+        "topology": "pod",
+        "estimated_duration_s": 3600,
+        "name": "row check",
+        "model": {"preset": "llama3-8b"},
+    }
+    response = operator_client.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.content
+    fast = Job.objects.get(pk=response.json()["id"])
+    orm = Job.objects.create(
+        **{f.attname: getattr(fast, f.attname) for f in Job._meta.concrete_fields if f.attname != "id"}
+    )
+    orm.refresh_from_db()
+    assert {k: v for k, v in model_to_dict(fast).items() if k != "id"} == {
+        k: v for k, v in model_to_dict(orm).items() if k != "id"
+    }
+    event = JobEvent.objects.get(job=fast, kind="submitted")
+    assert event.at == fast.submitted_at and event.reason == "submitted to queue vision"
+    assert event.data["gpus"] == 16 and event.data["topology"] == "pod"
+    assert fast.submitted_at is not None and fast.state == "pending"
+    # JSON columns hold JSON values, not JSON text
+    assert fast.chip_types == ["H100-SXM"] and isinstance(fast.model, dict) and fast.model
+    assert Job.objects.filter(pk=fast.pk, chip_types__0="H100-SXM").exists()
+    assert JobEvent.objects.filter(pk=event.pk, data__gpus=16).exists()
