@@ -9,7 +9,7 @@ from django.utils import timezone
 from cluster.snapshot import topology_cache
 from engine.placement import LEVELS, level_limit
 from engine.steptime import ModelSpec
-from scheduling.bulk import insert_row
+from scheduling.bulk import insert_with_child
 from scheduling.choices import EventKind, JobState
 from scheduling.models import Allocation, Checkpoint, Job, JobEvent, Queue
 from scheduling.plans import ranking_for
@@ -45,7 +45,6 @@ def model_of_fields(model: dict) -> ModelSpec:
     return ModelSpec.from_dict(model)
 
 
-@transaction.atomic
 def submit_job(**fields) -> Job:
     model = fields.get("model")
     if model:
@@ -59,30 +58,27 @@ def submit_job(**fields) -> Job:
             ranking = ranking_for(fields["model"], fields["gpus"], chips)
             fields["chip_ranking"] = ranking
             fields["chip_types"] = [r["chip"] for r in ranking if r["feasible"]] or chips
-    # the submit path is hot (pipelines submit thousands of jobs): both rows are written from
-    # statements built once, not by the ORM anew on every submit
+    # The submit path is hot (pipelines submit thousands of jobs): the job and its submitted event
+    # are written by statements built once (one statement on PostgreSQL), not by the ORM anew.
     job = Job(
         state=JobState.PENDING,
         submitted_at=timezone.now(),
         pending_reason="waiting for the next scheduling cycle",
         **fields,
     )
-    insert_row(job)
-    insert_row(
-        JobEvent(
-            job=job,
-            kind=EventKind.SUBMITTED,
-            at=job.submitted_at,
-            reason=f"submitted to queue {job.queue.name}",
-            data={
-                "gpus": job.gpus,
-                "min_gpus": job.min_gpus,
-                "chip_types": job.chip_types,
-                "topology": job.topology,
-                **({"chip_ranking": job.chip_ranking} if job.chip_ranking else {}),
-            },
-        )
+    event = JobEvent(
+        kind=EventKind.SUBMITTED,
+        at=job.submitted_at,
+        reason=f"submitted to queue {job.queue.name}",
+        data={
+            "gpus": job.gpus,
+            "min_gpus": job.min_gpus,
+            "chip_types": job.chip_types,
+            "topology": job.topology,
+            **({"chip_ranking": job.chip_ranking} if job.chip_ranking else {}),
+        },
     )
+    insert_with_child(job, event, "job")  # both rows or neither
     request_cycle()
     return job
 
