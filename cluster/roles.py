@@ -17,6 +17,12 @@ def _groups(user) -> set[str]:
     return cached
 
 
+def remember_groups(user, names) -> None:
+    """Give the role checks a user's group names read elsewhere (API token authentication reads
+    them with the token), so they need no query of their own."""
+    user._myriad_groups = set(names)
+
+
 def is_operator(user) -> bool:
     if not user or not user.is_authenticated or not user.is_active:
         return False

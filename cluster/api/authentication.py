@@ -18,6 +18,8 @@ from django.utils.translation import gettext_lazy as _
 from rest_framework import authentication, exceptions
 from rest_framework.authtoken.models import Token
 
+from cluster.roles import remember_groups
+
 _query: dict[str, tuple] = {}
 
 
@@ -69,15 +71,16 @@ class TokenAuthentication(authentication.TokenAuthentication):
             row = cursor.fetchone()
         if row is None:
             raise exceptions.AuthenticationFailed(_("Invalid token."))
-        created, groups = row[0], row[1]
-        values = [row[0], *row[2:]]
-        created, *values = [_convert(v, col, conv) for v, (col, conv) in zip(values, converters, strict=True)]
+        groups = row[1]
+        created, *values = [
+            _convert(v, col, conv) for v, (col, conv) in zip([row[0], *row[2:]], converters, strict=True)
+        ]
         user = get_user_model().from_db(connection.alias, attnames, values)
         if not user.is_active:
             raise exceptions.AuthenticationFailed(_("User inactive or deleted."))
         if isinstance(groups, str):  # SQLite returns JSON as text
             groups = json.loads(groups)
-        user._myriad_groups = {g for g in groups or () if g is not None}  # read by cluster.roles
+        remember_groups(user, (g for g in groups or () if g is not None))  # the role check reads them
         token = Token(key=key, user=user, created=created)
         token._state.adding, token._state.db = False, connection.alias
         return (user, token)
