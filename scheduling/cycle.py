@@ -3,6 +3,7 @@ decision in one transaction with bulk writes, record events, publish after commi
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -34,6 +35,13 @@ log = logging.getLogger("myriad.scheduling")
 REASON_REFRESH_CYCLES = 10
 _reason_state = {"cycles": 0}
 _DIGITS = re.compile(r"\d+")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _wording(reason: str) -> str:
+    """A reason with its numbers blanked. Cached: this cycle's old reasons are the last cycle's
+    new ones, and many jobs share a reason, so each text is blanked about once."""
+    return _DIGITS.sub("#", reason)
 
 
 @dataclass
@@ -428,7 +436,7 @@ def apply_decisions(
         (job_id, reason[:2000])
         for job_id, reason in result.pending.items()
         if old_reasons.get(job_id) != reason
-        and (refresh or _DIGITS.sub("#", old_reasons.get(job_id) or "") != _DIGITS.sub("#", reason))
+        and (refresh or _wording(old_reasons.get(job_id) or "") != _wording(reason))
     ]
     update_rows(Job, ["pending_reason"], changed)
     JobEvent.objects.bulk_create(events, batch_size=1000)
@@ -449,9 +457,9 @@ def _allocation_key(cursor) -> tuple:
 
 def _carry_allocations(result: CycleResult, snapshot, rows: NewAllocations) -> None:
     """Carry the cached active allocations over this cycle's own changes, so the next cycle does
-    not read 100,000 rows again. The carried pairs are kept only when the database agrees (same
-    count of active rows) and only once the transaction commits; any other writer changes the key
-    and the next cycle reads everything, as before."""
+    not read 100,000 rows again. The carried pairs are kept once the transaction commits, under
+    the key they imply; the next cycle trusts them only if the database's key is the same, so any
+    other writer's change makes it read everything, as before."""
     cached = _allocation_cache.get("pairs")
     _allocation_cache.clear()
     if cached is None:
@@ -466,10 +474,21 @@ def _carry_allocations(result: CycleResult, snapshot, rows: NewAllocations) -> N
     added = rows.pairs()
     pairs = np.concatenate([cached[keep], added])
     pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]  # by job, then GPU, as a fresh read
+    # The key these pairs should have in the database. It is not checked here (that would cost
+    # the full key query a second time each cycle): the next cycle computes the real key first
+    # thing, and any other writer's change, during this cycle or after it, makes them differ.
+    # Only the newest id is read now, from the primary key's end.
     with connection.cursor() as cursor:
-        key = _allocation_key(cursor)
-    if key[2:] != (len(pairs), key[3], int(pairs[:, 0].sum()), int(pairs[:, 1].sum())):
-        return  # someone else changed allocations meanwhile: the next cycle reads them
+        cursor.execute(f"SELECT COALESCE(MAX(id), 0) FROM {Allocation._meta.db_table} WHERE active")
+        newest = int(cursor.fetchone()[0])
+    key = (
+        connection.alias,
+        connection.settings_dict["NAME"],
+        len(pairs),
+        newest,
+        int(pairs[:, 0].sum()),
+        int(pairs[:, 1].sum()),
+    )
     transaction.on_commit(lambda: _allocation_cache.update(key=key, pairs=pairs))
 
 

@@ -97,3 +97,28 @@ def test_a_preemption_is_carried_exactly(
     )
     assert claimer.state == "running" and Job.objects.filter(preemptions=1).exists()
     assert _carried_matches_the_database()
+
+
+def test_a_release_during_a_cycle_is_not_hidden_by_the_carried_view(
+    queues, operator_client, eager_celery, django_capture_on_commit_callbacks, monkeypatch
+):
+    """Another writer releases allocations after the cycle read them and before it commits: the
+    carried view is kept under the key it implies, and the next read sees the database's."""
+    capture = django_capture_on_commit_callbacks
+    first = _post(operator_client, capture, {"queue": "vision", "gpus": 8, "chip_types": ["H100-SXM"]})
+    assert _carried_matches_the_database()
+    original = cycle.apply_decisions
+
+    def apply_then_someone_releases(*args, **kwargs):
+        gpus = original(*args, **kwargs)
+        Allocation.objects.filter(job=first, active=True).update(active=False)  # mid-cycle
+        return gpus
+
+    monkeypatch.setattr(cycle, "apply_decisions", apply_then_someone_releases)
+    second = _post(operator_client, capture, {"queue": "vision", "gpus": 16, "chip_types": ["H100-SXM"]})
+    assert second.state == "running"
+    monkeypatch.undo()
+    assert not _carried_matches_the_database()  # the carried pairs still hold the first job
+    read = cycle._active_allocations()
+    assert set(read[:, 0].tolist()) == {second.pk} and len(read) == 16
+    assert _carried_matches_the_database()  # the read replaced them
