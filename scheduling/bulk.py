@@ -47,7 +47,7 @@ def update_rows(model, fields: Sequence[str], rows: Sequence[tuple]) -> None:
             )
 
 
-_insert_statements: dict[tuple, tuple[str, list]] = {}
+_insert_statements: dict[tuple, tuple] = {}
 
 
 def _insert_statement(model) -> tuple[str, list]:
@@ -102,22 +102,34 @@ def insert_with_child(parent, child, link: str) -> None:
             setattr(child, link, parent)
             insert_row(child)
         return
-    qn = connection.ops.quote_name
-    parent_sql, parent_fields = _insert_statement(type(parent))
-    _, child_fields = _insert_statement(type(child))
-    link_field = child._meta.get_field(link)
-    others = [f for f in child_fields if f is not link_field]
-    child_meta = child._meta
-    columns = ", ".join([qn(link_field.column), *(qn(f.column) for f in others)])
-    sql = (
-        f"WITH p AS ({parent_sql} RETURNING {qn(parent._meta.pk.column)}) "
-        f"INSERT INTO {qn(child_meta.db_table)} ({columns}) "
-        f"SELECT p.{qn(parent._meta.pk.column)}, {', '.join(['%s'] * len(others))} FROM p "
-        f"RETURNING {qn(child_meta.pk.column)}, {qn(link_field.column)}"
-    )
+    sql, parent_fields, others = _linked_insert_statement(type(parent), type(child), link)
     with connection.cursor() as cursor:
         cursor.execute(sql, _params(parent, parent_fields) + _params(child, others))
         child_pk, parent_pk = cursor.fetchone()
     _saved(parent, parent_pk)
     setattr(child, link, parent)
     _saved(child, child_pk)
+
+
+def _linked_insert_statement(parent_model, child_model, link: str) -> tuple[str, list, list]:
+    """(SQL, parent fields, child fields but the link) of PostgreSQL's one-statement insert of a
+    row and a row pointing at it, built once per pair of models."""
+    key = (parent_model, child_model, link, connection.vendor)
+    cached = _insert_statements.get(key)
+    if cached is not None:
+        return cached
+    qn = connection.ops.quote_name
+    parent_sql, parent_fields = _insert_statement(parent_model)
+    _, child_fields = _insert_statement(child_model)
+    link_field = child_model._meta.get_field(link)
+    others = [f for f in child_fields if f is not link_field]
+    parent_pk, child_meta = qn(parent_model._meta.pk.column), child_model._meta
+    columns = ", ".join([qn(link_field.column), *(qn(f.column) for f in others)])
+    sql = (
+        f"WITH p AS ({parent_sql} RETURNING {parent_pk}) "
+        f"INSERT INTO {qn(child_meta.db_table)} ({columns}) "
+        f"SELECT p.{parent_pk}, {', '.join(['%s'] * len(others))} FROM p "
+        f"RETURNING {qn(child_meta.pk.column)}, {qn(link_field.column)}"
+    )
+    cached = _insert_statements[key] = (sql, parent_fields, others)
+    return cached

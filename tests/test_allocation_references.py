@@ -69,6 +69,18 @@ def test_deleting_a_gpu_that_an_allocation_names_is_refused(queues):
     assert not Allocation.objects.exists()
 
 
+def test_deleting_a_job_that_an_allocation_names_is_refused(queues):
+    job = _job(queues)
+    with transaction.atomic():
+        _insert_allocations(_rows(job.pk, [GPU.objects.order_by("id").first().pk]), timezone.now())
+    with pytest.raises(IntegrityError) as refused, transaction.atomic():
+        Job.objects.filter(pk=job.pk)._raw_delete(connection.alias)  # no ORM cascade
+        _check_now()
+    if connection.vendor == "postgresql":
+        assert "a deleted job is still named by an allocation" in str(refused.value)
+    assert Job.objects.filter(pk=job.pk).exists()
+
+
 @pytest.mark.postgres
 def test_an_allocations_job_and_gpu_never_change(queues):
     job = _job(queues)

@@ -59,19 +59,14 @@ BEGIN
     RETURN NULL;
 END $$ LANGUAGE plpgsql;
 
-CREATE OR REPLACE FUNCTION allocation_gpu_delete_guard() RETURNS trigger AS $$
+-- after a delete of GPUs or jobs: TG_ARGV[0] is the allocation column naming them, [1] their noun
+CREATE OR REPLACE FUNCTION allocation_parent_delete_guard() RETURNS trigger AS $$
+DECLARE named boolean;
 BEGIN
-    IF EXISTS (SELECT 1 FROM scheduling_allocation a WHERE a.gpu_id IN (SELECT id FROM gone)) THEN
-        RAISE EXCEPTION 'allocation_references_guard: a deleted GPU is still named by an allocation'
-            USING ERRCODE = '23503';
-    END IF;
-    RETURN NULL;
-END $$ LANGUAGE plpgsql;
-
-CREATE OR REPLACE FUNCTION allocation_job_delete_guard() RETURNS trigger AS $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM scheduling_allocation a WHERE a.job_id IN (SELECT id FROM gone)) THEN
-        RAISE EXCEPTION 'allocation_references_guard: a deleted job is still named by an allocation'
+    EXECUTE 'SELECT EXISTS (SELECT 1 FROM scheduling_allocation a WHERE a.' || quote_ident(TG_ARGV[0])
+        || ' IN (SELECT id FROM gone))' INTO named;
+    IF named THEN
+        RAISE EXCEPTION 'allocation_references_guard: a deleted % is still named by an allocation', TG_ARGV[1]
             USING ERRCODE = '23503';
     END IF;
     RETURN NULL;
@@ -85,11 +80,13 @@ CREATE TRIGGER allocation_references_fixed BEFORE UPDATE OF job_id, gpu_id ON sc
 CREATE TRIGGER allocation_gpu_delete_lock BEFORE DELETE ON cluster_gpu
     FOR EACH STATEMENT EXECUTE FUNCTION allocation_parent_lock();
 CREATE TRIGGER allocation_gpu_delete_guard AFTER DELETE ON cluster_gpu
-    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION allocation_gpu_delete_guard();
+    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT
+    EXECUTE FUNCTION allocation_parent_delete_guard('gpu_id', 'GPU');
 CREATE TRIGGER allocation_job_delete_lock BEFORE DELETE ON scheduling_job
     FOR EACH STATEMENT EXECUTE FUNCTION allocation_parent_lock();
 CREATE TRIGGER allocation_job_delete_guard AFTER DELETE ON scheduling_job
-    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION allocation_job_delete_guard();
+    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT
+    EXECUTE FUNCTION allocation_parent_delete_guard('job_id', 'job');
 """
 
 _PG_DROP = """
@@ -102,8 +99,7 @@ DROP TRIGGER IF EXISTS allocation_job_delete_guard ON scheduling_job;
 DROP FUNCTION IF EXISTS allocation_references_guard();
 DROP FUNCTION IF EXISTS allocation_references_fixed();
 DROP FUNCTION IF EXISTS allocation_parent_lock();
-DROP FUNCTION IF EXISTS allocation_gpu_delete_guard();
-DROP FUNCTION IF EXISTS allocation_job_delete_guard();
+DROP FUNCTION IF EXISTS allocation_parent_delete_guard();
 ALTER TABLE scheduling_allocation
     ADD CONSTRAINT scheduling_allocation_gpu_id_fk_cluster_gpu_id FOREIGN KEY (gpu_id)
         REFERENCES cluster_gpu (id) DEFERRABLE INITIALLY DEFERRED,
@@ -114,12 +110,12 @@ ALTER TABLE scheduling_allocation
 
 def to_triggers(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(_PG)
+        schema_editor.execute(_PG, params=None)  # no placeholders: the SQL has % of its own
 
 
 def to_foreign_keys(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(_PG_DROP)
+        schema_editor.execute(_PG_DROP, params=None)
 
 
 class Migration(migrations.Migration):
