@@ -203,11 +203,15 @@ class NodeAdmin(admin.ModelAdmin):
 
     @admin.action(description="Mark selected nodes as spare")
     def mark_spare(self, request, queryset):
-        self.message_user(request, f"{set_spare(queryset, True)} node(s) marked as spare")
+        self.message_user(
+            request, f"{set_spare(queryset, True, actor=request.user.username)} node(s) marked as spare"
+        )
 
     @admin.action(description="Return selected spare nodes to the general pool")
     def unmark_spare(self, request, queryset):
-        self.message_user(request, f"{set_spare(queryset, False)} node(s) no longer spare")
+        self.message_user(
+            request, f"{set_spare(queryset, False, actor=request.user.username)} node(s) no longer spare"
+        )
 
 
 @admin.register(GPU)

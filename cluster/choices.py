@@ -17,6 +17,7 @@ class NodeState(models.TextChoices):
     DRAINING = "draining", "Draining"
     DOWN = "down", "Down"
     REPAIRING = "repairing", "Repairing"
+    DRAINED = "drained", "Drained"
 
 
 class GPUState(models.TextChoices):
@@ -42,6 +43,7 @@ COLOURS: dict[str, str] = {
     "down": "#D55E00",  # vermilion
     "critical": "#D55E00",
     "repairing": "#CC79A7",  # reddish purple
+    "drained": "#0072B2",  # blue
     "unknown": "#999999",
 }
 

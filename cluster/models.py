@@ -134,6 +134,11 @@ class Node(models.Model):
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.READY, db_index=True)
     state_reason = models.CharField(max_length=255, blank=True)
     state_changed_at = models.DateTimeField(null=True, blank=True)
+    drain_deadline = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="While draining: running work may finish until then, then it is moved",
+    )
     is_spare = models.BooleanField("spare", default=False, db_index=True)
     is_lemon = models.BooleanField(
         "lemon", default=False, help_text="Faults repeatedly: quarantined until an operator clears it"

@@ -42,6 +42,21 @@ def _rows(sql: str) -> list[tuple]:
         return cursor.fetchall()
 
 
+def _drain_deadlines(node_id: np.ndarray) -> np.ndarray | None:
+    """Deadlines of draining nodes, as epoch seconds per node (NaN: none); None when no node has one
+    (the usual case: one indexed lookup of the few draining nodes)."""
+    rows = list(
+        Node.objects.filter(state="draining", drain_deadline__isnull=False).values_list(
+            "id", "drain_deadline"
+        )
+    )
+    if not rows:
+        return None
+    out = np.full(len(node_id), np.nan)
+    out[np.searchsorted(node_id, [r[0] for r in rows])] = [r[1].timestamp() for r in rows]
+    return out
+
+
 def load_topology() -> TopologySnapshot:
     chips = list(ChipType.objects.order_by("id").values_list("id", "name"))
     chip_ids = np.array([c[0] for c in chips], dtype=np.int64)
@@ -102,6 +117,7 @@ def load_topology() -> TopologySnapshot:
             "datacenter": tuple(d[2] for d in dcs),
             "pod": tuple(f"{dc_names[p[1]]}-{p[2]}" for p in pods),
         },
+        node_drain_deadline=_drain_deadlines(node_id),
     )
 
 
@@ -110,7 +126,7 @@ class TopologyCache:
     (node states, unusual GPU states) each time; reloads everything when the inventory changes."""
 
     def __init__(self) -> None:
-        self._key: tuple | None = None
+        self._key: tuple | None = None  # what the snapshot was built from (see ``key``)
         self._snapshot: TopologySnapshot | None = None
         self.gpu_order: np.ndarray | None = None
         self._checked_at = 0.0
@@ -126,6 +142,12 @@ class TopologyCache:
 
     def reset(self) -> None:
         self.__init__()
+
+    @property
+    def key(self) -> tuple | None:
+        """Identifies the inventory the cached snapshot was built from: it changes whenever GPUs,
+        nodes or any other part of the topology are added or removed."""
+        return self._key
 
     def structure(self, max_age_s: float = 2.0) -> TopologySnapshot:
         """The cached snapshot for questions about the cluster's shape (not its states); the
@@ -189,8 +211,16 @@ class TopologyCache:
             where = self.gpu_indices([u[0] for u in unusual])
             gpu_state[where] = [GPU_STATE_CODE[u[1]] for u in unusual]
             gpu_health[where] = [GPU_HEALTH_CODE[u[2]] for u in unusual]
+        deadlines = (
+            _drain_deadlines(snap.node_id) if (node_state == NODE_STATE_CODE["draining"]).any() else None
+        )
         fresh = replace(
-            snap, gpu_state=gpu_state, gpu_health=gpu_health, node_state=node_state, node_spare=spare
+            snap,
+            gpu_state=gpu_state,
+            gpu_health=gpu_health,
+            node_state=node_state,
+            node_spare=spare,
+            node_drain_deadline=deadlines,
         )
         self._snapshot = fresh
         return fresh

@@ -116,7 +116,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     _broker_dir = DATA_DIR / "celery-broker"
-    for sub in ("out", "processed"):
+    for sub in ("out", "processed", "control"):
         (_broker_dir / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
     CELERY_BROKER_TRANSPORT = "config.broker:Transport"  # kombu's, with atomic message writes
@@ -124,6 +124,8 @@ else:
         "data_folder_in": str(_broker_dir / "out"),
         "data_folder_out": str(_broker_dir / "out"),
         "data_folder_processed": str(_broker_dir / "processed"),
+        # the exchange tables live with the messages, never in the working directory
+        "control_folder": str(_broker_dir / "control"),
         # the file-system transport polls its folder; poll often so a submit is seen within 50 ms
         "polling_interval": 0.05,
     }

@@ -110,7 +110,7 @@ def plan_recovery(
             triggered,
             "restart on the same GPUs from the newest checkpoint",
         )
-    usable = topo.schedulable() & ~owned
+    usable = topo.usable() & ~owned  # spare nodes are there for this
     usable[np.asarray(faulty, dtype=np.int64)] = False
     chip = int(topo.gpu_chip[job_gpus[0]])
     need = len(lost)

@@ -7,7 +7,8 @@ has one and the fault left memory readable (it succeeds with the policy's probab
 newest checkpoint that reached durable storage; a spare node replaces a faulty one (the job waits
 for a repaired node when none is left); then the job restarts (reschedule, process start,
 communicator init, checkpoint load). Faulty nodes go to repair for a lognormal time; a node that
-faults twice within a week is quarantined as a lemon and does not come back.
+meets the controller's lemon rule (engine.lifecycle: three faults within a week) is quarantined
+and does not come back.
 
 ETTR = time with forward progress that survived / wall time; the loss buckets are checkpoint
 stalls, detection latency, restart, recomputed lost work and waiting for resources, and they add
@@ -23,6 +24,7 @@ import numpy as np
 
 from engine.checkpoint import PolicyKind, daly_interval, stall_seconds
 from engine.faults import Action, classify
+from engine.lifecycle import checkpoint_bytes, is_lemon, recent_faults
 from engine.physics import Physics
 
 DAY = 86_400.0
@@ -104,7 +106,7 @@ def simulate_training(
     fault_times: dict[int, list[float]] = {}
     quarantined = 0
 
-    state = parameters * ph.bytes_per_parameter
+    state = checkpoint_bytes(parameters, ph)
     durable_write = state / (ph.storage_gbps(gpus) * 1e9)
     shard_per_gpu = state / gpus
     stall = stall_seconds(policy.kind, state, gpus, ph.storage_gbps(gpus), ph.host_copy_gbps)
@@ -167,7 +169,7 @@ def simulate_training(
         cause = names[int(rng.choice(len(names), p=shares))]
         _, source, xid = ph.causes[cause]
         history = fault_times.setdefault(victim, [])
-        repeated = sum(1 for f in history if t - f < 7 * DAY) >= 1
+        repeated = recent_faults(history, t) >= 1
         history.append(t)
         c = classify(source, xid, repeated_on_node=repeated) if source == "xid" else classify(source)
         if not c.interrupts_job:
@@ -200,7 +202,7 @@ def simulate_training(
         restart = ph.restart_s(gpus)
         if replace:
             in_job.pop(victim_pos)
-            lemon_now = len(history) >= 2
+            lemon_now = is_lemon(recent_faults(history, t))  # the controller's quarantine rule
             if lemon_now:
                 quarantined += 1
             else:

@@ -184,6 +184,7 @@ class Cycle:
 
     # --- the cycle -----------------------------------------------------------------------
     def run(self) -> CycleResult:
+        self._drain()
         limit, started = self.config.max_start_gpus, 0
         for qi, job in self._ordered():
             self.result.considered += 1
@@ -201,6 +202,39 @@ class Cycle:
         if not self.result.start_limited:  # growth takes only what no pending job could use
             self._grow()
         return self.result
+
+    # --- 0. drains ------------------------------------------------------------------------
+    def _drain(self) -> None:
+        """Running work leaves draining nodes: at the node's deadline, or at once without one (it
+        is preempted, so it saves first where its policy can, and requeued). A draining node with
+        nothing left on it is drained, ready for repair."""
+        deadlines = self.topo.drain_deadlines(self.now)
+        draining = ~np.isnan(deadlines)
+        if not draining.any():
+            return
+        held = np.zeros(self.topo.num_nodes, dtype=bool)
+        for job in self.running:
+            nodes = self.topo.gpu_node[job.gpus]
+            due = deadlines[nodes]
+            on = ~np.isnan(due)
+            if not on.any() or self.now < due[on].min():
+                held[nodes] = True
+                continue
+            node = int(nodes[on][np.argmin(due[on])])
+            late = self.topo.node_drain_deadline is not None and not np.isnan(
+                self.topo.node_drain_deadline[node]
+            )
+            reason = f"node {self.topo.node_hostname[node]} is draining" + (
+                " and its deadline has passed" if late else ""
+            )
+            self.victims.add(job.id)
+            self._charge(job, -1)
+            if job.fractional:
+                self.gpu_used[job.gpus] -= job.share
+            else:  # its GPUs on other nodes are free again
+                self.pool_all.give(job.gpus[self.schedulable[job.gpus]])
+            self.result.preemptions.append(Preemption(job.id, None, reason))
+        self.result.drained = [int(n) for n in np.flatnonzero(draining & ~held)]
 
     def _chip_options(self, qi: int, job: PendingJob) -> list[int]:
         if job.chip_types:

@@ -31,6 +31,7 @@ from engine.faults import Action, classify
 from engine.fleet import Fleet, FleetConfig
 from engine.inference import LoadProfile, decide
 from engine.invariants import check_cycle
+from engine.lifecycle import ETTR_BUCKETS, checkpoint_bytes, is_lemon, recent_faults, saves_on_demand
 from engine.network import Network, traffic_per_gpu
 from engine.physics import Physics
 from engine.placement import Layout
@@ -42,13 +43,12 @@ from engine.topology import TopologySnapshot
 from engine.workload import PendingJob, QueueSpec, RunningJob
 
 DAY = 86_400.0
-BUCKETS = ("checkpoint_stall", "detection", "restart", "lost_work", "waiting")
+BUCKETS = ETTR_BUCKETS
 SIZE_BUCKETS = ((1, 1), (2, 8), (9, 64), (65, 512), (513, 2048), (2049, 1 << 30))
 READY, DOWN = NODE_STATE_CODE["ready"], NODE_STATE_CODE["down"]
 GPU_READY, GPU_DOWN = GPU_STATE_CODE["ready"], GPU_STATE_CODE["down"]
 GPU_RESET_S = 300.0  # a GPU reset takes it out for a few minutes
 NODE_REBOOT_S = 900.0
-LEMON_FAULTS, LEMON_WINDOW_S = 3, 7 * DAY
 
 
 @dataclass(frozen=True)
@@ -283,7 +283,7 @@ class Simulation:
         """Checkpoint interval and stall for the job at its size (Daly when the interval is auto)."""
         choice = self.cfg.checkpoint
         size = job.size
-        state = job.spec.parameters * self.ph.bytes_per_parameter
+        state = checkpoint_bytes(job.spec.parameters, self.ph)
         stall = stall_seconds(choice.kind, state, size, self.ph.storage_gbps(size), self.ph.host_copy_gbps)
         write = state / (self.ph.storage_gbps(size) * 1e9) if state else 0.0
         if choice.interval_s is not None:
@@ -303,7 +303,7 @@ class Simulation:
         self._policy(job)
         overhead = self.ph.process_start_s + self.ph.comm_init_s(size)
         if resumed:
-            state = job.spec.parameters * self.ph.bytes_per_parameter
+            state = checkpoint_bytes(job.spec.parameters, self.ph)
             overhead += self.ph.reschedule_s + state / (self.ph.storage_gbps(size) * 1e9)
         if job.first_admit is None:
             job.first_admit = self.now
@@ -331,7 +331,7 @@ class Simulation:
         elapsed = max(0.0, at - job.run_start)
         keep = 1 - job.stall_fraction
         done = elapsed * keep * job.size
-        if graceful and self.cfg.checkpoint.kind in (PolicyKind.ASYNC, PolicyKind.TRIGGERED):
+        if graceful and saves_on_demand(self.cfg.checkpoint.kind):
             saved = done
         else:
             saved = math.floor(elapsed / job.interval) * job.interval * keep * job.size
@@ -428,8 +428,9 @@ class Simulation:
         _, source, xid = self.ph.causes[cause]
         history = self.fault_history.setdefault(node, [])
         history.append(self.now)
-        recent = [t for t in history if self.now - t < LEMON_WINDOW_S]
-        c = classify(source, xid, repeated_on_node=len(recent) > 1) if source == "xid" else classify(source)
+        recent = recent_faults(history, self.now)
+        lemon = is_lemon(recent)
+        c = classify(source, xid, repeated_on_node=recent > 1) if source == "xid" else classify(source)
         self.faults[cause] += 1
         self.fault_log.append((self.now, cause, c.action.value))
         lay = self.layout
@@ -439,10 +440,9 @@ class Simulation:
             faulty = node_gpus[[int(self.fleet.rng.integers(count))]]
             self.topo.gpu_state[faulty] = GPU_DOWN
             self._push(self.now + GPU_RESET_S, "gpu_back", int(faulty[0]))
-        elif c.action in (Action.REBOOT_NODE, Action.REPAIR_NODE) or len(recent) >= LEMON_FAULTS:
+        elif c.action in (Action.REBOOT_NODE, Action.REPAIR_NODE) or lemon:
             faulty = node_gpus
             self.topo.node_state[node] = DOWN
-            lemon = len(recent) >= LEMON_FAULTS
             back = NODE_REBOOT_S if c.action == Action.REBOOT_NODE and not lemon else self.fleet.repair_s()
             self._push(self.now + back, "node_back", node)
         else:
@@ -480,7 +480,7 @@ class Simulation:
             topology=spec.topology,
             policy=choice.kind,
             triggered_ok=saved_by_trigger if choice.kind == PolicyKind.TRIGGERED else None,
-            state_bytes=spec.parameters * self.ph.bytes_per_parameter,
+            state_bytes=checkpoint_bytes(spec.parameters, self.ph),
             physics=self.ph,
             min_gpus=spec.min_gpus,
             size_step=spec.size_step,

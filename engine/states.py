@@ -6,7 +6,7 @@ The order here is the code: never reorder, only append.
 
 from __future__ import annotations
 
-NODE_STATES: tuple[str, ...] = ("ready", "cordoned", "draining", "down", "repairing")
+NODE_STATES: tuple[str, ...] = ("ready", "cordoned", "draining", "down", "repairing", "drained")
 GPU_STATES: tuple[str, ...] = ("ready", "cordoned", "down", "repairing")
 GPU_HEALTH: tuple[str, ...] = ("ok", "warning", "critical", "unknown")
 
@@ -15,15 +15,24 @@ GPU_STATE_CODE = {name: code for code, name in enumerate(GPU_STATES)}
 GPU_HEALTH_CODE = {name: code for code, name in enumerate(GPU_HEALTH)}
 
 # Node actions an operator can take, as {action: (states it may start from, resulting state)}.
+# A drain moves running work off the node (checkpointed, then requeued; an optional deadline lets
+# it finish first); the controller marks the node drained once nothing runs on it.
 NODE_ACTIONS: dict[str, tuple[frozenset[str], str]] = {
     "cordon": (frozenset({"ready"}), "cordoned"),
     "drain": (frozenset({"ready", "cordoned"}), "draining"),
-    "uncordon": (frozenset({"cordoned", "draining"}), "ready"),
+    "uncordon": (frozenset({"cordoned", "draining", "drained"}), "ready"),
     # the health path: a fault takes a node down, repair starts, the repaired node returns
-    "mark_down": (frozenset({"ready", "cordoned", "draining"}), "down"),
-    "repair": (frozenset({"down"}), "repairing"),
+    "mark_down": (frozenset({"ready", "cordoned", "draining", "drained"}), "down"),
+    "repair": (frozenset({"down", "drained"}), "repairing"),
     "return": (frozenset({"repairing"}), "ready"),
 }
+# Transitions the controller takes by itself, in the same form.
+NODE_EVENTS: dict[str, tuple[frozenset[str], str]] = {
+    "drained": (frozenset({"draining"}), "drained"),  # the last job left a draining node
+    "fault": (frozenset({"ready", "cordoned", "draining", "drained"}), "down"),  # a fault takes it down
+    "quarantine": (frozenset({"ready", "cordoned", "draining", "drained", "down"}), "down"),  # a lemon
+}
+NODE_TRANSITIONS = {**NODE_ACTIONS, **NODE_EVENTS}
 
 
 class InvalidTransition(ValueError):
@@ -32,9 +41,9 @@ class InvalidTransition(ValueError):
 
 def node_action_target(action: str, current: str) -> str:
     """The state a node moves to when ``action`` is taken from ``current``."""
-    if action not in NODE_ACTIONS:
+    if action not in NODE_TRANSITIONS:
         raise InvalidTransition(f"unknown node action {action!r}; known: {', '.join(sorted(NODE_ACTIONS))}")
-    allowed_from, target = NODE_ACTIONS[action]
+    allowed_from, target = NODE_TRANSITIONS[action]
     if current not in allowed_from:
         allowed = ", ".join(sorted(allowed_from))
         raise InvalidTransition(f"cannot {action} a node that is {current}; {action} applies to: {allowed}")

@@ -41,6 +41,9 @@ class TopologySnapshot:
     region_id: np.ndarray
     chip_names: tuple[str, ...]
     names: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # per node: until when a draining node lets its running work finish (seconds; NaN: no deadline,
+    # the work leaves at once). None: no node has a deadline.
+    node_drain_deadline: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.gpu_id)
@@ -106,13 +109,29 @@ class TopologySnapshot:
         return self.node_chip[self.gpu_node]
 
     # --- what can be placed on ----------------------------------------------------------------
-    def schedulable(self) -> np.ndarray:
-        """GPUs that new work may be placed on: GPU and node ready, health not critical."""
+    def usable(self) -> np.ndarray:
+        """GPUs in service: GPU and node ready, health not critical (spare nodes included)."""
         return (
             (self.gpu_state == GPU_STATE_CODE["ready"])
             & (self.node_state[self.gpu_node] == NODE_STATE_CODE["ready"])
             & (self.gpu_health != GPU_HEALTH_CODE["critical"])
         )
+
+    def schedulable(self) -> np.ndarray:
+        """GPUs that new work may be placed on: usable and not on a spare node. Spare nodes stay
+        idle for fault recovery (engine.recovery takes them first)."""
+        return self.usable() & ~self.node_spare[self.gpu_node]
+
+    def drain_deadlines(self, now: float) -> np.ndarray:
+        """Per node, the time its running work must leave by: NaN for a node that is not draining,
+        ``now`` for one draining without a deadline."""
+        out = np.full(self.num_nodes, np.nan)
+        draining = self.node_state == NODE_STATE_CODE["draining"]
+        out[draining] = now
+        if self.node_drain_deadline is not None:
+            has = draining & ~np.isnan(self.node_drain_deadline)
+            out[has] = self.node_drain_deadline[has]
+        return out
 
     def count_by(self, level: str, mask: np.ndarray | None = None) -> np.ndarray:
         """Number of GPUs (or of those in ``mask``) in each ``level`` domain."""

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.lifecycle import unsaved_s
+
 MILLI = 1000  # a whole GPU, in the thousandths that shared GPUs are counted in
 RECLAIM_POLICIES = ("never", "lower_priority", "any")
 WITHIN_QUEUE_POLICIES = ("never", "lower_priority")
@@ -127,9 +129,8 @@ class RunningJob:
         return max(0, room - room % self.size_step)
 
     def lost_work(self, now: float) -> float:
-        """GPU-seconds of work lost if this job were evicted now."""
-        since = self.last_checkpoint_at if self.last_checkpoint_at is not None else self.started_at
-        return max(0.0, now - since) * len(self.gpus)
+        """GPU-seconds of work lost if this job were evicted now without a save."""
+        return unsaved_s(now, self.started_at, self.last_checkpoint_at) * len(self.gpus)
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class Admission:
 @dataclass(frozen=True)
 class Preemption:
     job_id: int
-    by_job: int
+    by_job: int | None  # the job it made room for; None: the controller moved it (a drain)
     reason: str
 
 
@@ -187,3 +188,4 @@ class CycleResult:
     considered: int = 0
     preemption_attempts: int = 0
     start_limited: bool = False  # the start limit left jobs for the next cycle
+    drained: list[int] = field(default_factory=list)  # draining nodes (indices) with no work left

@@ -3,3 +3,9 @@ from django.apps import AppConfig
 
 class MonitoringConfig(AppConfig):
     name = "monitoring"
+
+    def ready(self) -> None:
+        from cluster.signals import nodes_changed
+        from monitoring.receivers import clear_faults_of_returned_nodes
+
+        nodes_changed.connect(clear_faults_of_returned_nodes, dispatch_uid="monitoring.node-return")

@@ -32,14 +32,16 @@ from cluster.models import GPU, Node
 from cluster.services import apply_node_action
 from cluster.snapshot import topology_cache
 from engine.fleet import Fleet, decode_frame, delta_message, encode_frame, snapshot_message
+from engine.lifecycle import checkpoint_bytes
 from engine.network import Network, traffic_per_gpu
 from engine.states import InvalidTransition
 from monitoring.livestore import FRAME_KEY, NETWORK_KEY, STATE_KEY, live_store
 from monitoring.services import report_fault
+from scheduling.checkpoints import PHYSICS
 from scheduling.choices import CheckpointKind, JobState
-from scheduling.cycle import _active_allocations
 from scheduling.models import Job
 from scheduling.services import change_state, record_checkpoint
+from scheduling.store import allocations
 
 SEED = 20261130
 DEFAULT_CHECKPOINT_S = 1800.0
@@ -53,7 +55,7 @@ def _fleet(snapshot, seq: int) -> Fleet:
 
 def _utilization(snapshot, fleet: Fleet) -> np.ndarray:
     util = np.zeros(snapshot.num_gpus, dtype=np.float32)
-    pairs = _active_allocations()
+    pairs = allocations.active_pairs()
     if len(pairs):
         util[topology_cache.gpu_indices(pairs[:, 1])] = fleet.config.training_util
         # a training job with a modelled plan runs its GPUs at the plan's compute share of a step
@@ -95,7 +97,7 @@ def _publish(previous: bytes | None, encoded: bytes) -> None:
 def _network(snapshot, seq: int, sim_t: float) -> dict:
     """Uplink utilization of every rack and pod from the training jobs running now."""
     network = Network(snapshot)
-    pairs = _active_allocations()
+    pairs = allocations.active_pairs()
     jobs = []
     if len(pairs):
         running = Job.objects.filter(state=JobState.RUNNING, kind="training", parameters__isnull=False)
@@ -251,7 +253,7 @@ def _advance_jobs(wall: float, accelerate: float) -> tuple[int, int]:
                 progress_s=job.progress_s + since,
                 kind=policy.kind if policy else CheckpointKind.ASYNC,
                 durable=True,
-                size_bytes=(job.parameters or 0.0) * 16,
+                size_bytes=checkpoint_bytes(job.parameters, PHYSICS),
             )
             checkpoints += 1
     return checkpoints, finished

@@ -20,8 +20,8 @@ from engine.states import GPU_STATE_CODE, NODE_STATE_CODE
 from monitoring.livestore import FRAME_KEY, live_store
 from monitoring.models import ClusterSample, FaultEvent
 from scheduling.choices import JobState
-from scheduling.cycle import _active_allocations
 from scheduling.models import Job
+from scheduling.store import allocations
 
 IDLE_UTIL_PCT = 5
 BUCKETS = ("free", "allocated", "allocated_idle", "cordoned", "down", "repairing")
@@ -41,11 +41,12 @@ def overview() -> dict:
         & (
             (node_state == NODE_STATE_CODE["cordoned"])
             | (node_state == NODE_STATE_CODE["draining"])
+            | (node_state == NODE_STATE_CODE["drained"])
             | (snap.gpu_state == GPU_STATE_CODE["cordoned"])
         )
     )
     held = np.zeros(n, dtype=bool)
-    pairs = _active_allocations()
+    pairs = allocations.active_pairs()
     if len(pairs):
         held[topology_cache.gpu_indices(pairs[:, 1])] = True
     held &= ~down & ~repairing & ~cordoned

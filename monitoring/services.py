@@ -17,23 +17,41 @@ from django.db import transaction
 from django.utils import timezone
 
 from cluster.models import GPU, Node
+from cluster.services import set_gpus, take_down
 from cluster.snapshot import topology_cache
+from engine import lifecycle
 from engine.checkpoint import PolicyKind
 from engine.faults import Action, Scope, classify
-from engine.physics import Physics
 from engine.recovery import plan_recovery
 from monitoring.models import FaultEvent
-from scheduling.checkpoints import policy_kind
+from scheduling.checkpoints import PHYSICS, policy_kind
 from scheduling.choices import CheckpointKind, EventKind, JobState
-from scheduling.cycle import NewAllocations, _active_allocations, _insert_allocations, _layout
 from scheduling.locks import cycle_lock
 from scheduling.models import Allocation, Checkpoint, Job, JobEvent
 from scheduling.plans import resize_job
+from scheduling.services import requeue
+from scheduling.store import Held, NewAllocations, allocations
 from scheduling.trigger import request_cycle
 
-LEMON_WINDOW = timedelta(days=7)
-LEMON_THRESHOLD = 3  # faults on one node within the window
-PHYSICS = Physics()
+LEMON_WINDOW = timedelta(seconds=lifecycle.LEMON_WINDOW_S)
+
+
+def node_fault_counts(since, node_ids=None) -> dict[int, int]:
+    """Faults per node since ``since``, on the node itself or on its GPUs (two grouped queries)."""
+    from django.db.models import Count
+
+    counts: dict[int, int] = {}
+    sides = (
+        ("node_id", {"node__isnull": False}),
+        ("gpu__node_id", {"node__isnull": True, "gpu__isnull": False}),
+    )
+    for key, only in sides:
+        qs = FaultEvent.objects.filter(at__gte=since, **only)
+        if node_ids is not None:
+            qs = qs.filter(**{f"{key}__in": list(node_ids)})
+        for node_id, n in qs.values_list(key).annotate(n=Count("id")).order_by():
+            counts[node_id] = counts.get(node_id, 0) + n
+    return counts
 
 
 def fault_problem(attrs: dict) -> dict | None:
@@ -96,46 +114,24 @@ def _take_out_of_service(
 ) -> None:
     text = f"{fault}: {action.value.replace('_', ' ')}"[:255]
     if action == Action.RESET_GPU:
-        GPU.objects.filter(pk__in=gpu_ids).update(state="down", health="critical")
+        set_gpus(gpu_ids, state="down", health="critical")
     elif action == Action.RESET_WHEN_CONVENIENT:
-        GPU.objects.filter(pk__in=gpu_ids).update(health="warning")
+        set_gpus(gpu_ids, health="warning")
     elif action in (Action.REBOOT_NODE, Action.REPAIR_NODE) and node is not None:
-        Node.objects.filter(pk=node.pk).exclude(state__in=["down", "repairing"]).update(
-            state="down", state_reason=text, state_changed_at=now
-        )
+        take_down(node, text, at=now)
     if node is not None:
-        recent = (
-            FaultEvent.objects.filter(node=node, at__gte=now - LEMON_WINDOW).count()
-            + FaultEvent.objects.filter(gpu__node=node, at__gte=now - LEMON_WINDOW).count()
-        )
-        if recent >= LEMON_THRESHOLD:
-            Node.objects.filter(pk=node.pk).update(
-                is_lemon=True,
-                state="down",
-                state_changed_at=now,
-                state_reason=f"quarantined as a lemon: {recent} faults in {LEMON_WINDOW.days} days",
+        recent = node_fault_counts(now - LEMON_WINDOW, [node.pk]).get(node.pk, 0)
+        if lifecycle.is_lemon(recent):
+            take_down(
+                node,
+                f"quarantined as a lemon: {recent} faults in {LEMON_WINDOW.days} days",
+                at=now,
+                lemon=True,
             )
 
 
-class _Held:
-    """Who holds which GPUs, read once per fault (the cycle's packed, cached read)."""
-
-    def __init__(self) -> None:
-        self.snapshot = topology_cache.current()
-        self.layout = _layout(self.snapshot)
-        pairs = _active_allocations()
-        self.jobs = pairs[:, 0]
-        self.gpus = topology_cache.gpu_indices(pairs[:, 1])
-        self.owned = np.zeros(self.snapshot.num_gpus, dtype=bool)
-        self.owned[self.gpus] = True
-
-    def gpus_of(self, job_id: int) -> np.ndarray:
-        lo, hi = np.searchsorted(self.jobs, [job_id, job_id + 1])
-        return self.gpus[lo:hi]
-
-
 def _recover(
-    job: Job, fault: FaultEvent, classification, faulty: np.ndarray, held: _Held, now
+    job: Job, fault: FaultEvent, classification, faulty: np.ndarray, held: Held, now
 ) -> float | None:
     """Plan and apply one job's recovery; returns the modelled time to recover (None: requeued).
     ``held`` is updated with the GPUs the job gave up and took, for the next job of the same fault."""
@@ -145,7 +141,7 @@ def _recover(
     # a seeded draw per (fault, job): replaying the same fault gives the same outcome
     luck = np.random.default_rng(zlib.crc32(f"{fault.pk}/{job.pk}".encode())).random()
     triggered_ok = luck < success if kind == PolicyKind.TRIGGERED and classification.memory_readable else None
-    state_bytes = (job.parameters or 0.0) * PHYSICS.bytes_per_parameter
+    state_bytes = lifecycle.checkpoint_bytes(job.parameters, PHYSICS)
     plan = plan_recovery(
         layout,
         job_gpus,
@@ -162,8 +158,12 @@ def _recover(
     )
     detected = fault.at + timedelta(seconds=classification.detection_s)
     last = job.checkpoints.filter(durable=True).order_by("-at").first()
-    since = max(job.started_at or fault.at, last.at if last else job.started_at or fault.at)
-    lost_s = 0.0 if triggered_ok else max(0.0, (fault.at - since).total_seconds())
+    unsaved = lifecycle.unsaved_s(
+        fault.at.timestamp(),
+        job.started_at.timestamp() if job.started_at else None,
+        last.at.timestamp() if last else None,
+    )
+    lost_s = 0.0 if triggered_ok else unsaved
     JobEvent.objects.create(
         job=job,
         kind=EventKind.FAULTED,
@@ -178,7 +178,7 @@ def _recover(
     )
     if triggered_ok is not None:
         if triggered_ok:
-            progress = (last.progress_s if last else job.progress_s) + (fault.at - since).total_seconds()
+            progress = (last.progress_s if last else job.progress_s) + unsaved
             Checkpoint.objects.create(
                 job=job,
                 at=detected,
@@ -199,21 +199,10 @@ def _recover(
         )
     steps = {s.name: round(s.seconds, 3) for s in plan.steps}
     if plan.outcome == "requeue":
-        Allocation.objects.filter(job=job, active=True).update(active=False, released_at=now)
+        allocations.release(now, job=job)
         owned[job_gpus] = False
-        job.state, job.started_at, job.placement = JobState.PENDING, None, ""
-        job.allocated_gpus = 0
-        job.pending_reason = f"requeued after a fault: {plan.reason}"
-        job.save(
-            update_fields=[
-                "state",
-                "started_at",
-                "placement",
-                "pending_reason",
-                "progress_s",
-                "allocated_gpus",
-            ]
-        )
+        fields = requeue(job, f"requeued after a fault: {plan.reason}")
+        job.save(update_fields=[*fields, "progress_s"])
         JobEvent.objects.create(
             job=job,
             kind=EventKind.REQUEUED,
@@ -224,12 +213,10 @@ def _recover(
         return None
     if len(plan.lost_gpus):
         lost_ids = snapshot.gpu_id[plan.lost_gpus].tolist()
-        Allocation.objects.filter(job=job, active=True, gpu_id__in=lost_ids).update(
-            active=False, released_at=now
-        )
+        allocations.release(now, job=job, gpu_ids=lost_ids)
         replacements = NewAllocations()
         replacements.add(job.pk, snapshot.gpu_id[plan.replacement_gpus])
-        _insert_allocations(replacements, now, {job.pk: job.share})
+        allocations.insert(replacements, now, {job.pk: job.share})
         owned[plan.lost_gpus] = False
         owned[plan.replacement_gpus] = True
     restart_s = plan.seconds - steps.get("detect", 0.0)
@@ -287,7 +274,7 @@ def handle_fault(fault_id: int) -> dict:
             faulty = list(node.gpus.values_list("id", flat=True))
         recoveries = []
         hit = _jobs_hit(fault, gpu_ids) if c.interrupts_job else []
-        held = _Held() if hit else None
+        held = Held() if hit else None
         faulty_idx = topology_cache.gpu_indices(faulty) if hit and faulty else np.array([], dtype=np.int64)
         for job in Job.objects.select_related("queue__default_checkpoint_policy", "checkpoint_policy").filter(
             pk__in=hit

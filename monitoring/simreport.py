@@ -16,6 +16,7 @@ from pathlib import Path
 
 from engine.checkpoint import PolicyKind
 from engine.chips import BY_NAME
+from engine.lifecycle import ETTR_BUCKETS
 from engine.network import datacenter_links
 from engine.presets import PRESETS, preset_document
 from engine.simulation import CheckpointChoice, SimConfig, Simulation
@@ -221,7 +222,7 @@ def write_report(results: list[dict], path: Path) -> None:
     )
     figures.append(fig)
     fig = go.Figure()
-    buckets = ("checkpoint_stall", "detection", "restart", "lost_work", "waiting")
+    buckets = ETTR_BUCKETS
     for b, colour in zip(buckets, colours, strict=False):
         fig.add_trace(
             go.Bar(

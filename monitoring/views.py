@@ -19,8 +19,10 @@ from cluster.models import GPU, AuditRecord, Datacenter, Node, Pod, Rack
 from cluster.pages import flat_errors, viewer_page
 from cluster.roles import is_operator
 from cluster.services import apply_node_action
+from engine import lifecycle
 from engine.states import NODE_ACTIONS, InvalidTransition
 from monitoring.models import FaultEvent, Simulation
+from monitoring.services import LEMON_WINDOW, node_fault_counts
 
 PAGE_SIZE = 50
 BUCKET_LABELS = {
@@ -294,7 +296,7 @@ def faults(request):
         "x": [(since + step * (i + 0.5)).isoformat() for i in range(buckets)],
     }
     table = [(labels[r], r, sum(per_rack[r]), max(per_rack[r])) for r in order[:PAGE_SIZE]]
-    lemons = _lemons(now - timedelta(days=30))
+    lemons = _lemons(now)
     open_faults = Paginator(
         FaultEvent.objects.filter(cleared_at__isnull=True).select_related(
             "node", "gpu__node", "job", "pod", "link"
@@ -314,31 +316,23 @@ def faults(request):
             "causes": causes,
             "by_cause": by_cause,
             "lemons": lemons,
+            "lemon_rule": {"faults": lifecycle.LEMON_FAULTS, "days": LEMON_WINDOW.days},
             "open_faults": open_faults,
             "step_hours": int(step.total_seconds() // 3600),
         },
     )
 
 
-def _lemons(since, limit: int = PAGE_SIZE, threshold: int = 3) -> list[Node]:
-    """Nodes marked lemon, or with `threshold` or more faults (on the node or its GPUs) since then."""
-    counts: dict[int, int] = {}
-    sides = (
-        ("node_id", {"node__isnull": False}),
-        ("gpu__node_id", {"node__isnull": True, "gpu__isnull": False}),
-    )
-    for key, only in sides:
-        for node_id, n in (
-            FaultEvent.objects.filter(at__gte=since, **only).values_list(key).annotate(n=Count("id"))
-        ):
-            counts[node_id] = counts.get(node_id, 0) + n
-    ids = {k for k, v in counts.items() if v >= threshold} | set(
+def _lemons(now, limit: int = PAGE_SIZE) -> list[Node]:
+    """Nodes marked lemon, or at the lemon rule's count of faults (engine.lifecycle) in its window."""
+    counts = node_fault_counts(now - LEMON_WINDOW)
+    ids = {k for k, v in counts.items() if lifecycle.is_lemon(v)} | set(
         Node.objects.filter(is_lemon=True).values_list("id", flat=True)
     )
     nodes = list(Node.objects.filter(pk__in=ids).select_related("rack"))
     for node in nodes:
-        node.faults_30d = counts.get(node.pk, 0)
-    return sorted(nodes, key=lambda n: (-n.faults_30d, n.hostname))[:limit]
+        node.recent_faults = counts.get(node.pk, 0)
+    return sorted(nodes, key=lambda n: (-n.recent_faults, n.hostname))[:limit]
 
 
 # --- simulations ------------------------------------------------------------------------------

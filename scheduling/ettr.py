@@ -16,10 +16,11 @@ from datetime import datetime
 from django.db.models import Q
 from django.utils import timezone
 
+from engine.lifecycle import ETTR_BUCKETS
 from scheduling.choices import EventKind
 from scheduling.models import Checkpoint, Job, JobEvent
 
-BUCKETS = ("checkpoint_stall", "detection", "restart", "lost_work", "waiting")
+BUCKETS = ETTR_BUCKETS
 
 
 def _overlap(a0: datetime, a1: datetime, b0: datetime, b1: datetime) -> float:

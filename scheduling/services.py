@@ -7,17 +7,19 @@ from django.db import transaction
 from django.utils import timezone
 
 from cluster.snapshot import topology_cache
+from engine import lifecycle
+from engine.checkpoint import PolicyKind
+from engine.lifecycle import JobStateError, job_action_target
 from engine.placement import LEVELS, level_limit
 from engine.steptime import ModelSpec
 from scheduling.bulk import insert_with_child
+from scheduling.checkpoints import PHYSICS
 from scheduling.choices import EventKind, JobState
 from scheduling.models import Allocation, Checkpoint, Job, JobEvent, Queue
 from scheduling.plans import ranking_for
 from scheduling.trigger import request_cycle
 
-
-class JobStateError(ValueError):
-    """The action does not apply to the job's current state."""
+__all__ = ["JobStateError", "change_state", "record_checkpoint", "requeue", "stop_job", "submit_job"]
 
 
 def capacity_problem(
@@ -87,37 +89,69 @@ def _release(job: Job, now) -> int:
     return Allocation.objects.filter(job=job, active=True).update(active=False, released_at=now)
 
 
+# the fields a requeue changes, for bulk updates
+REQUEUE_FIELDS = ["state", "started_at", "placement", "pending_reason", "allocated_gpus"]
+
+
+def requeue(job: Job, reason: str) -> list[str]:
+    """A running job goes back to pending with its progress (after a preemption, a drain or a
+    fault); returns the fields changed. The caller releases its GPUs and writes its events."""
+    job.state = job_action_target("requeue", job.state)
+    job.started_at, job.placement, job.allocated_gpus = None, "", 0
+    job.pending_reason = reason[:2000]
+    return REQUEUE_FIELDS
+
+
+def stop_job(job: Job, now, kind: PolicyKind | None, *, graceful: bool = True):
+    """Stop a running job's work (engine.lifecycle.stop): its progress and newest checkpoint are
+    updated on ``job``; returns the outcome and the unsaved Checkpoint row written at the stop
+    (None when nothing was saved)."""
+    outcome = lifecycle.stop(
+        now.timestamp(),
+        progress_s=job.progress_s,
+        started_at=job.started_at.timestamp() if job.started_at else None,
+        last_checkpoint_at=job.last_checkpoint_at.timestamp() if job.last_checkpoint_at else None,
+        policy=kind,
+        graceful=graceful,
+    )
+    if not outcome.saved:
+        return outcome, None
+    job.progress_s, job.last_checkpoint_at = outcome.progress_s, now
+    checkpoint = Checkpoint(
+        job=job,
+        at=now,
+        progress_s=job.progress_s,
+        kind=kind.value,
+        durable=True,
+        size_bytes=lifecycle.checkpoint_bytes(job.parameters, PHYSICS),
+    )
+    return outcome, checkpoint
+
+
 @transaction.atomic
 def change_state(job_id: int, action: str, *, actor: str = "", reason: str = "") -> Job:
+    """An operator's or a node's action on a job (engine.lifecycle.JOB_ACTIONS), with its event;
+    the job's GPUs are released in the same transaction."""
     job = Job.objects.select_for_update().get(pk=job_id)
     now = timezone.now()
-    allowed = {
-        "cancel": (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED),
-        "suspend": (JobState.PENDING, JobState.RUNNING),
-        "resume": (JobState.SUSPENDED,),
-        "finish": (JobState.RUNNING,),
-        "fail": (JobState.RUNNING,),
-    }[action]
-    if job.state not in allowed:
-        raise JobStateError(
-            f"cannot {action} a job that is {job.state}; {action} applies to: {', '.join(allowed)}"
-        )
+    job.state = job_action_target(action, job.state)
     text = reason or f"{action} by {actor}" if actor else reason
-    freed = _release(job, now)
+    freed = Allocation.objects.filter(job=job, active=True).update(active=False, released_at=now)
     data = {"gpus_released": freed, "by": actor} if actor else {"gpus_released": freed}
-    if action == "cancel":
-        job.state, job.finished_at, kind = JobState.CANCELLED, now, EventKind.CANCELLED
-    elif action == "suspend":
-        job.state, kind = JobState.SUSPENDED, EventKind.SUSPENDED
+    kind = {
+        "cancel": EventKind.CANCELLED,
+        "suspend": EventKind.SUSPENDED,
+        "resume": EventKind.RESUMED,
+        "finish": EventKind.FINISHED,
+        "fail": EventKind.FAILED,
+    }[action]
+    if job.state in (JobState.CANCELLED, JobState.FINISHED, JobState.FAILED):
+        job.finished_at = now
+    if job.state == JobState.SUSPENDED:
         job.pending_reason = f"suspended by {actor}" if actor else "suspended"
-    elif action == "resume":
-        job.state, kind = JobState.PENDING, EventKind.RESUMED
+    elif job.state == JobState.PENDING:
         job.pending_reason = "waiting for the next scheduling cycle"
-    elif action == "finish":
-        job.state, job.finished_at, kind = JobState.FINISHED, now, EventKind.FINISHED
     else:
-        job.state, job.finished_at, kind = JobState.FAILED, now, EventKind.FAILED
-    if job.state != JobState.PENDING and job.state != JobState.SUSPENDED:
         job.pending_reason = ""
     job.started_at = job.started_at if action in ("finish", "fail") else None
     job.allocated_gpus = 0

@@ -21,11 +21,11 @@ def warm_up(**_kwargs) -> None:
     the first cycle after a restart is as fast as the others (at 100k GPUs the snapshot takes about
     half a second to load and the allocations about 0.1 s)."""
     from cluster.snapshot import topology_cache
-    from scheduling.cycle import _active_allocations, _layout
+    from scheduling.store import allocations, layouts
 
     try:
-        _layout(topology_cache.current())
-        _active_allocations()
+        layouts.layout(topology_cache.current())
+        allocations.active_pairs()
     except Exception:  # noqa: BLE001 - an empty or unmigrated database: the first cycle loads it
         logging.getLogger("myriad.scheduling").warning("could not preload the topology", exc_info=True)
 

@@ -9,8 +9,8 @@ from django.db.models import Sum
 from engine.scheduler import build_quota_book
 from engine.workload import MILLI
 from scheduling.choices import JobState
-from scheduling.cycle import load_queues
 from scheduling.models import Allocation, Job
+from scheduling.store import load_queues
 
 
 def queue_usage() -> dict[str, list[dict]]:

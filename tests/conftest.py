@@ -69,13 +69,13 @@ def pytest_collection_modifyitems(config, items):
 def fresh_topology_cache():
     """Each test builds its own cluster: never reuse a snapshot cached by an earlier test."""
     from cluster.snapshot import topology_cache
-    from scheduling.cycle import reset_caches
+    from scheduling import store
 
     topology_cache.reset()
-    reset_caches()
+    store.reset()
     yield
     topology_cache.reset()
-    reset_caches()
+    store.reset()
 
 
 @pytest.fixture

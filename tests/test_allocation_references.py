@@ -11,7 +11,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from cluster.models import GPU
-from scheduling.cycle import NewAllocations, _insert_allocations
+from scheduling.store import NewAllocations, allocations
 from scheduling.models import Allocation, Job
 
 
@@ -37,7 +37,7 @@ def test_allocations_are_written_for_existing_jobs_and_gpus(queues):
     job = _job(queues)
     gpus = list(GPU.objects.order_by("id").values_list("id", flat=True)[:2])
     with transaction.atomic():
-        _insert_allocations(_rows(job.pk, gpus), timezone.now())
+        allocations.insert(_rows(job.pk, gpus), timezone.now())
         _check_now()
     assert sorted(Allocation.objects.filter(job=job, active=True).values_list("gpu_id", flat=True)) == gpus
 
@@ -49,7 +49,7 @@ def test_an_allocation_naming_a_missing_gpu_or_job_is_refused(queues, missing):
     absent = 10**9
     rows = _rows(absent, [gpu]) if missing == "job" else _rows(job.pk, [gpu, absent])
     with pytest.raises(IntegrityError), transaction.atomic():
-        _insert_allocations(rows, timezone.now())
+        allocations.insert(rows, timezone.now())
         _check_now()
     assert not Allocation.objects.exists()
 
@@ -58,7 +58,7 @@ def test_deleting_a_gpu_that_an_allocation_names_is_refused(queues):
     job = _job(queues)
     gpu = GPU.objects.order_by("id").first()
     with transaction.atomic():
-        _insert_allocations(_rows(job.pk, [gpu.pk]), timezone.now())
+        allocations.insert(_rows(job.pk, [gpu.pk]), timezone.now())
     Allocation.objects.filter(job=job).update(active=False, released_at=timezone.now())
     with pytest.raises(IntegrityError), transaction.atomic():
         GPU.objects.filter(pk=gpu.pk)._raw_delete(connection.alias)  # no ORM cascade
@@ -72,7 +72,7 @@ def test_deleting_a_gpu_that_an_allocation_names_is_refused(queues):
 def test_deleting_a_job_that_an_allocation_names_is_refused(queues):
     job = _job(queues)
     with transaction.atomic():
-        _insert_allocations(_rows(job.pk, [GPU.objects.order_by("id").first().pk]), timezone.now())
+        allocations.insert(_rows(job.pk, [GPU.objects.order_by("id").first().pk]), timezone.now())
     with pytest.raises(IntegrityError) as refused, transaction.atomic():
         Job.objects.filter(pk=job.pk)._raw_delete(connection.alias)  # no ORM cascade
         _check_now()
@@ -86,7 +86,7 @@ def test_an_allocations_job_and_gpu_never_change(queues):
     job = _job(queues)
     first, second = GPU.objects.order_by("id").values_list("id", flat=True)[:2]
     with transaction.atomic():
-        _insert_allocations(_rows(job.pk, [first]), timezone.now())
+        allocations.insert(_rows(job.pk, [first]), timezone.now())
     with pytest.raises(IntegrityError), transaction.atomic():
         Allocation.objects.filter(job=job).update(gpu_id=second)
     assert Allocation.objects.get(job=job).gpu_id == first
@@ -114,7 +114,7 @@ def test_a_gpu_deleted_while_an_allocation_is_written_is_refused(queues):
     deleter = threading.Thread(target=delete_gpu)
     deleter.start()
     with transaction.atomic():
-        _insert_allocations(_rows(job.pk, [gpu]), timezone.now())
+        allocations.insert(_rows(job.pk, [gpu]), timezone.now())
         written.set()
         time.sleep(0.5)  # the deleter is now waiting for this transaction
         assert deleter.is_alive()

@@ -5,25 +5,17 @@ changed an allocation."""
 import numpy as np
 
 from scheduling import cycle
+from scheduling.store import AllocationStore, allocations
 from scheduling.models import Allocation, Job
 
 
 def _fresh() -> np.ndarray:
-    saved = dict(cycle._allocation_cache)
-    cycle._allocation_cache.clear()
-    pairs = cycle._active_allocations()
-    cycle._allocation_cache.clear()
-    cycle._allocation_cache.update(saved)
-    return pairs
+    return AllocationStore().active_pairs()  # a store with nothing cached reads every row
 
 
 def _carried_matches_the_database() -> bool:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        key = cycle._allocation_key(cursor)
-    carried = cycle._allocation_cache.get("pairs")
-    return cycle._allocation_cache.get("key") == key and np.array_equal(carried, _fresh())
+    carried = allocations.cached
+    return allocations.is_current() and np.array_equal(carried, _fresh())
 
 
 def _post(client, capture, body):
@@ -72,9 +64,9 @@ def test_a_release_by_anyone_else_makes_the_next_cycle_read_everything(
     assert _carried_matches_the_database()
     # released outside any cycle (as a node agent's report or an operator would)
     Allocation.objects.filter(job=other, active=True).update(active=False)
-    stale = cycle._allocation_cache["pairs"]
-    assert len(stale) == 24 and len(cycle._active_allocations()) == 16  # the key no longer matches
-    assert set(cycle._active_allocations()[:, 0].tolist()) == {job.pk}
+    stale = allocations.cached
+    assert len(stale) == 24 and len(allocations.active_pairs()) == 16  # the key no longer matches
+    assert set(allocations.active_pairs()[:, 0].tolist()) == {job.pk}
 
 
 def test_a_preemption_is_carried_exactly(
@@ -119,6 +111,6 @@ def test_a_release_during_a_cycle_is_not_hidden_by_the_carried_view(
     assert second.state == "running"
     monkeypatch.undo()
     assert not _carried_matches_the_database()  # the carried pairs still hold the first job
-    read = cycle._active_allocations()
+    read = allocations.active_pairs()
     assert set(read[:, 0].tolist()) == {second.pk} and len(read) == 16
     assert _carried_matches_the_database()  # the read replaced them

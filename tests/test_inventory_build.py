@@ -103,11 +103,15 @@ def test_snapshot_matches_the_database(small_cluster):
     assert snap.count_by("pod").tolist() == [32, 32, 12]
     node = snap.node_hostname.index("dc1-p01-r01-n02")
     assert snap.node_state[node] == NODE_STATE_CODE["cordoned"]
+    usable = snap.usable()
+    assert int(usable.sum()) == 76 - 8 - 1
+    # spare nodes (one per H100 pod) are kept for recovery: new work is never placed on them
     schedulable = snap.schedulable()
-    assert int(schedulable.sum()) == 76 - 8 - 1
+    assert int(schedulable.sum()) == 76 - 8 - 1 - 2 * 8
+    assert not schedulable[snap.node_spare[snap.gpu_node]].any()
     assert snap.count_by_chip(schedulable) == {
         **dict.fromkeys(snap.chip_names, 0),
-        "H100-SXM": 55,
+        "H100-SXM": 55 - 16,
         "A100-80G": 12,
     }
     # every GPU's domain chain agrees with the database

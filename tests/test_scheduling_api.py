@@ -159,7 +159,8 @@ def test_a_stopped_queue_admits_nothing(
 def test_reclaim_preempts_the_borrower_and_requeues_it(
     queues, operator_client, eager_celery, django_capture_on_commit_callbacks
 ):
-    borrower = submit(operator_client, django_capture_on_commit_callbacks, gpus=64, topology="any").json()
+    # every H100 GPU but the two spare nodes (kept for recovery): 16 of them borrowed from nlp
+    borrower = submit(operator_client, django_capture_on_commit_callbacks, gpus=48, topology="any").json()
     assert Job.objects.get(pk=borrower["id"]).state == "running"
     owner = submit(operator_client, django_capture_on_commit_callbacks, queue="nlp", gpus=16).json()
     victim = Job.objects.get(pk=borrower["id"])

@@ -6,6 +6,7 @@ from rest_framework import serializers
 from cluster.builder import gpu_identity
 from cluster.choices import colour
 from cluster.models import GPU, ChipType, Datacenter, DatacenterLink, Node, Pod, Rack, Region
+from cluster.services import set_spare
 
 
 class ChipTypeSerializer(serializers.ModelSerializer):
@@ -138,12 +139,24 @@ class NodeSerializer(serializers.ModelSerializer):
             "state_colour",
             "state_reason",
             "state_changed_at",
+            "drain_deadline",
             "is_spare",
+            "is_lemon",
         ]
-        read_only_fields = ["state", "state_reason", "state_changed_at"]
+        read_only_fields = ["state", "state_reason", "state_changed_at", "drain_deadline", "is_lemon"]
 
     def get_state_colour(self, node: Node) -> str:
         return colour(node.state)
+
+    @transaction.atomic
+    def update(self, instance, validated_data):
+        spare = validated_data.pop("is_spare", None)
+        node = super().update(instance, validated_data)
+        if spare is not None and spare != node.is_spare:
+            request = self.context.get("request")
+            set_spare([node], spare, actor=request.user.username if request else "api")
+            node.refresh_from_db()
+        return node
 
     def validate_gpus_per_node(self, value):
         if not 1 <= value <= 72:
@@ -165,6 +178,19 @@ class NodeSerializer(serializers.ModelSerializer):
 
 class NodeActionSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+MAX_DRAIN_GRACE_S = 30 * 86_400
+
+
+class NodeDrainSerializer(NodeActionSerializer):
+    grace_s = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=MAX_DRAIN_GRACE_S,
+        default=0,
+        help_text="Seconds running work may keep running before it is checkpointed and moved (0: at once)",
+    )
 
 
 class GPUSerializer(serializers.ModelSerializer):

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db.models import Count, Sum
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -103,12 +106,17 @@ class NodeViewSet(viewsets.ModelViewSet):
     ordering_fields = ["id", "hostname", "state", "state_changed_at"]
     search_fields = ["hostname"]
 
-    def _act(self, request, action_name: str):
+    def _act(self, request, action_name: str, body_class=s.NodeActionSerializer):
         node = self.get_object()
-        body = s.NodeActionSerializer(data=request.data)
+        body = body_class(data=request.data)
         body.is_valid(raise_exception=True)
+        grace = body.validated_data.get("grace_s")
         apply_node_action(
-            [node], action_name, actor=request.user.username, reason=body.validated_data["reason"]
+            [node],
+            action_name,
+            actor=request.user.username,
+            reason=body.validated_data["reason"],
+            deadline=timezone.now() + timedelta(seconds=grace) if grace else None,
         )
         node.refresh_from_db()
         return Response(self.get_serializer(node).data)
@@ -119,11 +127,13 @@ class NodeViewSet(viewsets.ModelViewSet):
         """Stop placing new work on the node; running work stays."""
         return self._act(request, "cordon")
 
-    @extend_schema(request=s.NodeActionSerializer, responses=s.NodeSerializer)
+    @extend_schema(request=s.NodeDrainSerializer, responses=s.NodeSerializer)
     @action(detail=True, methods=["post"])
     def drain(self, request, pk=None):
-        """Stop placing new work and move running work off the node."""
-        return self._act(request, "drain")
+        """Stop placing new work and move running work off the node: each job is checkpointed
+        (where its policy can save on demand) and requeued, at once or after ``grace_s`` seconds
+        in which it may finish. The node shows ``drained`` once nothing runs on it."""
+        return self._act(request, "drain", s.NodeDrainSerializer)
 
     @extend_schema(request=s.NodeActionSerializer, responses=s.NodeSerializer)
     @action(detail=True, methods=["post"], url_path="mark-down")

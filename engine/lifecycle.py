@@ -1,0 +1,114 @@
+"""A job's life as pure rules: which actions apply in which state, and what a preemption, a
+fault or a requeue does to its progress. The live services, the scheduling cycle, the fault
+task and the what-if simulator all call these functions, so a rule is written once.
+
+Times are seconds on the caller's clock (epoch seconds live, virtual seconds in a simulation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.checkpoint import PolicyKind
+from engine.physics import Physics
+from engine.states import InvalidTransition
+
+JOB_STATES: tuple[str, ...] = ("pending", "running", "suspended", "finished", "failed", "cancelled")
+ACTIVE_JOB_STATES: tuple[str, ...] = ("pending", "running", "suspended")
+
+# Job actions as {action: (states it may start from, resulting state)}. The first three are an
+# operator's (pages, API, admin); the rest are taken by the controller and the nodes.
+JOB_ACTIONS: dict[str, tuple[frozenset[str], str]] = {
+    "cancel": (frozenset({"pending", "running", "suspended"}), "cancelled"),
+    "suspend": (frozenset({"pending", "running"}), "suspended"),
+    "resume": (frozenset({"suspended"}), "pending"),
+    "admit": (frozenset({"pending"}), "running"),
+    "preempt": (frozenset({"running"}), "pending"),
+    "requeue": (frozenset({"running"}), "pending"),
+    "finish": (frozenset({"running"}), "finished"),
+    "fail": (frozenset({"running"}), "failed"),
+}
+OPERATOR_JOB_ACTIONS: tuple[str, ...] = ("cancel", "suspend", "resume")
+
+# The loss buckets of effective training time (ETTR): every second of a job's wall time that did
+# not make durable progress falls in exactly one of them.
+ETTR_BUCKETS: tuple[str, ...] = ("checkpoint_stall", "detection", "restart", "lost_work", "waiting")
+
+# A node is a lemon (quarantined until an operator clears it) when it faults this often.
+LEMON_FAULTS = 3
+LEMON_WINDOW_S = 7 * 86_400.0
+
+
+class JobStateError(InvalidTransition):
+    """The action does not apply to the job's current state."""
+
+
+def job_action_target(action: str, current: str) -> str:
+    """The state a job moves to when ``action`` is taken from ``current``."""
+    if action not in JOB_ACTIONS:
+        raise JobStateError(f"action: unknown job action {action!r}; known: {', '.join(JOB_ACTIONS)}")
+    allowed_from, target = JOB_ACTIONS[action]
+    if current not in allowed_from:
+        allowed = ", ".join(s for s in JOB_STATES if s in allowed_from)
+        raise JobStateError(f"cannot {action} a job that is {current}; {action} applies to: {allowed}")
+    return target
+
+
+def operator_actions(state: str) -> list[str]:
+    """The operator's actions that apply to a job in ``state`` (the job page's buttons)."""
+    return [a for a in OPERATOR_JOB_ACTIONS if state in JOB_ACTIONS[a][0]]
+
+
+def checkpoint_bytes(parameters: float | None, physics: Physics | None = None) -> float:
+    """Bytes of a training job's checkpoint: weights, gradients and optimizer state."""
+    return (parameters or 0.0) * (physics or Physics()).bytes_per_parameter
+
+
+def unsaved_s(now: float, started_at: float | None, last_checkpoint_at: float | None) -> float:
+    """Work (seconds of the job's wall time) done since its last durable checkpoint, or since it
+    started when it has none: what a stop without a save loses."""
+    since = max([t for t in (started_at, last_checkpoint_at) if t is not None] or [now])
+    return max(0.0, now - since)
+
+
+def saves_on_demand(kind: PolicyKind | str | None) -> bool:
+    """Whether a policy can write a checkpoint when asked (asynchronous and triggered copy the
+    state to host memory in seconds); periodic ones only save on their schedule."""
+    return kind is not None and PolicyKind(kind) in (PolicyKind.ASYNC, PolicyKind.TRIGGERED)
+
+
+@dataclass(frozen=True)
+class Stop:
+    """What stopping a running job (preemption, drain, requeue after a fault) does to it."""
+
+    saved: bool  # a checkpoint is written at the stop
+    progress_s: float  # the job's durable progress afterwards
+    lost_s: float  # work since the last durable checkpoint that is lost
+    last_checkpoint_at: float | None  # its newest durable checkpoint afterwards
+
+
+def stop(
+    now: float,
+    *,
+    progress_s: float,
+    started_at: float | None,
+    last_checkpoint_at: float | None,
+    policy: PolicyKind | str | None,
+    graceful: bool = True,
+) -> Stop:
+    """Stop a running job. A graceful stop (preemption, drain) saves first when the policy can;
+    otherwise the work since the last durable checkpoint is lost. The job keeps its progress."""
+    unsaved = unsaved_s(now, started_at, last_checkpoint_at)
+    if graceful and saves_on_demand(policy) and unsaved > 0:
+        return Stop(True, progress_s + unsaved, 0.0, now)
+    return Stop(False, progress_s, unsaved, last_checkpoint_at)
+
+
+def recent_faults(fault_times: list[float], now: float) -> int:
+    """Faults of a node within the lemon window before ``now`` (``now`` itself included)."""
+    return sum(1 for t in fault_times if 0 <= now - t < LEMON_WINDOW_S)
+
+
+def is_lemon(recent: int) -> bool:
+    """The lemon rule: a node with LEMON_FAULTS faults or more within LEMON_WINDOW_S."""
+    return recent >= LEMON_FAULTS

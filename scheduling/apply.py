@@ -1,0 +1,218 @@
+"""Write one cycle's decisions: preemptions (saving first where the policy can), resizes,
+admissions with their plans, allocations, pending reasons, drained nodes; bulk writes only."""
+
+from __future__ import annotations
+
+import functools
+import re
+from datetime import datetime
+
+from cluster.models import ChipType
+from cluster.services import mark_drained
+from engine.workload import CycleResult
+from scheduling.bulk import update_rows
+from scheduling.checkpoints import policy_kind
+from scheduling.choices import EventKind, JobState
+from scheduling.models import Checkpoint, Job, JobEvent
+from scheduling.plans import plan_for, plan_summary, resize_job
+from scheduling.services import REQUEUE_FIELDS, requeue, stop_job
+from scheduling.store import NewAllocations, allocations
+
+REASON_REFRESH_CYCLES = 10
+_DIGITS = re.compile(r"\d+")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _wording(reason: str) -> str:
+    """A reason with its numbers blanked. Cached: this cycle's old reasons are the last cycle's
+    new ones, and many jobs share a reason, so each text is blanked about once."""
+    return _DIGITS.sub("#", reason)
+
+
+class ReasonWriter:
+    """Reasons carry live numbers ("largest free block: 312 in pod bj2-p04") that move every
+    cycle; rewriting ten thousand rows each cycle for a number is wasteful, so a reason whose
+    wording is unchanged is refreshed every REASON_REFRESH_CYCLES cycles only."""
+
+    def __init__(self) -> None:
+        self.cycles = 0
+
+    def changed(self, new: dict[int, str], old: dict[int, str]) -> list[tuple[int, str]]:
+        self.cycles += 1
+        refresh = self.cycles % REASON_REFRESH_CYCLES == 0
+        return [
+            (job_id, reason[:2000])
+            for job_id, reason in new.items()
+            if old.get(job_id) != reason and (refresh or _wording(old.get(job_id) or "") != _wording(reason))
+        ]
+
+
+reasons = ReasonWriter()
+
+
+def apply_decisions(
+    result: CycleResult,
+    snapshot,
+    now: datetime,
+    old_reasons: dict[int, str],
+    ranked: dict[int, str] | None = None,
+) -> int:
+    """Write a cycle's decisions; returns the number of GPUs newly allocated."""
+    chip_ids = dict(ChipType.objects.values_list("name", "id"))
+    events: list[JobEvent] = []
+
+    # 1. preemptions first: their GPUs are released before the preemptors take them
+    if result.preemptions:
+        events.extend(_apply_preemptions(result.preemptions, now))
+
+    # 2. shrinks release their GPUs before anyone takes them; growths are inserted with admissions
+    rows = NewAllocations()
+    if result.resizes:
+        events.extend(_apply_resizes(result.resizes, snapshot, now, rows))
+
+    # 3. admissions: state, placement, events, plans
+    admitted_jobs = []
+    for a in result.admissions:
+        rows.add(a.job_id, snapshot.gpu_id[a.gpus])
+        admitted_jobs.append(
+            (a.job_id, JobState.RUNNING.value, now, chip_ids[a.chip], a.domain[:128], "", len(a.gpus))
+        )
+        events.extend(_admission_events(a, now))
+    if admitted_jobs:
+        update_rows(
+            Job,
+            ["state", "started_at", "chip", "placement", "pending_reason", "allocated_gpus"],
+            admitted_jobs,
+        )
+        _plan_admitted(result, snapshot, now, events)
+    if rows:
+        allocations.insert(rows, now, _shares(result))
+
+    # 4. pending reasons (jobs whose chip types were ranked say so)
+    for job_id, ranking in (ranked or {}).items():
+        if job_id in result.pending:
+            result.pending[job_id] = f"{result.pending[job_id]} ({ranking})"
+    update_rows(Job, ["pending_reason"], reasons.changed(result.pending, old_reasons))
+    JobEvent.objects.bulk_create(events, batch_size=1000)
+
+    # 5. draining nodes left empty are drained
+    if result.drained:
+        mark_drained(snapshot.node_id[result.drained].tolist(), at=now)
+
+    shrunk = [(r.job_id, snapshot.gpu_id[r.released]) for r in result.resizes if len(r.released)]
+    allocations.carry([p.job_id for p in result.preemptions], shrunk, rows.pairs())
+    return len(rows)
+
+
+def _admission_events(a, now: datetime) -> list[JobEvent]:
+    data = {"chip": a.chip, "gpus": len(a.gpus), "borrowed": a.borrowed}
+    if a.parts:
+        data["parts"] = dict(a.parts)
+    if a.preempted:
+        data["preempted"] = list(a.preempted)
+    on = " + ".join(f"{n} {c}" for c, n in a.parts) if a.parts else a.chip
+    return [
+        JobEvent(
+            job_id=a.job_id,
+            kind=EventKind.ADMITTED,
+            at=now,
+            reason=f"admitted on {on}" + (f", borrowing {a.borrowed}" if a.borrowed else ""),
+            data=data,
+        ),
+        JobEvent(
+            job_id=a.job_id,
+            kind=EventKind.PLACED,
+            at=now,
+            reason=f"placed in {a.domain}" + (" (backfilled)" if a.backfilled else ""),
+            data={"domain": a.domain, "gpus": len(a.gpus), "backfilled": a.backfilled},
+        ),
+    ]
+
+
+def _plan_admitted(result: CycleResult, snapshot, now: datetime, events: list[JobEvent]) -> None:
+    """Jobs that describe their model get a modelled parallel plan for where they landed."""
+    admitted = {a.job_id: a for a in result.admissions}
+    modelled = Job.objects.filter(pk__in=list(admitted)).exclude(model={}).only("id", "model")
+    for job in modelled:
+        a = admitted[job.pk]
+        plan = plan_for(job, a.chip, snapshot, a.gpus, a.parts)
+        Job.objects.filter(pk=job.pk).update(plan=plan)
+        events.append(
+            JobEvent(
+                job_id=job.pk, kind=EventKind.PLANNED, at=now, reason=plan_summary(plan), data={"plan": plan}
+            )
+        )
+
+
+def _apply_resizes(resizes, snapshot, now: datetime, rows: NewAllocations) -> list[JobEvent]:
+    """Shrink and grow elastic jobs: allocations, size, re-chosen plan, and a resized event that
+    carries the old and new plan with their modelled throughput."""
+    events = []
+    jobs = {j.pk: j for j in Job.objects.filter(pk__in=[r.job_id for r in resizes]).select_related("chip")}
+    for r in resizes:
+        job = jobs[r.job_id]
+        if len(r.released):
+            allocations.release(now, job=job, gpu_ids=snapshot.gpu_id[r.released].tolist())
+        rows.add(job.pk, snapshot.gpu_id[r.added])
+        extra = {"by_job": r.by_job} if r.by_job is not None else {}
+        events.append(resize_job(job, snapshot, r.gpus, at=now, reason=r.reason, **extra))
+    return events
+
+
+def _shares(result: CycleResult) -> dict[int, int]:
+    """Thousandths per admitted job that shares a GPU (one query, only when some might)."""
+    single = [a.job_id for a in result.admissions if len(a.gpus) == 1]
+    if not single:
+        return {}
+    return dict(Job.objects.filter(pk__in=single, share__lt=1000).values_list("id", "share"))
+
+
+def _apply_preemptions(preemptions, now: datetime) -> list[JobEvent]:
+    """Victims go back to pending with their progress, saving first where their policy can
+    (engine.lifecycle.stop, the rule the simulator follows too)."""
+    victims = {p.job_id: p for p in preemptions}
+    allocations.release(now, jobs=victims)
+    jobs = list(
+        Job.objects.filter(pk__in=victims).select_related(
+            "checkpoint_policy", "queue__default_checkpoint_policy"
+        )
+    )
+    events, checkpoints = [], []
+    for job in jobs:
+        p = victims[job.pk]
+        kind, _ = policy_kind(job)
+        outcome, checkpoint = stop_job(job, now, kind)
+        if checkpoint is not None:
+            checkpoints.append(checkpoint)
+            events.append(
+                JobEvent(
+                    job=job,
+                    kind=EventKind.CHECKPOINTED,
+                    at=now,
+                    reason="saved before preemption",
+                    data={"progress_s": job.progress_s, "preemption": True},
+                )
+            )
+        job.preemptions += 1
+        requeue(job, f"requeued after preemption: {p.reason}")
+        events.append(
+            JobEvent(
+                job=job,
+                kind=EventKind.PREEMPTED,
+                at=now,
+                reason=p.reason,
+                data={"by_job": p.by_job, "progress_s": job.progress_s, "lost_s": outcome.lost_s},
+            )
+        )
+        events.append(
+            JobEvent(
+                job=job,
+                kind=EventKind.REQUEUED,
+                at=now,
+                reason="requeued with its progress after preemption",
+                data={"progress_s": job.progress_s},
+            )
+        )
+    Checkpoint.objects.bulk_create(checkpoints)
+    Job.objects.bulk_update(jobs, [*REQUEUE_FIELDS, "preemptions", "progress_s", "last_checkpoint_at"])
+    return events

@@ -1,0 +1,387 @@
+"""What a scheduling cycle reads and the allocations it writes, with the vendor-specific SQL.
+
+The cycle, fault recovery, the overview and the simulated fleet all read who holds which GPUs
+through ``allocations`` (one object, cached across cycles) and the placement layout through
+``layouts``; nothing outside this module touches their caches.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from datetime import datetime
+
+import numpy as np
+from django.db import connection, transaction
+
+from cluster.snapshot import topology_cache
+from engine.placement import Layout
+from engine.steptime import describe_ranking
+from engine.workload import PendingJob, QueueSpec, RunningJob
+from scheduling.choices import JobState
+from scheduling.models import Allocation, Job, Queue
+
+
+def _ts(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+class LayoutCache:
+    """The placement layout of the current inventory: rebuilt when the inventory changes, else
+    the cached one with the snapshot's fresh states."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._layout: Layout | None = None
+
+    def reset(self) -> None:
+        self.__init__()
+
+    def layout(self, snapshot) -> Layout:
+        key = topology_cache.key
+        if self._key != key or self._layout is None:
+            self._layout = Layout(snapshot)
+            self._key = key
+            return self._layout
+        return self._layout.with_states(snapshot)
+
+
+class NewAllocations:
+    """The allocations a cycle writes: per job, the database ids of its new GPUs (numpy)."""
+
+    def __init__(self) -> None:
+        self.jobs: list[int] = []
+        self.gpus: list[np.ndarray] = []
+
+    def add(self, job_id: int, gpu_ids) -> None:
+        gpu_ids = np.asarray(gpu_ids, dtype=np.int64)
+        if len(gpu_ids):
+            self.jobs.append(int(job_id))
+            self.gpus.append(gpu_ids)
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self.gpus)
+
+    def pairs(self) -> np.ndarray:
+        """(job id, GPU id) rows, shape (n, 2), in insertion order."""
+        if not self.jobs:
+            return np.zeros((0, 2), dtype=np.int64)
+        counts = [len(g) for g in self.gpus]
+        return np.column_stack(
+            [np.repeat(np.array(self.jobs, dtype=np.int64), counts), np.concatenate(self.gpus)]
+        )
+
+
+def _key(count, newest, job_sum, gpu_sum) -> tuple:
+    return (
+        connection.alias,
+        connection.settings_dict["NAME"],
+        int(count),
+        int(newest),
+        int(job_sum),
+        int(gpu_sum),
+    )
+
+
+class AllocationStore:
+    """Active allocations as (job id, GPU id) pairs, cached between reads under a key that any
+    other writer's change alters, and carried over a cycle's own changes without a re-read."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._pairs: np.ndarray | None = None
+
+    def reset(self) -> None:
+        """Forget what earlier reads saw (tests that roll the database back call this)."""
+        self.__init__()
+
+    @property
+    def cached(self) -> np.ndarray | None:
+        return self._pairs
+
+    def key(self, cursor) -> tuple:
+        """(database, active rows, newest active id, sum of their job ids, sum of their GPU ids).
+        Allocation ids only grow, so an insert anywhere changes the newest id or the count, a
+        release changes the count; the sums tell the cycle's own view of the rows from the
+        database's."""
+        cursor.execute(
+            "SELECT COUNT(*), COALESCE(MAX(id), 0), COALESCE(SUM(job_id), 0), COALESCE(SUM(gpu_id), 0) "
+            f"FROM {Allocation._meta.db_table} WHERE active"
+        )
+        return _key(*cursor.fetchone())
+
+    def is_current(self) -> bool:
+        with connection.cursor() as cursor:
+            return self._pairs is not None and self._key == self.key(cursor)
+
+    def active_pairs(self) -> np.ndarray:
+        """(job id, GPU id) of every active allocation, ordered by job then GPU. One row per job
+        comes back, its GPU ids packed in a string, so 100,000 allocations are not 100,000 Python
+        tuples."""
+        table = Allocation._meta.db_table
+        with connection.cursor() as cursor:
+            key = self.key(cursor)
+            if self._key == key and self._pairs is not None:
+                return self._pairs
+            if connection.vendor == "postgresql":
+                packed = "string_agg(gpu_id::text, ',')"
+            else:
+                packed = "group_concat(gpu_id, ',')"
+            cursor.execute(
+                f"SELECT job_id, {packed} FROM {table} WHERE active GROUP BY job_id ORDER BY job_id"
+            )
+            rows = cursor.fetchall()
+        if not rows:
+            pairs = np.zeros((0, 2), dtype=np.int64)
+        else:
+            # numpy parses the joined text in one pass (a list of 100,000 strings costs 20 ms more)
+            gpus = np.fromstring(",".join(r[1] for r in rows), dtype=np.int64, sep=",")
+            counts = [r[1].count(",") + 1 for r in rows]
+            jobs = np.repeat(np.array([r[0] for r in rows], dtype=np.int64), counts)
+            order = np.lexsort((gpus, jobs))  # by job, then GPU: the order the carried pairs keep
+            pairs = np.stack([jobs[order], gpus[order]], axis=1)
+        self._key, self._pairs = key, pairs
+        return pairs
+
+    def insert(self, rows: NewAllocations, now: datetime, shares: dict[int, int] | None = None) -> None:
+        """Active allocations for the new rows; ``shares``: job id -> thousandths for jobs that
+        share a GPU (everyone else takes whole GPUs)."""
+        table = Allocation._meta.db_table
+        shares = shares or {}
+        columns = "(job_id, gpu_id, active, share, created_at)"
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                stamp = now.isoformat()
+                # one join per job over its GPU ids, not one formatted string per GPU
+                parts = []
+                for j, gpus in zip(rows.jobs, rows.gpus, strict=True):
+                    head, tail = f"{j}\t", f"\tt\t{shares.get(j, 1000)}\t{stamp}\n"
+                    parts.append(head + (tail + head).join(map(str, gpus.tolist())) + tail)
+                block = "".join(parts)
+                # COPY is not wrapped by Django: map driver errors to Django's (IntegrityError...)
+                with (
+                    connection.wrap_database_errors,
+                    cursor.copy(f"COPY {table} {columns} FROM STDIN") as copy,
+                ):
+                    copy.write(block)
+            else:
+                # one timestamp, adapted once as the ORM would (not 100,000 datetime conversions),
+                # and the id columns from numpy (no Python tuple built per GPU)
+                stamp = connection.ops.adapt_datetimefield_value(now)
+                pairs = rows.pairs()
+                share = np.repeat([shares.get(j, 1000) for j in rows.jobs], [len(g) for g in rows.gpus])
+                cursor.executemany(
+                    f"INSERT INTO {table} {columns} VALUES (%s, %s, %s, %s, %s)",
+                    list(  # a list: Django's debug cursor counts the rows
+                        zip(
+                            pairs[:, 0].tolist(),
+                            pairs[:, 1].tolist(),
+                            itertools.repeat(True),
+                            share.tolist(),
+                            itertools.repeat(stamp),
+                        )
+                    ),
+                )
+
+    def release(self, now: datetime, *, jobs=None, job=None, gpu_ids=None) -> int:
+        """Release the active allocations of ``jobs`` (ids), or of ``job`` (optionally only on
+        ``gpu_ids``). Returns how many were released."""
+        qs = Allocation.objects.filter(active=True)
+        qs = qs.filter(job_id__in=list(jobs)) if jobs is not None else qs.filter(job=job)
+        if gpu_ids is not None:
+            qs = qs.filter(gpu_id__in=list(gpu_ids))
+        return qs.update(active=False, released_at=now)
+
+    def carry(self, victims, shrunk, added: np.ndarray) -> None:
+        """Carry the cached pairs over a cycle's own changes (``victims``: job ids that lost all
+        their GPUs; ``shrunk``: (job id, GPU ids released); ``added``: new pairs), so the next
+        cycle does not read 100,000 rows again. They are kept once the transaction commits, under
+        the key they imply; the next read trusts them only if the database's key is the same, so
+        any other writer's change makes it read everything, as before."""
+        cached = self._pairs
+        self._key = self._pairs = None
+        if cached is None:
+            return
+        keep = ~np.isin(cached[:, 0], list(victims)) if victims else np.ones(len(cached), dtype=bool)
+        if shrunk:
+            released = np.concatenate([(np.int64(j) << 32) | gpus.astype(np.int64) for j, gpus in shrunk])
+            keep &= ~np.isin((cached[:, 0] << 32) | cached[:, 1], released)
+        pairs = np.concatenate([cached[keep], added])
+        pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]  # by job, then GPU, as a fresh read
+        # The key these pairs should have in the database. It is not checked here (that would
+        # cost the full key query a second time each cycle): the next read computes the real key
+        # first thing, and any other writer's change, during this cycle or after it, makes them
+        # differ. Only the newest id is read now, from the primary key's end.
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT COALESCE(MAX(id), 0) FROM {Allocation._meta.db_table} WHERE active")
+            newest = cursor.fetchone()[0]
+        key = _key(len(pairs), newest, pairs[:, 0].sum(), pairs[:, 1].sum())
+
+        def keep_carried() -> None:
+            self._key, self._pairs = key, pairs
+
+        transaction.on_commit(keep_carried)
+
+
+class Held:
+    """Who holds which GPUs, in snapshot indices (read once, updated by the caller as it moves
+    jobs): for fault recovery and anything else that plans outside the cycle."""
+
+    def __init__(self) -> None:
+        self.snapshot = topology_cache.current()
+        self.layout = layouts.layout(self.snapshot)
+        pairs = allocations.active_pairs()
+        self.jobs = pairs[:, 0]
+        self.gpus = topology_cache.gpu_indices(pairs[:, 1])
+        self.owned = np.zeros(self.snapshot.num_gpus, dtype=bool)
+        self.owned[self.gpus] = True
+
+    def gpus_of(self, job_id: int) -> np.ndarray:
+        lo, hi = np.searchsorted(self.jobs, [job_id, job_id + 1])
+        return self.gpus[lo:hi]
+
+
+allocations = AllocationStore()
+layouts = LayoutCache()
+
+
+def reset() -> None:
+    """Forget every cached read (tests that roll the database back call this)."""
+    allocations.reset()
+    layouts.reset()
+
+
+# --- the cycle's reads -------------------------------------------------------------------------
+
+
+def load_queues() -> list[QueueSpec]:
+    specs = []
+    for q in Queue.objects.select_related("cohort").prefetch_related("quotas__chip_type"):
+        quotas = list(q.quotas.all())
+        specs.append(
+            QueueSpec(
+                name=q.name,
+                cohort=q.cohort.name if q.cohort else None,
+                priority=q.priority,
+                weight=q.weight,
+                nominal={x.chip_type.name: x.nominal for x in quotas},
+                borrowing_limit={x.chip_type.name: x.borrowing_limit for x in quotas},
+                lending_limit={x.chip_type.name: x.lending_limit for x in quotas},
+                reclaim_within_cohort=q.reclaim_within_cohort,
+                within_queue=q.within_queue,
+                stopped=q.stopped,
+            )
+        )
+    return specs
+
+
+def _parts(snapshot_chips, gpus) -> tuple[tuple[str, int], ...]:
+    chip_names, gpu_chip = snapshot_chips
+    chips, counts = np.unique(gpu_chip[gpus], return_counts=True)
+    return tuple((chip_names[c], int(n)) for c, n in zip(chips, counts, strict=True))
+
+
+def load_running() -> list[RunningJob]:
+    jobs = list(
+        Job.objects.filter(state=JobState.RUNNING).values_list(
+            "id",
+            "queue__name",
+            "chip__name",
+            "priority",
+            "started_at",
+            "estimated_duration_s",
+            "last_checkpoint_at",
+            "min_gpus",
+            "gpus",
+            "size_step",
+            "topology",
+            "share",
+            "mixed_chips",
+        )
+    )
+    pairs = allocations.active_pairs()  # also with nothing running: the cycle then carries it over
+    if not jobs:
+        return []
+    gpu_index = topology_cache.gpu_indices(pairs[:, 1])
+    snapshot = topology_cache.structure()
+    snapshot_chips = (snapshot.chip_names, snapshot.gpu_chip)
+    bounds = np.searchsorted(pairs[:, 0], [j[0] for j in jobs])
+    ends = np.searchsorted(pairs[:, 0], [j[0] for j in jobs], side="right")
+    running = []
+    for row, lo, hi in zip(jobs, bounds, ends, strict=True):
+        job_id, queue, chip, priority, started, duration, checkpoint = row[:7]
+        low, high, step, topology, share, mixed = row[7:]
+        gpus = gpu_index[lo:hi]
+        parts = _parts(snapshot_chips, gpus) if mixed else ()
+        start = _ts(started) or 0.0
+        running.append(
+            RunningJob(
+                id=job_id,
+                queue=queue,
+                gpus=gpus,
+                chip=chip or "",
+                priority=priority,
+                started_at=start,
+                estimated_end=start + duration if duration is not None else None,
+                last_checkpoint_at=_ts(checkpoint),
+                min_gpus=low,
+                max_gpus=high if low is not None else None,
+                size_step=step,
+                topology=topology,
+                share=share,
+                parts=parts,
+            )
+        )
+    return running
+
+
+def load_pending() -> tuple[list[PendingJob], dict[int, str], dict[int, str]]:
+    """Pending jobs in one plain query (10,000 of them are normal on a busy cluster); submit times
+    come back as epoch seconds so no row needs a datetime object. Returns the jobs, their current
+    reasons, and the chip ranking to show in the reason of jobs whose chip types were ranked."""
+    job, queue = Job._meta.db_table, Queue._meta.db_table
+    if connection.vendor == "postgresql":
+        epoch = "EXTRACT(EPOCH FROM j.submitted_at)::float8"
+        as_text = "::text"  # JSON as text: most jobs share a handful of chip lists, parsed once each
+    else:
+        epoch = "(julianday(j.submitted_at) - 2440587.5) * 86400.0"
+        as_text = ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT j.id, q.name, j.gpus, j.priority, j.chip_types{as_text}, j.topology, {epoch}, "
+            f"j.estimated_duration_s, j.pending_reason, j.min_gpus, j.size_step, j.share, j.mixed_chips, "
+            f"j.chip_ranking{as_text} FROM {job} j JOIN {queue} q ON q.id = j.queue_id "
+            f"WHERE j.state = %s",
+            [JobState.PENDING.value],
+        )
+        rows = cursor.fetchall()
+    pending, reasons, ranked = [], {}, {}
+    chip_lists: dict[str | None, tuple[str, ...]] = {None: ()}
+    for row in rows:
+        job_id, queue_name, gpus, priority, chips_text, topology, submitted, duration, reason = row[:9]
+        low, step, share, mixed, ranking = row[9:]
+        chips = chip_lists.get(chips_text)
+        if chips is None:
+            chips = chip_lists[chips_text] = tuple(json.loads(chips_text) or ())
+        if ranking and ranking.replace(" ", "") != "[]":
+            ranking = json.loads(ranking)
+            if len(ranking) > 1:
+                ranked[job_id] = describe_ranking(ranking)
+        pending.append(
+            PendingJob(
+                job_id,
+                queue_name,
+                gpus,
+                priority,
+                chips,
+                topology,
+                submitted,
+                duration,
+                low,
+                step,
+                share,
+                bool(mixed),
+            )
+        )
+        reasons[job_id] = reason
+    return pending, reasons, ranked
