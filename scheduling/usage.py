@@ -16,10 +16,12 @@ from scheduling.store import load_queues
 def queue_usage() -> dict[str, list[dict]]:
     """{queue name: [{chip_type, nominal, used, borrowed, lent, pending_demand, ...}, ...]}"""
     specs = load_queues()
+    # charged by the chip type of each GPU held, as the scheduler charges it: a mixed-chip job
+    # counts against each of its chip types, not only the first
     used = {
-        (row["job__queue__name"], row["job__chip__name"]): row["n"]
+        (row["job__queue__name"], row["gpu__node__chip_type__name"]): row["n"]
         for row in Allocation.objects.filter(active=True)
-        .values("job__queue__name", "job__chip__name")
+        .values("job__queue__name", "gpu__node__chip_type__name")
         .annotate(n=Sum("share"))  # thousandths: shared GPUs count their fraction
     }
     demand: dict[tuple[str, str], int] = defaultdict(int)

@@ -181,6 +181,12 @@ def test_a_mixed_chip_job_runs_over_two_chip_types_with_a_mixed_plan(
     parts = admitted.data["parts"]
     assert set(parts) == chips and sum(parts.values()) == 56
     assert " + " in admitted.reason
+    # the queue is charged per chip type it holds, on the API and the queues page alike
+    queue_id = Queue.objects.get(name="mixed").pk
+    usage = {
+        u["chip_type"]: u["used"] for u in operator_client.get(f"/api/v1/queues/{queue_id}/").json()["usage"]
+    }
+    assert usage == {"H100-SXM": parts["H100-SXM"], "A100-80G": parts["A100-80G"]}
 
 
 def test_a_pending_job_shows_its_chip_ranking_in_the_reason(

@@ -1,0 +1,167 @@
+"""Drain moves work off a node (checkpoint, then requeue; a deadline lets it finish first) and the
+node shows drained when empty; spare nodes stay idle for fault recovery."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import numpy as np
+from django.utils import timezone
+
+from cluster.models import AuditRecord, Node
+from engine.placement import Layout
+from engine.states import NODE_STATE_CODE
+from engine.workload import PendingJob, QueueSpec
+from scheduling.cycle import run_cycle
+from scheduling.models import Allocation, CheckpointPolicy, Job
+from tests.engine_helpers import cycle, layout_for, running
+
+QUEUE = [QueueSpec("train", nominal={"H100-SXM": 64})]
+
+
+def _draining(layout: Layout, node: int, deadline: float | None = None) -> Layout:
+    topo = layout.topo
+    state = topo.node_state.copy()
+    state[node] = NODE_STATE_CODE["draining"]
+    deadlines = None
+    if deadline is not None:
+        deadlines = np.full(topo.num_nodes, np.nan)
+        deadlines[node] = deadline
+    return Layout(replace(topo, node_state=state, node_drain_deadline=deadlines))
+
+
+def test_engine_moves_work_off_a_draining_node_and_reports_it_drained():
+    lay = _draining(layout_for(pods_per_dc=1, datacenters=1), node=0)
+    on_it = running(lay, 1, "train", nodes=[0, 1], started_at=0.0, end=10_000.0)
+    elsewhere = running(lay, 2, "train", nodes=[2], started_at=0.0)
+    result, after = cycle(lay, QUEUE, [on_it, elsewhere], [], now=100.0)
+    assert [(p.job_id, p.by_job) for p in result.preemptions] == [(1, None)]
+    assert result.preemptions[0].reason == f"node {lay.topo.node_hostname[0]} is draining"
+    assert result.drained == [0]
+    assert {j.id for j in after} == {2}
+
+
+def test_a_drain_deadline_lets_work_finish_first_then_moves_it():
+    lay = _draining(layout_for(pods_per_dc=1, datacenters=1), node=0, deadline=1_000.0)
+    job = running(lay, 1, "train", nodes=[0], started_at=0.0, end=5_000.0)
+    before, _ = cycle(lay, QUEUE, [job], [], now=500.0)
+    assert not before.preemptions and before.drained == []  # still inside its grace period
+    late, _ = cycle(lay, QUEUE, [job], [], now=1_000.0)
+    assert [p.job_id for p in late.preemptions] == [1]
+    assert "deadline has passed" in late.preemptions[0].reason and late.drained == [0]
+
+
+def test_the_quota_a_drained_job_held_is_free_in_the_same_cycle():
+    lay = _draining(layout_for(pods_per_dc=1, datacenters=1), node=0)
+    queue = [QueueSpec("train", nominal={"H100-SXM": 8})]
+    job = running(lay, 1, "train", nodes=[0], started_at=0.0)
+    waiting = PendingJob(2, "train", 8, chip_types=("H100-SXM",))
+    result, _ = cycle(lay, queue, [job], [waiting], now=10.0)
+    assert [a.job_id for a in result.admissions] == [2]
+    assert 0 not in set(lay.gpu_node[result.admissions[0].gpus].tolist())  # not on the draining node
+
+
+def test_new_work_never_lands_on_spare_nodes():
+    doc_layout = layout_for(pods_per_dc=1, datacenters=1)
+    spare = np.zeros(doc_layout.topo.num_nodes, dtype=bool)
+    spare[[1, 3]] = True
+    lay = Layout(replace(doc_layout.topo, node_spare=spare))
+    pending = [PendingJob(i, "train", 8, chip_types=("H100-SXM",)) for i in range(1, 5)]
+    result, _ = cycle(lay, QUEUE, [], pending, now=0.0)
+    used = {int(n) for a in result.admissions for n in lay.gpu_node[a.gpus]}
+    assert len(result.admissions) == 2 and used == {0, 2}
+    assert all("free" in result.pending[j] or "GPUs" in result.pending[j] for j in (3, 4))
+
+
+def _submit(client, capture, **body):
+    with capture(execute=True):
+        response = client.post(
+            "/api/v1/jobs/", {"queue": "vision", "chip_types": ["H100-SXM"], **body}, format="json"
+        )
+    assert response.status_code == 201, response.content
+    return Job.objects.get(pk=response.json()["id"])
+
+
+def _drain(client, capture, node: Node, **body):
+    with capture(execute=True):
+        response = client.post(
+            f"/api/v1/nodes/{node.pk}/drain/", {"reason": "swap NIC", **body}, format="json"
+        )
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def test_draining_a_node_checkpoints_and_requeues_its_job_and_the_node_is_drained(
+    queues, operator_client, eager_celery, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    policy = CheckpointPolicy.objects.create(name="async", kind="async")
+    queues["vision"].default_checkpoint_policy = policy
+    queues["vision"].save()
+    job = _submit(operator_client, capture, gpus=8, topology="node")
+    assert job.state == "running"
+    node = Allocation.objects.filter(job=job, active=True).first().gpu.node
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(minutes=10))
+
+    body = _drain(operator_client, capture, node)
+    assert body["state"] == "draining"  # the cycle the drain asked for runs after this answer
+    node.refresh_from_db()
+    job.refresh_from_db()
+    assert node.state == "drained" and node.drain_deadline is None
+    assert not Allocation.objects.filter(gpu__node=node, active=True).exists()
+    kinds = list(job.events.values_list("kind", "reason"))
+    assert ("checkpointed", "saved before preemption") in kinds
+    assert ("preempted", f"node {node.hostname} is draining") in kinds
+    assert job.checkpoints.filter(kind="async", durable=True).exists() and job.progress_s >= 590
+    drained = AuditRecord.objects.get(object_type="node", object_id=node.pk, action="drained")
+    assert drained.actor == "controller" and drained.changes["state"] == ["draining", "drained"]
+
+    run_cycle()  # the requeued job starts again, elsewhere
+    job.refresh_from_db()
+    assert job.state == "running"
+    assert not Allocation.objects.filter(job=job, active=True, gpu__node=node).exists()
+    # a drained node is ready for repair
+    with capture(execute=True):
+        assert operator_client.post(f"/api/v1/nodes/{node.pk}/repair/", {}, format="json").status_code == 200
+
+
+def test_a_drain_with_grace_lets_the_job_run_until_the_deadline(
+    queues, operator_client, eager_celery, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    job = _submit(operator_client, capture, gpus=8, topology="node")
+    node = Allocation.objects.filter(job=job, active=True).first().gpu.node
+    body = _drain(operator_client, capture, node, grace_s=3600)
+    assert body["drain_deadline"] is not None
+    job.refresh_from_db()
+    node.refresh_from_db()
+    assert job.state == "running" and node.state == "draining"
+    assert "preempted" not in set(job.events.values_list("kind", flat=True))
+    run_cycle(now=timezone.now() + timedelta(hours=1, seconds=1))
+    job.refresh_from_db()
+    node.refresh_from_db()
+    assert node.state == "drained" and job.preemptions == 1
+
+
+def test_a_bad_drain_grace_is_refused_and_changes_nothing(queues, operator_client):
+    node = Node.objects.first()
+    response = operator_client.post(f"/api/v1/nodes/{node.pk}/drain/", {"grace_s": -5}, format="json")
+    assert response.status_code == 400 and "grace_s" in response.json()
+    node.refresh_from_db()
+    assert node.state == "ready"
+
+
+def test_spares_stay_idle_while_the_queue_has_work(
+    queues, operator_client, eager_celery, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    jobs = [_submit(operator_client, capture, gpus=8, topology="node") for _ in range(8)]
+    spare_nodes = set(
+        Node.objects.filter(is_spare=True, chip_type__name="H100-SXM").values_list("pk", flat=True)
+    )
+    assert spare_nodes
+    held = set(Allocation.objects.filter(active=True).values_list("gpu__node_id", flat=True))
+    assert not held & spare_nodes
+    waiting = [j for j in jobs if Job.objects.get(pk=j.pk).state == "pending"]
+    assert len(waiting) == 2  # 64 H100 GPUs, 16 of them on spare nodes: six 8-GPU jobs run
