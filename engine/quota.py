@@ -96,6 +96,15 @@ class QuotaBook:
     def cohort_available(self, cohort: int, c: int) -> int:
         return int(self.pool_capacity[cohort, c] - self.pool_usage[cohort, c])
 
+    def ceiling(self, q: int, c: int) -> int:
+        """The most queue q could ever hold of chip c: its nominal quota, plus what it may borrow
+        from its cohort within its borrowing limit."""
+        cohort = int(self.cohort_of[q])
+        if cohort < 0:
+            return int(self.nominal[q, c])
+        borrowable = int(self.guaranteed[q, c] + self.pool_capacity[cohort, c])
+        return min(int(self.nominal[q, c] + self.borrowing_limit[q, c]), borrowable)
+
     def share(self, q: int, weight: float) -> float:
         return float(self.queue_total[q]) / max(weight, 1e-9)
 

@@ -152,6 +152,10 @@ class Cycle:
         self.resized: set[int] = set()  # elastic jobs shrunk or grown this cycle
         self.capacity_blocked_chips: set[int] = set()  # chips some pending job found no room on
         self.started: list[RunningJob] = []  # admitted this cycle, as running jobs
+        # queue index -> (the job its later jobs wait behind, that job's chip options, reason)
+        self.held: dict[int, tuple[int, set[int], str]] = {}
+        self.first_blocked: set[int] = set()  # queues whose first blocked job was seen
+        self.quota_blocked = False  # the last job scheduled was refused by quota on every chip
         self.result = CycleResult()
 
     # --- 1. order ------------------------------------------------------------------------
@@ -194,10 +198,14 @@ class Cycle:
                     f"waiting for the next cycle: this one started {started} GPUs, its limit is {limit}"
                 )
                 continue
+            behind = self._held_behind(qi, job)
+            if behind:
+                self.result.pending[job.id] = behind
+                continue
             admitted = len(self.result.admissions)
             reason = self._schedule_job(qi, job)
             if reason:
-                self.result.pending[job.id] = reason
+                self.result.pending[job.id] = self._hold(qi, job, reason)
             started += sum(len(a.gpus) for a in self.result.admissions[admitted:])
         if not self.result.start_limited:  # growth takes only what no pending job could use
             self._grow()
@@ -236,6 +244,52 @@ class Cycle:
             self.result.preemptions.append(Preemption(job.id, None, reason))
         self.result.drained = [int(n) for n in np.flatnonzero(draining & ~held)]
 
+    # --- 1b. queueing strategy ---------------------------------------------------------------
+    def _held_behind(self, qi: int, job: PendingJob) -> str:
+        """Why ``job`` waits behind an earlier job of its queue this cycle ("" when it does not)."""
+        held = self.held.get(qi)
+        if held is None:
+            return ""
+        holder, chips, why = held
+        if chips and not chips & set(self._chip_options(qi, job)):
+            return ""  # it asks for other chip types than the one it waits behind
+        return why
+
+    def _hold(self, qi: int, job: PendingJob, reason: str) -> str:
+        """Apply the queue's strategy to a job that could not start; returns its pending reason."""
+        queue = self.queues[qi]
+        if queue.stopped or qi in self.held:
+            return reason
+        if queue.queueing == "strict_fifo":
+            why = f"waiting behind job {job.id}: queue {queue.name} admits its jobs in strict order"
+            self.held[qi] = (job.id, set(), why)
+            return reason
+        bound = queue.head_wait_s
+        if bound is None or not self.quota_blocked:
+            return reason  # blocked by capacity: reservations and backfill take care of it
+        first = qi not in self.first_blocked
+        self.first_blocked.add(qi)
+        waited = max(0.0, self.now - job.submitted_at)
+        if waited < bound:
+            if not first or waited < 60:
+                return reason
+            return (
+                f"{reason} (waited {waited:.0f} s; after {bound:.0f} s queue {queue.name} "
+                f"holds its quota for it)"
+            )
+        chips = [c for c in self._chip_options(qi, job) if self.quota.ceiling(qi, c) >= job.demand]
+        if not chips:
+            return reason  # its queue could never hold it: holding would block the queue for nothing
+        self.held[qi] = (
+            job.id,
+            set(chips),
+            f"waiting behind job {job.id} of queue {queue.name}, pending {waited:.0f} s "
+            f"(past the queue's bounded wait of {bound:.0f} s)",
+        )
+        return (
+            f"{reason} (waited {waited:.0f} s, past {bound:.0f} s: queue {queue.name} holds its quota for it)"
+        )
+
     def _chip_options(self, qi: int, job: PendingJob) -> list[int]:
         if job.chip_types:
             return [self.chip_index[c] for c in job.chip_types if c in self.chip_index]
@@ -252,6 +306,7 @@ class Cycle:
 
     def _schedule_job(self, qi: int, job: PendingJob) -> str:
         queue = self.queues[qi]
+        self.quota_blocked = False
         if queue.stopped:
             return f"queue {queue.name} is stopped"
         if job.fractional:
@@ -269,11 +324,13 @@ class Cycle:
             job = replace(job, gpus=job.min_gpus, min_gpus=None)
         reasons: list[str] = []
         capacity_blocked: list[int] = []
+        self.quota_blocked = True
         for c in chips:
             check = self.quota.check(qi, c, job.demand)
             if not check.ok:
                 reasons.append(check.reason)
                 continue
+            self.quota_blocked = False
             # Within a cycle free GPUs only shrink (until a preemption gives some back), so once a
             # gang of g GPUs found no room at a level, nothing larger will: skip the search.
             known = self.no_room.get((c, max_level))

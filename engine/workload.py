@@ -11,6 +11,11 @@ from engine.lifecycle import unsaved_s
 MILLI = 1000  # a whole GPU, in the thousandths that shared GPUs are counted in
 RECLAIM_POLICIES = ("never", "lower_priority", "any")
 WITHIN_QUEUE_POLICIES = ("never", "lower_priority")
+# How a queue admits its jobs. Strict FIFO: a job that cannot start blocks every later job of its
+# queue. Best effort: later jobs may pass a blocked one, but once a job blocked by quota has waited
+# ``head_wait_s`` the queue's later jobs on its chip types wait for it (its quota is held for it).
+QUEUEING_STRATEGIES = ("best_effort", "strict_fifo")
+DEFAULT_HEAD_WAIT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,8 @@ class QueueSpec:
     reclaim_within_cohort: str = "never"
     within_queue: str = "never"
     stopped: bool = False
+    queueing: str = "best_effort"  # one of QUEUEING_STRATEGIES
+    head_wait_s: float | None = DEFAULT_HEAD_WAIT_S  # best effort: the bounded wait (None: unbounded)
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,8 @@ class QueueAdmin(admin.ModelAdmin):
         "weight",
         "reclaim_within_cohort",
         "within_queue",
+        "queueing_strategy",
+        "head_wait_s",
         "stopped",
     ]
     list_filter = ["cohort", "stopped"]

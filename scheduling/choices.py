@@ -1,7 +1,7 @@
 from django.db import models
 
 from engine.placement import TOPOLOGY_CONSTRAINTS
-from engine.workload import RECLAIM_POLICIES, WITHIN_QUEUE_POLICIES
+from engine.workload import QUEUEING_STRATEGIES, RECLAIM_POLICIES, WITHIN_QUEUE_POLICIES
 
 
 class JobKind(models.TextChoices):
@@ -66,6 +66,12 @@ class WithinQueuePolicy(models.TextChoices):
     LOWER_PRIORITY = "lower_priority", "Lower priority"
 
 
+class QueueingStrategy(models.TextChoices):
+    BEST_EFFORT = "best_effort", "Best effort (later jobs may pass a blocked one, up to the bounded wait)"
+    STRICT_FIFO = "strict_fifo", "Strict order (a blocked job holds the whole queue)"
+
+
+assert tuple(QueueingStrategy.values) == QUEUEING_STRATEGIES
 assert tuple(TopologyConstraint.values) == TOPOLOGY_CONSTRAINTS
 assert tuple(ReclaimPolicy.values) == RECLAIM_POLICIES
 assert tuple(WithinQueuePolicy.values) == WITHIN_QUEUE_POLICIES

@@ -11,11 +11,13 @@ from django.db import models
 from django.db.models import Q
 
 from cluster.models import GPU, ChipType
+from engine.workload import DEFAULT_HEAD_WAIT_S
 from scheduling.choices import (
     CheckpointKind,
     EventKind,
     JobKind,
     JobState,
+    QueueingStrategy,
     ReclaimPolicy,
     TopologyConstraint,
     WithinQueuePolicy,
@@ -87,6 +89,17 @@ class Queue(models.Model):
     )
     stopped = models.BooleanField(
         default=False, help_text="A stopped queue admits nothing and keeps running work"
+    )
+    queueing_strategy = models.CharField(
+        max_length=16, choices=QueueingStrategy.choices, default=QueueingStrategy.BEST_EFFORT
+    )
+    head_wait_s = models.PositiveIntegerField(
+        "bounded wait (s)",
+        null=True,
+        blank=True,
+        default=int(DEFAULT_HEAD_WAIT_S),
+        help_text="Best effort: once a job blocked by quota has waited this long, the queue's later "
+        "jobs on its chip types wait for it. Empty: later jobs may always pass it",
     )
     default_checkpoint_policy = models.ForeignKey(
         CheckpointPolicy, null=True, blank=True, on_delete=models.SET_NULL, related_name="queues"

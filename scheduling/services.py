@@ -187,7 +187,16 @@ def record_checkpoint(job: Job, **fields) -> Checkpoint:
     return checkpoint
 
 
-QUEUE_AUDITED = ("description", "priority", "weight", "reclaim_within_cohort", "within_queue", "stopped")
+QUEUE_AUDITED = (
+    "description",
+    "priority",
+    "weight",
+    "reclaim_within_cohort",
+    "within_queue",
+    "queueing_strategy",
+    "head_wait_s",
+    "stopped",
+)
 POLICY_AUDITED = ("name", "description", "kind", "interval_s", "triggered_success")
 
 

@@ -270,6 +270,8 @@ def load_queues() -> list[QueueSpec]:
                 reclaim_within_cohort=q.reclaim_within_cohort,
                 within_queue=q.within_queue,
                 stopped=q.stopped,
+                queueing=q.queueing_strategy,
+                head_wait_s=float(q.head_wait_s) if q.head_wait_s is not None else None,
             )
         )
     return specs

@@ -239,6 +239,10 @@ def queue_edit(request, pk: int):
             "stopped": post.get("stopped") == "on",
             "quotas": quotas,
         }
+        if "queueing_strategy" in post:  # fields a form leaves out stay as they are
+            payload["queueing_strategy"] = post["queueing_strategy"]
+        if "head_wait_s" in post:
+            payload["head_wait_s"] = post["head_wait_s"].strip() or None
         serializer = QueueSerializer(queue, data=payload, partial=True)
         if serializer.is_valid():
             before = queue_audit_state(queue)
@@ -280,6 +284,7 @@ def queue_edit(request, pk: int):
             "errors": errors,
             "reclaim_choices": Queue._meta.get_field("reclaim_within_cohort").choices,
             "within_choices": Queue._meta.get_field("within_queue").choices,
+            "queueing_choices": Queue._meta.get_field("queueing_strategy").choices,
             "audit": AuditRecord.objects.filter(object_type="queue", object_id=queue.pk)[:20],
         },
     )

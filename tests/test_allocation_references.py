@@ -11,8 +11,8 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from cluster.models import GPU
-from scheduling.store import NewAllocations, allocations
 from scheduling.models import Allocation, Job
+from scheduling.store import NewAllocations, allocations
 
 
 def _job(queues) -> Job:

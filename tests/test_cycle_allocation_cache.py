@@ -5,8 +5,8 @@ changed an allocation."""
 import numpy as np
 
 from scheduling import cycle
-from scheduling.store import AllocationStore, allocations
 from scheduling.models import Allocation, Job
+from scheduling.store import AllocationStore, allocations
 
 
 def _fresh() -> np.ndarray:

@@ -108,6 +108,8 @@ class QueueSerializer(serializers.ModelSerializer):
             "weight",
             "reclaim_within_cohort",
             "within_queue",
+            "queueing_strategy",
+            "head_wait_s",
             "stopped",
             "default_checkpoint_policy",
             "quotas",
