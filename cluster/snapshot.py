@@ -159,11 +159,17 @@ class TopologyCache:
 
     def capacity(self, chips: tuple[int, ...], level: str, combined: bool = False) -> tuple[int, int]:
         """(GPUs of one of these chip types in the cluster, most in any one domain of ``level``),
-        or with ``combined`` of all of them together (a mixed-chip job); memoized per inventory."""
+        or with ``combined`` of all of them together (a mixed-chip job); spare nodes do not count
+        (they are kept for recovery). Memoized per inventory and set of spares."""
         snap = self.structure()
-        key = (self._key, chips, level, combined)
+        key = (self._key, chips, level, combined, hash(snap.node_spare.tobytes()))
         if key not in self._capacity:
-            groups = [np.isin(snap.gpu_chip, chips)] if combined else [snap.gpu_chip == c for c in chips]
+            pool = ~snap.node_spare[snap.gpu_node]
+            groups = (
+                [np.isin(snap.gpu_chip, chips) & pool]
+                if combined
+                else [(snap.gpu_chip == c) & pool for c in chips]
+            )
             best_total = best_domain = 0
             for mask in groups:
                 total = int(mask.sum())

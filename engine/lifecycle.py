@@ -54,6 +54,37 @@ def job_action_target(action: str, current: str) -> str:
     return target
 
 
+def shape_problem(
+    gpus: int,
+    *,
+    min_gpus: int | None = None,
+    size_step: int = 1,
+    share: int = 1000,
+    mixed: bool = False,
+    chip_types=(),
+) -> tuple[str, str] | None:
+    """(field, message) when a job's elastic, shared and mixed-chip settings contradict each
+    other; None when the shape is sound. Every submit path checks this (API, autoscaler, fleet)."""
+    if min_gpus is not None:
+        if min_gpus > gpus:
+            return "min_gpus", f"must be at most gpus ({gpus})"
+        if min_gpus % size_step or gpus % size_step:
+            return (
+                "size_step",
+                f"gpus ({gpus}) and min_gpus ({min_gpus}) must be multiples of size_step ({size_step})",
+            )
+    elif size_step != 1:
+        return "size_step", "only an elastic job (with min_gpus) has a size step"
+    if share < 1000 and (gpus != 1 or min_gpus is not None):
+        return "share", "a fraction of a GPU is for one-GPU jobs (gpus 1, not elastic)"
+    if mixed and (len(chip_types or ()) < 2 or min_gpus is not None or share < 1000):
+        return (
+            "mixed_chips",
+            "a mixed-chip job lists two or more chip_types; it is neither elastic nor shared",
+        )
+    return None
+
+
 def operator_actions(state: str) -> list[str]:
     """The operator's actions that apply to a job in ``state`` (the job page's buttons)."""
     return [a for a in OPERATOR_JOB_ACTIONS if state in JOB_ACTIONS[a][0]]

@@ -279,7 +279,7 @@ def _workload(capacity: dict[str, int]) -> list:
 def _arrivals(state: dict, snapshot, sim_t: float) -> int:
     """Submit the jobs whose arrival time passed since the last tick (the day repeats)."""
     from scheduling.models import Queue
-    from scheduling.services import submit_job
+    from scheduling.services import SubmitError, submit_job
 
     queues = {q.name: q for q in Queue.objects.filter(name__in=set(QUEUE_NAMES.values()), stopped=False)}
     if not queues:
@@ -300,17 +300,20 @@ def _arrivals(state: dict, snapshot, sim_t: float) -> int:
         queue = queues.get(QUEUE_NAMES.get(job.queue, ""))
         if queue is None:
             continue
-        submit_job(
-            name=f"{job.queue}-{job.id}",
-            queue=queue,
-            gpus=job.gpus,
-            chip_types=[job.chip],
-            topology=job.topology,
-            priority=max(job.priority, queue.priority),
-            kind=job.kind,
-            estimated_duration_s=job.work_s,
-            parameters=job.parameters or None,
-        )
+        try:
+            submit_job(
+                name=f"{job.queue}-{job.id}",
+                queue=queue,
+                gpus=job.gpus,
+                chip_types=[job.chip],
+                topology=job.topology,
+                priority=max(job.priority, queue.priority),
+                kind=job.kind,
+                estimated_duration_s=job.work_s,
+                parameters=job.parameters or None,
+            )
+        except SubmitError:
+            continue  # refused as the API would refuse it (e.g. a gang larger than any domain here)
         submitted += 1
     state["arrived_until"] = now
     return submitted

@@ -33,7 +33,10 @@ def capacity_problem(
     best_total, best_domain = topology_cache.capacity(wanted, level, combined=mixed)
     label = ", ".join(chip_types) if chip_types else "any chip type"
     if gpus > best_total:
-        return "gpus", f"the cluster has only {best_total} GPUs of {label}; {gpus} requested"
+        return (
+            "gpus",
+            f"the cluster has only {best_total} GPUs of {label} (spares kept aside); {gpus} requested",
+        )
     if gpus > best_domain:
         return (
             "topology",
@@ -47,7 +50,45 @@ def model_of_fields(model: dict) -> ModelSpec:
     return ModelSpec.from_dict(model)
 
 
+class SubmitError(ValueError):
+    """A job that cannot be submitted as asked; ``field`` names what is wrong."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+
+def submit_problem(fields: dict) -> tuple[str, str] | None:
+    """(field, message) when a job's fields break a shape rule (engine.lifecycle.shape_problem) or
+    no domain of the cluster could ever hold it; None when it may be submitted. Sets the queue's
+    priority as the job's when it names none."""
+    gpus, low = fields["gpus"], fields.get("min_gpus")
+    problem = lifecycle.shape_problem(
+        gpus,
+        min_gpus=low,
+        size_step=fields.get("size_step", 1),
+        share=fields.get("share", 1000),
+        mixed=fields.get("mixed_chips", False),
+        chip_types=fields.get("chip_types") or (),
+    )
+    if problem is None:
+        problem = capacity_problem(
+            low if low is not None else gpus,
+            list(fields.get("chip_types") or []),
+            fields.get("topology", "datacenter"),
+            fields.get("mixed_chips", False),
+        )
+    if problem is None and fields.get("priority") is None:
+        fields["priority"] = fields["queue"].priority
+    return problem
+
+
 def submit_job(**fields) -> Job:
+    """Submit a job: every caller (API, autoscaler, simulated fleet, management commands) goes
+    through the same checks; a bad field raises SubmitError and writes nothing."""
+    problem = submit_problem(fields)
+    if problem:
+        raise SubmitError(*problem)
     model = fields.get("model")
     if model:
         spec = model_of_fields(model)

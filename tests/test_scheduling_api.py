@@ -64,7 +64,11 @@ def test_viewers_follow_jobs_but_cannot_submit_or_cancel(queues, viewer_client, 
     [
         ({"gpus": 8, "chip_types": ["H900"]}, "chip_types", "unknown chip type H900"),
         ({"gpus": 0}, "gpus", "greater than or equal to 1"),
-        ({"gpus": 10_000}, "gpus", "the cluster has only 64 GPUs of H100-SXM; 10000 requested"),
+        (
+            {"gpus": 10_000},
+            "gpus",
+            "the cluster has only 48 GPUs of H100-SXM (spares kept aside); 10000 requested",
+        ),
         (
             {"gpus": 24, "topology": "rack"},
             "topology",

@@ -36,7 +36,7 @@ def test_concurrent_cycles_on_postgres_never_double_allocate(queues):
     from scheduling.models import QueueQuota
 
     QueueQuota.objects.filter(queue=queues["vision"]).update(nominal=1000)
-    _make_jobs(queues, 12, 8)  # 96 GPUs asked, 64 H100 exist
+    _make_jobs(queues, 12, 8)  # 96 GPUs asked, 64 H100 exist, 48 outside the spare nodes
     barrier = threading.Barrier(4)
     summaries = []
 
@@ -53,9 +53,9 @@ def test_concurrent_cycles_on_postgres_never_double_allocate(queues):
     for t in threads:
         t.join()
     active = list(Allocation.objects.filter(active=True).values_list("gpu_id", flat=True))
-    assert len(active) == len(set(active)) == 64
-    assert sum(s.admitted for s in summaries) == 8  # each job admitted once, by whichever cycle came first
-    assert Job.objects.filter(state="running").count() == 8
+    assert len(active) == len(set(active)) == 48
+    assert sum(s.admitted for s in summaries) == 6  # each job admitted once, by whichever cycle came first
+    assert Job.objects.filter(state="running").count() == 6
 
 
 @pytest.mark.postgres

@@ -21,7 +21,7 @@ from scheduling.models import (
     QueueQuota,
     ServiceScale,
 )
-from scheduling.services import capacity_problem
+from scheduling.services import capacity_problem, submit_problem
 
 
 class CheckpointPolicySerializer(serializers.ModelSerializer):
@@ -177,28 +177,6 @@ def validate_chip_names(chips: list[str]) -> list[str]:
     return chips
 
 
-def _shape_problem(attrs) -> dict | None:
-    """{field: message} when elastic, shared and mixed-chip settings contradict each other."""
-    low, step, gpus = attrs.get("min_gpus"), attrs.get("size_step", 1), attrs["gpus"]
-    share, mixed = attrs.get("share", 1000), attrs.get("mixed_chips", False)
-    if low is not None:
-        if low > gpus:
-            return {"min_gpus": f"must be at most gpus ({gpus})"}
-        if low % step or gpus % step:
-            return {
-                "size_step": f"gpus ({gpus}) and min_gpus ({low}) must be multiples of size_step ({step})"
-            }
-    elif step != 1:
-        return {"size_step": "only an elastic job (with min_gpus) has a size step"}
-    if share < 1000 and (gpus != 1 or low is not None):
-        return {"share": "a fraction of a GPU is for one-GPU jobs (gpus 1, not elastic)"}
-    if mixed and (len(attrs.get("chip_types", [])) < 2 or low is not None or share < 1000):
-        return {
-            "mixed_chips": "a mixed-chip job lists two or more chip_types; it is neither elastic nor shared"
-        }
-    return None
-
-
 class QueueNameField(serializers.SlugRelatedField):
     """A queue by name, read with one plain statement (the ORM builds the same SELECT anew on
     every submit, which costs more than running it)."""
@@ -317,20 +295,9 @@ class JobSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError(str(exc).removeprefix("model.")) from exc
 
     def validate(self, attrs):
-        problem = _shape_problem(attrs)
-        if problem:
-            raise serializers.ValidationError(problem)
-        low, mixed = attrs.get("min_gpus"), attrs.get("mixed_chips", False)
-        problem = capacity_problem(
-            low if low is not None else attrs["gpus"],
-            attrs.get("chip_types", []),
-            attrs.get("topology", "datacenter"),
-            mixed,
-        )
+        problem = submit_problem(attrs)  # the rules every submit path follows (scheduling.services)
         if problem:
             raise serializers.ValidationError({problem[0]: problem[1]})
-        if "priority" not in attrs:
-            attrs["priority"] = attrs["queue"].priority
         return attrs
 
 
