@@ -68,9 +68,10 @@ class FleetPlayer(threading.Thread):
         import numpy as np
 
         from cluster.snapshot import topology_cache
-        from engine.fleet import Fleet, encode_frame
+        from engine.frames import encode_frame
         from monitoring.fleet_driver import _publish
         from monitoring.livestore import FRAME_KEY, live_store
+        from sim.fleet import Fleet
 
         snap = topology_cache.current()
         fleet = Fleet(snap, seed=1)

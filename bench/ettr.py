@@ -16,7 +16,7 @@ import numpy as np
 
 from bench._backends import print_table
 from engine.checkpoint import PolicyKind
-from engine.reliability import BUCKETS, RunPolicy, simulate_training
+from sim.reliability import BUCKETS, RunPolicy, simulate_training
 
 POLICIES = {
     "periodic_1h": RunPolicy("periodic 1 h (sync)", PolicyKind.PERIODIC, 3600),

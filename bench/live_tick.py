@@ -20,11 +20,12 @@ import numpy as np
 
 from bench._backends import print_table
 from engine.chips import BY_NAME
-from engine.fleet import Fleet, encode_frame
+from engine.frames import encode_frame
 from engine.presets import preset_document
 from engine.synthetic import snapshot_from_spec
 from engine.topology_spec import parse_topology
 from monitoring.livestore import FRAME_KEY, FileStore, RedisStore
+from sim.fleet import Fleet
 
 
 def _ticks(fleet: Fleet, store, util: np.ndarray, n: int = 50) -> tuple[float, float, int]:

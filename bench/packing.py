@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from bench._backends import print_table
-from engine.openb import load_nodes, load_tasks
 from engine.packing import POLICIES, replay
+from sim.openb import load_nodes, load_tasks
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "openb"
 

@@ -15,10 +15,10 @@ import time
 from bench._backends import print_table
 from engine.chips import BY_NAME
 from engine.presets import preset_document
-from engine.simulation import SimConfig, Simulation
-from engine.simworkload import generate
 from engine.synthetic import snapshot_from_spec
 from engine.topology_spec import parse_topology
+from sim.simulation import SimConfig, Simulation
+from sim.workload import generate
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Live telemetry over websockets: /ws/telemetry/.
 
-A client gets a compressed snapshot of the newest frame on connect ("S", engine.fleet) and a
+A client gets a compressed snapshot of the newest frame on connect ("S", sim.fleet) and a
 compressed delta for each newer frame after it ("D": the change from the frame it names), at most
 once per second. A client whose frame is not the one a delta names (a gap, a reconnect) sends the
 text "resync" and gets a snapshot again. Each delta is encoded once and fanned out to the group
@@ -20,7 +20,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from cluster.roles import is_viewer
-from engine.fleet import decode_frame, delta_message, snapshot_message
+from engine.frames import decode_frame, delta_message, snapshot_message
 from monitoring.livestore import FRAME_KEY, live_store
 
 GROUP = "telemetry"

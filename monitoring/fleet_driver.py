@@ -1,4 +1,4 @@
-"""Live simulated nodes: the fleet model (engine.fleet) playing the cluster's nodes in real time.
+"""Live simulated nodes: the fleet model (sim.fleet) playing the cluster's nodes in real time.
 
 Celery beat runs ``tick()`` every MYRIAD_FLEET_TICK_S seconds when MYRIAD_SIMULATED_FLEET is on
 (``make demo`` turns it on). Simulated time runs MYRIAD_FLEET_ACCELERATE times faster than the
@@ -14,7 +14,7 @@ wall clock. Each tick:
 - advances running jobs: a checkpoint every policy interval (reported as the node agent does),
   and completion when a job's estimated duration has elapsed in simulated time;
 - submits the tenants' work (MYRIAD_FLEET_ARRIVALS, on by default): a seeded day of arrivals (repeated) from
-  the trace-calibrated generator (engine.simworkload: Acme Kalos sizes, Philly run times, large
+  the trace-calibrated generator (sim.workload: Acme Kalos sizes, Philly run times, large
   pretraining gangs), replayed in simulated time through the same submit path as the API.
 """
 
@@ -31,7 +31,7 @@ from django.utils import timezone
 from cluster.models import GPU, Node
 from cluster.services import apply_node_action
 from cluster.snapshot import topology_cache
-from engine.fleet import Fleet, decode_frame, delta_message, encode_frame, snapshot_message
+from engine.frames import decode_frame, delta_message, encode_frame, snapshot_message
 from engine.lifecycle import checkpoint_bytes
 from engine.network import Network, traffic_per_gpu
 from engine.states import InvalidTransition
@@ -42,6 +42,7 @@ from scheduling.choices import CheckpointKind, JobState
 from scheduling.models import Job
 from scheduling.services import change_state, record_checkpoint
 from scheduling.store import allocations
+from sim.fleet import Fleet
 
 SEED = 20261130
 DEFAULT_CHECKPOINT_S = 1800.0
@@ -268,7 +269,7 @@ _workloads: dict[tuple, list] = {}
 
 
 def _workload(capacity: dict[str, int]) -> list:
-    from engine.simworkload import generate
+    from sim.workload import generate
 
     key = tuple(sorted(capacity.items()))
     if key not in _workloads:

@@ -15,7 +15,7 @@ import numpy as np
 from django.utils import timezone
 
 from cluster.snapshot import topology_cache
-from engine.fleet import decode_frame
+from engine.frames import decode_frame
 from engine.states import GPU_STATE_CODE, NODE_STATE_CODE
 from monitoring.livestore import FRAME_KEY, live_store
 from monitoring.models import ClusterSample, FaultEvent
@@ -133,48 +133,6 @@ def history(window: str = "day", now=None, points: int = 360) -> dict:
         out[key] = [r[key] for r in rows]
     out["busy_share"] = [round(r["allocated"] / r["gpus"], 4) if r["gpus"] else 0.0 for r in rows]
     return out
-
-
-def queue_health(usage: dict[str, list[dict]] | None = None) -> list[dict]:
-    """Per queue: running and pending jobs, the oldest pending job's wait, stopped, GPUs used vs nominal."""
-    from django.db.models import Count, Min, Q
-
-    from scheduling.models import Queue
-    from scheduling.usage import queue_usage
-
-    now = timezone.now()
-    usage = queue_usage() if usage is None else usage
-    rows = []
-    for q in Queue.objects.annotate(
-        running=Count("jobs", filter=Q(jobs__state=JobState.RUNNING)),
-        pending=Count("jobs", filter=Q(jobs__state=JobState.PENDING)),
-        oldest=Min("jobs__submitted_at", filter=Q(jobs__state=JobState.PENDING)),
-    ).order_by("-priority", "name"):
-        chips = usage.get(q.name, [])
-        nominal = sum(c["nominal"] for c in chips)
-        used = sum(c["used"] for c in chips)
-        wait = (now - q.oldest).total_seconds() if q.oldest else 0.0
-        if q.stopped:
-            health = "stopped"
-        elif q.pending and wait > 3600:
-            health = "starving"
-        elif used > nominal:
-            health = "borrowing"
-        else:
-            health = "ok"
-        rows.append(
-            {
-                "id": q.pk,
-                "name": q.name,
-                "running": q.running,
-                "pending": q.pending,
-                "oldest_pending_s": round(wait, 1),
-                "nominal": nominal,
-                "used": used,
-                "health": health,
-            }
-        )
-    return rows
 
 
 def ettr_last_day(now=None) -> dict:

@@ -19,10 +19,10 @@ from engine.chips import BY_NAME
 from engine.lifecycle import ETTR_BUCKETS
 from engine.network import datacenter_links
 from engine.presets import PRESETS, preset_document
-from engine.simulation import CheckpointChoice, SimConfig, Simulation
-from engine.simworkload import default_services, generate, load_workload
 from engine.synthetic import snapshot_from_spec
 from engine.topology_spec import parse_topology
+from sim.simulation import CheckpointChoice, SimConfig, Simulation
+from sim.workload import default_services, generate, load_workload
 
 KEYS = ("checkpoint", "spares", "cycle", "swing")
 

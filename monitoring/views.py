@@ -42,7 +42,8 @@ def live(request):
 
 @viewer_page
 def overview_page(request):
-    from monitoring.overview import BUCKETS, ettr_last_day, overview, queue_health
+    from monitoring.overview import BUCKETS, ettr_last_day, overview
+    from scheduling.usage import queue_health
 
     data = overview()
     rows = [(BUCKET_LABELS[b], data["counts"][b], data["shares"][b] * 100) for b in BUCKETS]
@@ -235,7 +236,7 @@ def node_detail(request, hostname: str):
 def _node_telemetry(node: Node) -> list[dict] | None:
     """The node's GPUs in the newest telemetry frame, or None when there is none."""
     from cluster.snapshot import topology_cache
-    from engine.fleet import decode_frame
+    from engine.frames import decode_frame
     from monitoring.livestore import FRAME_KEY, live_store
 
     data = live_store().get(FRAME_KEY)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 from django.db.models import Sum
+from django.utils import timezone
 
 from engine.scheduler import build_quota_book
 from engine.workload import MILLI
 from scheduling.choices import JobState
-from scheduling.models import Allocation, Job
+from scheduling.models import Allocation, Job, Queue
 from scheduling.store import load_queues
 
 
@@ -70,3 +71,42 @@ def queue_usage() -> dict[str, list[dict]]:
             )
         out[q.name] = rows
     return out
+
+
+def queue_health(usage: dict[str, list[dict]] | None = None) -> list[dict]:
+    """Per queue: running and pending jobs, the oldest pending job's wait, stopped, GPUs used vs nominal."""
+    from django.db.models import Count, Min, Q
+
+    now = timezone.now()
+    usage = queue_usage() if usage is None else usage
+    rows = []
+    for q in Queue.objects.annotate(
+        running=Count("jobs", filter=Q(jobs__state=JobState.RUNNING)),
+        pending=Count("jobs", filter=Q(jobs__state=JobState.PENDING)),
+        oldest=Min("jobs__submitted_at", filter=Q(jobs__state=JobState.PENDING)),
+    ).order_by("-priority", "name"):
+        chips = usage.get(q.name, [])
+        nominal = sum(c["nominal"] for c in chips)
+        used = sum(c["used"] for c in chips)
+        wait = (now - q.oldest).total_seconds() if q.oldest else 0.0
+        if q.stopped:
+            health = "stopped"
+        elif q.pending and wait > 3600:
+            health = "starving"
+        elif used > nominal:
+            health = "borrowing"
+        else:
+            health = "ok"
+        rows.append(
+            {
+                "id": q.pk,
+                "name": q.name,
+                "running": q.running,
+                "pending": q.pending,
+                "oldest_pending_s": round(wait, 1),
+                "nominal": nominal,
+                "used": used,
+                "health": health,
+            }
+        )
+    return rows

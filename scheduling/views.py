@@ -194,8 +194,7 @@ def service_detail(request, pk: int):
 @viewer_page
 def queues(request):
     """Per queue and chip type: nominal, used, borrowed, lent, pending demand; policies and health."""
-    from monitoring.overview import queue_health
-    from scheduling.usage import queue_usage
+    from scheduling.usage import queue_health, queue_usage
 
     usage = queue_usage()
     health = {h["name"]: h for h in queue_health(usage)}

@@ -7,7 +7,7 @@ import pytest
 from engine.checkpoint import PolicyKind, daly_interval, expected_ettr, recommend, young_interval
 from engine.faults import Action, Scope, classify, classify_xid
 from engine.physics import Physics
-from engine.reliability import BUCKETS, RunPolicy, simulate_training
+from sim.reliability import BUCKETS, RunPolicy, simulate_training
 
 
 @pytest.mark.parametrize(

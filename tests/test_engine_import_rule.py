@@ -19,6 +19,8 @@ FORBIDDEN = {
     "scheduling",
     "monitoring",
     "config",
+    "sim",
+    "bench",
 }
 
 

@@ -9,7 +9,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 from django.test import Client
 
-from engine.fleet import (
+from engine.frames import (
     FRAME_METRICS,
     apply_message,
     decode_frame,
@@ -112,10 +112,10 @@ def test_deltas_rebuild_the_frame_and_refuse_the_wrong_base():
 
 def test_a_100k_gpu_frame_travels_under_150_kb():
     from engine.chips import BY_NAME
-    from engine.fleet import Fleet
     from engine.presets import preset_document
     from engine.synthetic import snapshot_from_spec
     from engine.topology_spec import parse_topology
+    from sim.fleet import Fleet
 
     topo = snapshot_from_spec(parse_topology(preset_document("100k"), set(BY_NAME)))
     fleet = Fleet(topo, seed=1)

@@ -5,10 +5,10 @@ import numpy as np
 
 from engine.chips import BY_NAME
 from engine.network import Network, traffic_per_gpu
-from engine.simulation import SimConfig, Simulation
-from engine.simworkload import SimJob
 from engine.synthetic import snapshot_from_spec
 from engine.topology_spec import parse_topology
+from sim.simulation import SimConfig, Simulation
+from sim.workload import SimJob
 from tests.engine_helpers import gpus_of_nodes
 
 DOC = {

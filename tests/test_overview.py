@@ -5,7 +5,7 @@ import pytest
 from django.test import Client
 
 from cluster.models import Node
-from engine.fleet import FRAME_METRICS, encode_frame
+from engine.frames import FRAME_METRICS, encode_frame
 from monitoring.livestore import FRAME_KEY, live_store, reset_store
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from django.core.management import CommandError, call_command
 
-from engine.openb import TraceError, load_nodes, load_tasks
 from engine.packing import Nodes, Task, TaskMix, place, replay
+from sim.openb import TraceError, load_nodes, load_tasks
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "openb"
 

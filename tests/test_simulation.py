@@ -11,10 +11,10 @@ from django.core.management import CommandError, call_command
 from engine.checkpoint import PolicyKind
 from engine.chips import BY_NAME
 from engine.presets import preset_document
-from engine.simulation import CheckpointChoice, SimConfig, Simulation
-from engine.simworkload import SimJob, generate, load_workload
 from engine.synthetic import snapshot_from_spec
 from engine.topology_spec import parse_topology
+from sim.simulation import CheckpointChoice, SimConfig, Simulation
+from sim.workload import SimJob, generate, load_workload
 
 
 def topology(doc):
@@ -221,7 +221,7 @@ def test_bad_simulation_requests_name_the_field(small_cluster, operator_client, 
 
 
 def test_inference_replicas_follow_the_day_in_the_simulation(demo):
-    from engine.simworkload import default_services
+    from sim.workload import default_services
 
     capacity = {c: n for c, n in demo.count_by_chip().items() if n}
     services = default_services(capacity, 0.1)

@@ -11,7 +11,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from engine.fleet import decode_frame
+from engine.frames import decode_frame
 from monitoring.api.serializers import FaultEventSerializer, SimulationSerializer
 from monitoring.choices import FaultSource
 from monitoring.livestore import FRAME_KEY, NETWORK_KEY, live_store
@@ -138,7 +138,8 @@ class OverviewView(APIView):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
-        from monitoring.overview import ettr_last_day, overview, queue_health
+        from monitoring.overview import ettr_last_day, overview
+        from scheduling.usage import queue_health
 
         return Response({**overview(), "ettr_24h": ettr_last_day(), "queues": queue_health()})
 

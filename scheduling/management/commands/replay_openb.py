@@ -10,8 +10,8 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from engine.openb import TraceError, load_nodes, load_tasks
 from engine.packing import POLICIES, replay
+from sim.openb import TraceError, load_nodes, load_tasks
 
 DATA = Path(settings.BASE_DIR) / "data" / "openb"
 

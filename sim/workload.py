@@ -12,7 +12,7 @@
   point of their run.
 - Large pretraining gangs of 1,024 to 16,384 GPUs running for days fill the cluster up to the
   target load, the way LLM clusters are used; an optional share of them is elastic.
-A workload can also be read from a file (engine.simulation.load_workload).
+A workload can also be read from a file (sim.simulation.load_workload).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The production controller runs unchanged: every scheduling cycle is engine.sched
 over the cluster's arrays, every fault is classified by engine.faults and recovered by
 engine.recovery.plan_recovery, and the invariant checker can run after every cycle. Around it a
 discrete-event loop moves time: job arrivals, periodic scheduling cycles, completions, faults
-drawn by the fleet model (engine.fleet), detection and recovery, node repairs, and hourly samples.
+drawn by the fleet model (sim.fleet), detection and recovery, node repairs, and hourly samples.
 
 Training progress is accounted in GPU-seconds of work. A running job checkpoints every tau
 seconds of productive time (its policy: periodic synchronous with a stall of state size over
@@ -28,7 +28,6 @@ import numpy as np
 
 from engine.checkpoint import PolicyKind, daly_interval, stall_seconds
 from engine.faults import Action, classify
-from engine.fleet import Fleet, FleetConfig
 from engine.inference import LoadProfile, decide
 from engine.invariants import check_cycle
 from engine.lifecycle import ETTR_BUCKETS, checkpoint_bytes, is_lemon, recent_faults, saves_on_demand
@@ -37,10 +36,11 @@ from engine.physics import Physics
 from engine.placement import Layout
 from engine.recovery import plan_recovery
 from engine.scheduler import SchedulerConfig, schedule
-from engine.simworkload import SimJob, SimService
 from engine.states import GPU_STATE_CODE, NODE_STATE_CODE
 from engine.topology import TopologySnapshot
 from engine.workload import PendingJob, QueueSpec, RunningJob
+from sim.fleet import Fleet, FleetConfig
+from sim.workload import SimJob, SimService
 
 DAY = 86_400.0
 BUCKETS = ETTR_BUCKETS

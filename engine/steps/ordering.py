@@ -1,0 +1,85 @@
+"""Order queue heads, and hold a queue behind a job that waited too long (its queueing strategy).
+
+A step of engine.scheduler.Cycle: it works on the cycle's state (pools, quota, result)."""
+
+from __future__ import annotations
+
+import heapq
+
+from engine.workload import PendingJob
+
+
+class OrderingStep:
+    # --- 1. order ------------------------------------------------------------------------
+    def _ordered(self):
+        per_queue: dict[int, list[PendingJob]] = {}
+        for job in self.pending:
+            per_queue.setdefault(self.queue_index.get(job.queue, -1), []).append(job)
+        for jobs in per_queue.values():
+            jobs.sort(key=lambda j: (-j.priority, j.submitted_at, j.id))
+        unknown = per_queue.pop(-1, [])
+        for job in unknown:
+            self.result.pending[job.id] = f"queue {job.queue} does not exist"
+        heads = []
+        position = dict.fromkeys(per_queue, 0)
+        for qi, jobs in per_queue.items():
+            heads.append(self._key(qi, jobs[0]))
+        heapq.heapify(heads)
+        while heads:
+            *_, qi = heapq.heappop(heads)
+            jobs = per_queue[qi]
+            job = jobs[position[qi]]
+            yield qi, job
+            position[qi] += 1
+            if position[qi] < len(jobs):
+                heapq.heappush(heads, self._key(qi, jobs[position[qi]]))
+
+    def _key(self, qi: int, job: PendingJob):
+        share = self.quota.share(qi, self.queues[qi].weight)
+        return (-job.priority, share, job.submitted_at, job.id, qi)
+
+    # --- 1b. queueing strategy ---------------------------------------------------------------
+    def _held_behind(self, qi: int, job: PendingJob) -> str:
+        """Why ``job`` waits behind an earlier job of its queue this cycle ("" when it does not)."""
+        held = self.held.get(qi)
+        if held is None:
+            return ""
+        holder, chips, why = held
+        if chips and not chips & set(self._chip_options(qi, job)):
+            return ""  # it asks for other chip types than the one it waits behind
+        return why
+
+    def _hold(self, qi: int, job: PendingJob, reason: str) -> str:
+        """Apply the queue's strategy to a job that could not start; returns its pending reason."""
+        queue = self.queues[qi]
+        if queue.stopped or qi in self.held:
+            return reason
+        if queue.queueing == "strict_fifo":
+            why = f"waiting behind job {job.id}: queue {queue.name} admits its jobs in strict order"
+            self.held[qi] = (job.id, set(), why)
+            return reason
+        bound = queue.head_wait_s
+        if bound is None or not self.quota_blocked:
+            return reason  # blocked by capacity: reservations and backfill take care of it
+        first = qi not in self.first_blocked
+        self.first_blocked.add(qi)
+        waited = max(0.0, self.now - job.submitted_at)
+        if waited < bound:
+            if not first or waited < 60:
+                return reason
+            return (
+                f"{reason} (waited {waited:.0f} s; after {bound:.0f} s queue {queue.name} "
+                f"holds its quota for it)"
+            )
+        chips = [c for c in self._chip_options(qi, job) if self.quota.ceiling(qi, c) >= job.demand]
+        if not chips:
+            return reason  # its queue could never hold it: holding would block the queue for nothing
+        self.held[qi] = (
+            job.id,
+            set(chips),
+            f"waiting behind job {job.id} of queue {queue.name}, pending {waited:.0f} s "
+            f"(past the queue's bounded wait of {bound:.0f} s)",
+        )
+        return (
+            f"{reason} (waited {waited:.0f} s, past {bound:.0f} s: queue {queue.name} holds its quota for it)"
+        )

@@ -1,0 +1,149 @@
+"""Evict whole jobs, as the queues' policies allow, to admit and place a job.
+
+A step of engine.scheduler.Cycle: it works on the cycle's state (pools, quota, result)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.workload import PendingJob, Preemption, RunningJob
+
+
+class PreemptionStep:
+    # --- 4. preemption -------------------------------------------------------------------
+    def _victim_candidates(self, qi: int, job: PendingJob, c: int) -> list[tuple[RunningJob, str]]:
+        queue = self.queues[qi]
+        chip = self.topo.chip_names[c]
+        cohort = self.quota.cohort_of[qi]
+        reclaiming = (
+            queue.reclaim_within_cohort != "never"
+            and cohort >= 0
+            and self.quota.usage[qi, c] + job.demand <= self.quota.nominal[qi, c]
+        )
+        within = queue.within_queue == "lower_priority"
+        if not reclaiming and not within:
+            return []
+        pool = []
+        if within:
+            pool += self.running_by_queue_chip.get((qi, c), [])
+        if reclaiming:
+            for vq in np.flatnonzero(
+                (self.quota.cohort_of == cohort) & (self.quota.usage[:, c] > self.quota.nominal[:, c])
+            ):
+                if vq != qi:
+                    pool += self.running_by_queue_chip.get((int(vq), c), [])
+        candidates = []
+        for victim in pool:
+            if victim.id in self.victims or victim.fractional:  # a shared GPU frees only when all leave
+                continue
+            vq = self.queue_index.get(victim.queue, -1)
+            if vq == qi:
+                if queue.within_queue == "lower_priority" and victim.priority < job.priority:
+                    candidates.append(
+                        (victim, f"preempted by higher-priority job {job.id} in queue {queue.name}")
+                    )
+            elif (
+                reclaiming
+                and vq >= 0
+                and self.quota.cohort_of[vq] == cohort
+                and self.quota.borrowed(vq, c) > 0
+                and (queue.reclaim_within_cohort == "any" or victim.priority < job.priority)
+            ):
+                why = (
+                    f"preempted by job {job.id}: queue {queue.name} reclaims {chip} quota "
+                    f"lent to queue {victim.queue}"
+                )
+                candidates.append((victim, why))
+        candidates.sort(key=lambda vc: (vc[0].lost_work(self.now), vc[0].priority, -vc[0].started_at))
+        return candidates
+
+    def _admit_by_preemption(self, qi: int, job: PendingJob, c: int, max_level: int) -> bool:
+        candidates = self._victim_candidates(qi, job, c)
+        if not candidates:
+            return False
+        self.result.preemption_attempts += 1
+        lay = self.layout
+        gpu_chip = self.topo.gpu_chip
+        usable = [
+            v.gpus[self.schedulable[v.gpus] & ~self.reserved[v.gpus] & (gpu_chip[v.gpus] == c)]
+            for v, _ in candidates
+        ]
+        for level in range(max_level + 1):
+            base = self.pools.open.counts(level, c)
+            victim_domains = [lay.node_domain[level][lay.gpu_node[g]] for g in usable]
+            potential = base.copy()
+            for doms in victim_domains:
+                np.add.at(potential, doms, 1)
+            domains = np.flatnonzero(potential >= job.gpus)
+            if not domains.size:
+                continue
+            domains = domains[np.argsort(potential[domains], kind="stable")][: self.config.max_victim_domains]
+            best = None
+            for d in domains:
+                chosen = self._victims_for_domain(qi, job, c, int(base[d]), d, victim_domains, candidates)
+                if chosen is None:
+                    continue
+                cost = (
+                    sum(candidates[i][0].lost_work(self.now) for i in chosen),
+                    sum(len(candidates[i][0].gpus) for i in chosen),
+                )
+                if best is None or cost < best[0]:
+                    best = (cost, int(d), chosen)
+            if best is not None:
+                return self._evict_and_place(
+                    qi, job, c, level, best[1], [candidates[i] for i in best[2]], usable, best[2], max_level
+                )
+        return False
+
+    def _victims_for_domain(self, qi, job, c, free_here, d, victim_domains, candidates):
+        """Victims inside the domain first (they free both GPUs and quota), then any others that
+        only free quota, each group in preference order, until the gang fits and the quota allows
+        it; then drop, in reverse, every victim that turns out not to be needed."""
+        gains = [int(np.count_nonzero(doms == d)) for doms in victim_domains]
+        order = [i for i, g in enumerate(gains) if g > 0] + [i for i, g in enumerate(gains) if g == 0]
+
+        def satisfied(chosen: list[int], have: int) -> bool:
+            return have >= job.gpus and self._quota_ok_without(qi, job, c, [candidates[k][0] for k in chosen])
+
+        chosen: list[int] = []
+        have = free_here
+        for i in order:
+            if satisfied(chosen, have):
+                break
+            chosen.append(i)
+            have += gains[i]
+        if not chosen or not satisfied(chosen, have):
+            return None
+        for i in reversed(list(chosen)):
+            rest = [k for k in chosen if k != i]
+            if satisfied(rest, have - gains[i]):
+                chosen, have = rest, have - gains[i]
+        return chosen
+
+    def _quota_ok_without(self, qi, job, c, victims: list[RunningJob]) -> bool:
+        for v in victims:
+            self._charge(v, -1)
+        ok = self.quota.check(qi, c, job.demand).ok
+        for v in victims:
+            self._charge(v, +1)
+        return ok
+
+    def _evict_and_place(self, qi, job, c, level, domain, victims, usable, chosen_idx, max_level) -> bool:
+        freed = [usable[i] for i in chosen_idx]
+        self.no_room.clear()
+        self.largest_blocks.clear()
+        for (victim, _), gpus in zip(victims, freed, strict=True):
+            self.pools.give(gpus)
+            self._charge(victim, -1)
+        placed = self.pools.place(c, job.gpus, max_level, within=(level, domain))
+        if placed is None:  # cannot happen when counts are right; undo and report
+            for (victim, _), gpus in zip(victims, freed, strict=True):
+                self.pools.take_back(gpus)
+                self._charge(victim, +1)
+            return False
+        gpus, lvl, dom = placed
+        for victim, why in victims:
+            self.victims.add(victim.id)
+            self.result.preemptions.append(Preemption(victim.id, job.id, why))
+        self._record_admission(qi, job, c, gpus, lvl, dom, preempted=[v.id for v, _ in victims])
+        return True
