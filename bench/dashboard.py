@@ -69,7 +69,7 @@ class FleetPlayer(threading.Thread):
 
         from cluster.snapshot import topology_cache
         from engine.frames import encode_frame
-        from monitoring.fleet_driver import _publish
+        from monitoring.fleet_driver import publish_frame
         from monitoring.livestore import FRAME_KEY, live_store
         from sim.fleet import Fleet
 
@@ -84,7 +84,7 @@ class FleetPlayer(threading.Thread):
             fleet.step(t, util)
             encoded = encode_frame(self.frames + 1, t, fleet.frame())
             store.put(FRAME_KEY, encoded)
-            _publish(previous, encoded)
+            publish_frame(previous, encoded)
             previous, self.frames = encoded, self.frames + 1
             next_at += 1.0
             self.stopped.wait(max(0.0, next_at - time.monotonic()))

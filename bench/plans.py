@@ -16,7 +16,8 @@ import time
 import numpy as np
 
 from bench._backends import print_table
-from engine.steptime import MODELS, best_plan, mixed_plan, retained_per_gpu
+from engine.mixedplan import mixed_plan
+from engine.steptime import MODELS, best_plan, retained_per_gpu
 
 
 def _timed(fn, repeats: int = 20):

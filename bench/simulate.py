@@ -17,7 +17,8 @@ from engine.chips import BY_NAME
 from engine.presets import preset_document
 from engine.synthetic import snapshot_from_spec
 from engine.topology_spec import parse_topology
-from sim.simulation import SimConfig, Simulation
+from sim.config import SimConfig
+from sim.simulation import Simulation
 from sim.workload import generate
 
 

@@ -81,7 +81,7 @@ def _utilization(snapshot, fleet: Fleet) -> np.ndarray:
     return util
 
 
-def _publish(previous: bytes | None, encoded: bytes) -> None:
+def publish_frame(previous: bytes | None, encoded: bytes) -> None:
     """With Redis, hand the change to every dashboard once through the channel layer (on the
     embedded default each server process's broadcaster picks it up from the live store)."""
     if not settings.REDIS_URL:
@@ -140,7 +140,7 @@ def tick(now=None) -> dict:
     fleet.step(sim_t, _utilization(snapshot, fleet))
     encoded = encode_frame(seq, sim_t, fleet.frame())
     store.put(FRAME_KEY, encoded)
-    _publish(previous, encoded)
+    publish_frame(previous, encoded)
     store.put(NETWORK_KEY, json.dumps(_network(snapshot, seq, sim_t)).encode())
     telemetry_ms = (time.perf_counter() - started) * 1000
 

@@ -21,7 +21,8 @@ from engine.network import datacenter_links
 from engine.presets import PRESETS, preset_document
 from engine.synthetic import snapshot_from_spec
 from engine.topology_spec import parse_topology
-from sim.simulation import CheckpointChoice, SimConfig, Simulation
+from sim.config import CheckpointChoice, SimConfig
+from sim.simulation import Simulation
 from sim.workload import default_services, generate, load_workload
 
 KEYS = ("checkpoint", "spares", "cycle", "swing")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.steptime import SPAN_LEVELS, Fabric, ModelSpec, NoFeasiblePlan, best_plan, mixed_plan, rank_chips
+from engine.mixedplan import mixed_plan
+from engine.steptime import SPAN_LEVELS, Fabric, ModelSpec, NoFeasiblePlan, best_plan, rank_chips
 
 
 def model_of(job) -> ModelSpec | None:

@@ -32,72 +32,23 @@ from engine.inference import LoadProfile, decide
 from engine.invariants import check_cycle
 from engine.lifecycle import ETTR_BUCKETS, checkpoint_bytes, is_lemon, recent_faults, saves_on_demand
 from engine.network import Network, traffic_per_gpu
-from engine.physics import Physics
 from engine.placement import Layout
 from engine.recovery import plan_recovery
-from engine.scheduler import SchedulerConfig, schedule
+from engine.scheduler import schedule
 from engine.states import GPU_STATE_CODE, NODE_STATE_CODE
 from engine.topology import TopologySnapshot
 from engine.workload import PendingJob, QueueSpec, RunningJob
-from sim.fleet import Fleet, FleetConfig
+from sim.config import SimConfig, default_queues
+from sim.fleet import Fleet
+from sim.summary import summarize
 from sim.workload import SimJob, SimService
 
 DAY = 86_400.0
 BUCKETS = ETTR_BUCKETS
-SIZE_BUCKETS = ((1, 1), (2, 8), (9, 64), (65, 512), (513, 2048), (2049, 1 << 30))
 READY, DOWN = NODE_STATE_CODE["ready"], NODE_STATE_CODE["down"]
 GPU_READY, GPU_DOWN = GPU_STATE_CODE["ready"], GPU_STATE_CODE["down"]
 GPU_RESET_S = 300.0  # a GPU reset takes it out for a few minutes
 NODE_REBOOT_S = 900.0
-
-
-@dataclass(frozen=True)
-class CheckpointChoice:
-    kind: PolicyKind = PolicyKind.ASYNC
-    interval_s: float | None = None  # None: Daly's optimum for the job
-    triggered_success: float = 0.95
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    days: float = 7.0
-    seed: int = 0
-    cycle_period_s: float = 300.0
-    sample_period_s: float = 3600.0
-    checkpoint: CheckpointChoice = field(default_factory=CheckpointChoice)
-    physics: Physics = field(default_factory=Physics)
-    fleet: FleetConfig = field(default_factory=FleetConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    check_invariants: bool = False
-    name: str = "baseline"
-
-
-def default_queues(capacity: dict[str, int], inference: dict[str, int] | None = None) -> list[QueueSpec]:
-    """Cohort 'shared': pretrain (60%, priority 10, reclaims lent quota), research (25%), dev (15%)
-    of what ``inference`` (GPUs per chip type, priority 20, reclaims anything) leaves."""
-    inference = inference or {}
-    split = {"pretrain": 0.6, "research": 0.25, "dev": 0.15}
-    queues = [
-        QueueSpec(
-            name,
-            cohort="shared",
-            priority=10 if name == "pretrain" else 0,
-            nominal={c: int((n - inference.get(c, 0)) * share) for c, n in capacity.items()},
-            reclaim_within_cohort="any" if name == "pretrain" else "never",
-        )
-        for name, share in split.items()
-    ]
-    if inference:
-        queues.append(
-            QueueSpec(
-                "inference",
-                cohort="shared",
-                priority=20,
-                nominal=dict(inference),
-                reclaim_within_cohort="any",
-            )
-        )
-    return queues
 
 
 @dataclass
@@ -197,7 +148,7 @@ class Simulation:
         self.now = end
         if progress is not None:
             progress(1.0)
-        return self._summary(time.perf_counter() - started)
+        return summarize(self, time.perf_counter() - started)
 
     # --- arrivals and cycles --------------------------------------------------------------------
     def _queue(self, job: _Job) -> None:
@@ -546,117 +497,3 @@ class Simulation:
                 "power_mw": round(float(self.fleet.power.sum()) / 1e6, 3),
             }
         )
-
-    def _summary(self, wall: float) -> dict:
-        end = self.cfg.days * DAY
-        gpus = self.topo.num_gpus
-        started = [j for j in self.jobs.values() if j.first_admit is not None]
-        arrived = [j for j in self.jobs.values() if j.spec.arrival <= end]
-        pending_time: dict[str, dict] = {}
-        for lo, hi in SIZE_BUCKETS:
-            waits = [j.first_admit - j.spec.arrival for j in started if lo <= j.spec.gpus <= hi]
-            never = sum(1 for j in arrived if j.first_admit is None and lo <= j.spec.gpus <= hi)
-            if waits or never:
-                label = f"{lo}" if lo == hi else f"{lo}-{hi}" if hi < 1 << 30 else f"{lo}+"
-                pending_time[label] = {
-                    "jobs": len(waits),
-                    "never_started": never,
-                    "p50_s": round(float(np.percentile(waits, 50)), 1) if waits else None,
-                    "p95_s": round(float(np.percentile(waits, 95)), 1) if waits else None,
-                }
-        training = [j for j in started if j.spec.kind == "training" and j.spec.gpus >= 512]
-        ettr_jobs = []
-        totals = dict.fromkeys(BUCKETS, 0.0)
-        wall_total = 0.0
-        for j in training:
-            stop = j.ended if j.ended is not None else end
-            lost_now = 0.0
-            if j.gpus is not None and j.ended is None:
-                # still running at the end: the work since its last checkpoint is not yet safe
-                elapsed = max(0.0, end - j.run_start)
-                lost_now = elapsed - math.floor(elapsed / j.interval) * j.interval
-            span = stop - j.first_admit
-            if span <= 0:
-                continue
-            losses = {**j.buckets}
-            losses["lost_work"] += lost_now
-            if j.waiting_since is not None:
-                losses["waiting"] += end - j.waiting_since
-            lost = min(sum(losses.values()), span)
-            ettr_jobs.append(
-                {
-                    "id": j.spec.id,
-                    "gpus": j.spec.gpus,
-                    "wall_s": round(span, 1),
-                    "ettr": round((span - lost) / span, 5),
-                    "interruptions": j.interruptions,
-                    **{f"{k}_s": round(v, 1) for k, v in losses.items()},
-                }
-            )
-            for k in BUCKETS:
-                totals[k] += losses[k] * j.spec.gpus
-            wall_total += span * j.spec.gpus
-        outcomes = Counter(j.spec.outcome for j in self.jobs.values() if j.ended is not None)
-        alloc = [s["allocated"] / gpus for s in self.samples]
-        busy = [s["busy"] / gpus for s in self.samples]
-        rec = [s for _, _, s in self.recoveries]
-        return {
-            "name": self.cfg.name,
-            "days": self.cfg.days,
-            "seed": self.cfg.seed,
-            "gpus": gpus,
-            "checkpoint": {
-                "kind": self.cfg.checkpoint.kind.value,
-                "interval_s": self.cfg.checkpoint.interval_s,
-            },
-            "jobs": {
-                "arrived": len(arrived),
-                "started": len(started),
-                "ended": sum(outcomes.values()),
-                "ended_by_outcome": dict(outcomes),
-                "running_at_end": len(self.running),
-                "pending_at_end": len(self.pending),
-            },
-            "utilization": {
-                "allocated_mean": round(float(np.mean(alloc)), 4) if alloc else 0.0,
-                "busy_mean": round(float(np.mean(busy)), 4) if busy else 0.0,
-            },
-            "pending_time_by_size": pending_time,
-            "ettr": {
-                "jobs": len(ettr_jobs),
-                "gpu_weighted": round(1 - sum(totals.values()) / wall_total, 5) if wall_total else None,
-                "loss_share": {k: round(v / wall_total, 5) for k, v in totals.items()} if wall_total else {},
-            },
-            "faults": {
-                "total": sum(self.faults.values()),
-                "by_cause": dict(self.faults.most_common()),
-                "interruptions": sum(j.interruptions for j in self.jobs.values()),
-            },
-            "recoveries": {
-                "count": len(rec),
-                "by_outcome": dict(Counter(o for _, o, _ in self.recoveries)),
-                "median_s": round(float(np.median(rec)), 1) if rec else None,
-            },
-            "inference": [
-                {
-                    "service": svc.name,
-                    "replica_hours": round(self.replica_seconds[k] / 3600, 1),
-                    "short_replica_hours": round(self.short_seconds[k] / 3600, 1),
-                    "replicas_at_end": len(self.replicas[k]),
-                }
-                for k, svc in enumerate(self.services)
-            ],
-            "engine": {
-                "cycles": self.cycles,
-                "invariant_checks": self.checked,
-                "events": self.processed,
-                "wall_s": round(wall, 2),
-                "events_per_s": round(self.processed / wall, 1) if wall else None,
-            },
-            "series": {
-                "samples": self.samples,
-                "faults": [list(f) for f in self.fault_log],
-                "recoveries": [list(r) for r in self.recoveries],
-                "ettr_jobs": ettr_jobs,
-            },
-        }

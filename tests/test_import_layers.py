@@ -14,7 +14,7 @@ ALLOWED = {
     "engine": set(),
     "sim": {"engine"},
     "cluster": {"engine"},
-    "scheduling": {"engine", "cluster"},
+    "scheduling": {"engine", "sim", "cluster"},
     "monitoring": {"engine", "sim", "cluster", "scheduling"},
 }
 

@@ -7,7 +7,8 @@ from engine.chips import BY_NAME
 from engine.network import Network, traffic_per_gpu
 from engine.synthetic import snapshot_from_spec
 from engine.topology_spec import parse_topology
-from sim.simulation import SimConfig, Simulation
+from sim.config import SimConfig
+from sim.simulation import Simulation
 from sim.workload import SimJob
 from tests.engine_helpers import gpus_of_nodes
 

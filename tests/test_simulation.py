@@ -13,7 +13,8 @@ from engine.chips import BY_NAME
 from engine.presets import preset_document
 from engine.synthetic import snapshot_from_spec
 from engine.topology_spec import parse_topology
-from sim.simulation import CheckpointChoice, SimConfig, Simulation
+from sim.config import CheckpointChoice, SimConfig
+from sim.simulation import Simulation
 from sim.workload import SimJob, generate, load_workload
 
 

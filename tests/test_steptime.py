@@ -2,13 +2,13 @@
 
 import pytest
 
+from engine.mixedplan import mixed_plan
 from engine.steptime import (
     MODELS,
     Fabric,
     ModelSpec,
     NoFeasiblePlan,
     best_plan,
-    mixed_plan,
     plans,
     rank_chips,
     retained_per_gpu,

@@ -1,0 +1,130 @@
+"""The summary a what-if simulation reports (sim.simulation.Simulation.run returns it)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+
+from engine.lifecycle import ETTR_BUCKETS as BUCKETS
+
+DAY = 86_400.0
+SIZE_BUCKETS = ((1, 1), (2, 8), (9, 64), (65, 512), (513, 2048), (2049, 1 << 30))
+
+
+def summarize(self, wall: float) -> dict:
+    """The report of a finished simulation: jobs, utilization, pending time by size, ETTR and
+    its loss buckets, faults, recoveries, inference, the engine's own figures and the series."""
+    end = self.cfg.days * DAY
+    gpus = self.topo.num_gpus
+    started = [j for j in self.jobs.values() if j.first_admit is not None]
+    arrived = [j for j in self.jobs.values() if j.spec.arrival <= end]
+    pending_time: dict[str, dict] = {}
+    for lo, hi in SIZE_BUCKETS:
+        waits = [j.first_admit - j.spec.arrival for j in started if lo <= j.spec.gpus <= hi]
+        never = sum(1 for j in arrived if j.first_admit is None and lo <= j.spec.gpus <= hi)
+        if waits or never:
+            label = f"{lo}" if lo == hi else f"{lo}-{hi}" if hi < 1 << 30 else f"{lo}+"
+            pending_time[label] = {
+                "jobs": len(waits),
+                "never_started": never,
+                "p50_s": round(float(np.percentile(waits, 50)), 1) if waits else None,
+                "p95_s": round(float(np.percentile(waits, 95)), 1) if waits else None,
+            }
+    training = [j for j in started if j.spec.kind == "training" and j.spec.gpus >= 512]
+    ettr_jobs = []
+    totals = dict.fromkeys(BUCKETS, 0.0)
+    wall_total = 0.0
+    for j in training:
+        stop = j.ended if j.ended is not None else end
+        lost_now = 0.0
+        if j.gpus is not None and j.ended is None:
+            # still running at the end: the work since its last checkpoint is not yet safe
+            elapsed = max(0.0, end - j.run_start)
+            lost_now = elapsed - math.floor(elapsed / j.interval) * j.interval
+        span = stop - j.first_admit
+        if span <= 0:
+            continue
+        losses = {**j.buckets}
+        losses["lost_work"] += lost_now
+        if j.waiting_since is not None:
+            losses["waiting"] += end - j.waiting_since
+        lost = min(sum(losses.values()), span)
+        ettr_jobs.append(
+            {
+                "id": j.spec.id,
+                "gpus": j.spec.gpus,
+                "wall_s": round(span, 1),
+                "ettr": round((span - lost) / span, 5),
+                "interruptions": j.interruptions,
+                **{f"{k}_s": round(v, 1) for k, v in losses.items()},
+            }
+        )
+        for k in BUCKETS:
+            totals[k] += losses[k] * j.spec.gpus
+        wall_total += span * j.spec.gpus
+    outcomes = Counter(j.spec.outcome for j in self.jobs.values() if j.ended is not None)
+    alloc = [s["allocated"] / gpus for s in self.samples]
+    busy = [s["busy"] / gpus for s in self.samples]
+    rec = [s for _, _, s in self.recoveries]
+    return {
+        "name": self.cfg.name,
+        "days": self.cfg.days,
+        "seed": self.cfg.seed,
+        "gpus": gpus,
+        "checkpoint": {
+            "kind": self.cfg.checkpoint.kind.value,
+            "interval_s": self.cfg.checkpoint.interval_s,
+        },
+        "jobs": {
+            "arrived": len(arrived),
+            "started": len(started),
+            "ended": sum(outcomes.values()),
+            "ended_by_outcome": dict(outcomes),
+            "running_at_end": len(self.running),
+            "pending_at_end": len(self.pending),
+        },
+        "utilization": {
+            "allocated_mean": round(float(np.mean(alloc)), 4) if alloc else 0.0,
+            "busy_mean": round(float(np.mean(busy)), 4) if busy else 0.0,
+        },
+        "pending_time_by_size": pending_time,
+        "ettr": {
+            "jobs": len(ettr_jobs),
+            "gpu_weighted": round(1 - sum(totals.values()) / wall_total, 5) if wall_total else None,
+            "loss_share": {k: round(v / wall_total, 5) for k, v in totals.items()} if wall_total else {},
+        },
+        "faults": {
+            "total": sum(self.faults.values()),
+            "by_cause": dict(self.faults.most_common()),
+            "interruptions": sum(j.interruptions for j in self.jobs.values()),
+        },
+        "recoveries": {
+            "count": len(rec),
+            "by_outcome": dict(Counter(o for _, o, _ in self.recoveries)),
+            "median_s": round(float(np.median(rec)), 1) if rec else None,
+        },
+        "inference": [
+            {
+                "service": svc.name,
+                "replica_hours": round(self.replica_seconds[k] / 3600, 1),
+                "short_replica_hours": round(self.short_seconds[k] / 3600, 1),
+                "replicas_at_end": len(self.replicas[k]),
+            }
+            for k, svc in enumerate(self.services)
+        ],
+        "engine": {
+            "cycles": self.cycles,
+            "invariant_checks": self.checked,
+            "events": self.processed,
+            "wall_s": round(wall, 2),
+            "events_per_s": round(self.processed / wall, 1) if wall else None,
+        },
+        "series": {
+            "samples": self.samples,
+            "faults": [list(f) for f in self.fault_log],
+            "recoveries": [list(r) for r in self.recoveries],
+            "ettr_jobs": ettr_jobs,
+        },
+    }
