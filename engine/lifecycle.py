@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.checkpoint import PolicyKind
+from engine.faults import Action
 from engine.physics import Physics
 from engine.states import InvalidTransition
 
@@ -143,3 +144,19 @@ def recent_faults(fault_times: list[float], now: float) -> int:
 def is_lemon(recent: int) -> bool:
     """The lemon rule: a node with LEMON_FAULTS faults or more within LEMON_WINDOW_S."""
     return recent >= LEMON_FAULTS
+
+
+def repeated(history: list[tuple[float, str, int | None]], now: float, source: str, xid: int | None) -> bool:
+    """Whether the same fault (source and XID) already happened on the node within the lemon
+    window before ``now``; ``history``: (time, source, xid) of the node's earlier faults."""
+    return any(0 < now - t < LEMON_WINDOW_S and s == source and x == xid for t, s, x in history)
+
+
+def out_of_service(action: Action, *, lemon: bool) -> str:
+    """What a classified fault takes out of service: "node" (a reboot, a repair, or a lemon's
+    quarantine: all its GPUs), "gpu" (a reset of the GPU that faulted), or "" (nothing)."""
+    if lemon or action in (Action.REBOOT_NODE, Action.REPAIR_NODE):
+        return "node"
+    if action == Action.RESET_GPU:
+        return "gpu"
+    return ""

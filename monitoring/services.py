@@ -21,7 +21,7 @@ from cluster.services import set_gpus, take_down
 from cluster.snapshot import topology_cache
 from engine import lifecycle
 from engine.checkpoint import PolicyKind
-from engine.faults import Action, Scope, classify
+from engine.faults import Action, classify
 from engine.recovery import plan_recovery
 from monitoring.models import FaultEvent
 from scheduling.checkpoints import PHYSICS, policy_kind
@@ -109,9 +109,22 @@ def _jobs_hit(fault: FaultEvent, gpu_ids: list[int]) -> list[int]:
     return sorted(set(active.filter(gpu_id__in=gpu_ids).values_list("job_id", flat=True)))
 
 
+def _node_history(node: Node, fault: FaultEvent) -> list[tuple[float, str, int | None]]:
+    """(time, source, xid) of the node's other faults (on it or its GPUs) in the lemon window."""
+    from django.db.models import Q
+
+    rows = (
+        FaultEvent.objects.filter(Q(node=node) | Q(gpu__node=node), at__gte=fault.at - LEMON_WINDOW)
+        .exclude(pk=fault.pk)
+        .values_list("at", "source", "xid")
+    )
+    return [(at.timestamp(), source, xid) for at, source, xid in rows]
+
+
 def _take_out_of_service(
     fault: FaultEvent, action: Action, gpu_ids: list[int], node: Node | None, now
-) -> None:
+) -> bool:
+    """Apply the fault to the hardware; returns whether the node was quarantined as a lemon."""
     text = f"{fault}: {action.value.replace('_', ' ')}"[:255]
     if action == Action.RESET_GPU:
         set_gpus(gpu_ids, state="down", health="critical")
@@ -128,6 +141,8 @@ def _take_out_of_service(
                 at=now,
                 lemon=True,
             )
+            return True
+    return False
 
 
 def _recover(
@@ -252,26 +267,20 @@ def handle_fault(fault_id: int) -> dict:
             .get(pk=fault_id)
         )
         gpu_ids, node = _affected_gpus(fault)
-        repeated = (
-            node is not None
-            and FaultEvent.objects.filter(
-                node=node, at__gte=fault.at - LEMON_WINDOW, source=fault.source, xid=fault.xid
-            )
-            .exclude(pk=fault.pk)
-            .exists()
+        again = node is not None and lifecycle.repeated(
+            _node_history(node, fault), fault.at.timestamp(), fault.source, fault.xid
         )
-        if fault.source == "xid":
-            c = classify("xid", fault.xid, repeated_on_node=repeated)
-        else:
-            c = classify(fault.source)
+        c = classify(fault.source, fault.xid, repeated_on_node=again)
         fault.action = c.action.value
         fault.cause = c.cause
         fault.description = fault.description or c.description
         fault.detected_at = fault.at + timedelta(seconds=c.detection_s)
-        _take_out_of_service(fault, c.action, gpu_ids, node, now)
-        faulty = gpu_ids if c.action in (Action.RESET_GPU, Action.REBOOT_NODE, Action.REPAIR_NODE) else []
-        if c.scope == Scope.NODE and node is not None:
+        lemon = _take_out_of_service(fault, c.action, gpu_ids, node, now)
+        out = lifecycle.out_of_service(c.action, lemon=lemon)  # the rule the simulator follows
+        if out == "node" and node is not None:
             faulty = list(node.gpus.values_list("id", flat=True))
+        else:
+            faulty = gpu_ids if out else []
         recoveries = []
         hit = _jobs_hit(fault, gpu_ids) if c.interrupts_job else []
         held = Held() if hit else None

@@ -30,8 +30,16 @@ from engine.checkpoint import PolicyKind, daly_interval, stall_seconds
 from engine.faults import Action, classify
 from engine.inference import LoadProfile, decide
 from engine.invariants import check_cycle
-from engine.lifecycle import ETTR_BUCKETS, checkpoint_bytes, is_lemon, recent_faults, saves_on_demand
-from engine.network import Network, traffic_per_gpu
+from engine.lifecycle import (
+    ETTR_BUCKETS,
+    checkpoint_bytes,
+    is_lemon,
+    out_of_service,
+    recent_faults,
+    repeated,
+    saves_on_demand,
+)
+from engine.network import Network
 from engine.placement import Layout
 from engine.recovery import plan_recovery
 from engine.scheduler import schedule
@@ -40,7 +48,7 @@ from engine.topology import TopologySnapshot
 from engine.workload import PendingJob, QueueSpec, RunningJob
 from sim.config import SimConfig, default_queues
 from sim.fleet import Fleet
-from sim.summary import summarize
+from sim.summary import summarize, take_sample
 from sim.workload import SimJob, SimService
 
 DAY = 86_400.0
@@ -110,7 +118,7 @@ class Simulation:
         self.luck = np.random.default_rng([self.cfg.seed, 3])
         self.now = 0.0
         self.dirty = True
-        self.fault_history: dict[int, list[float]] = {}
+        self.fault_history: dict[int, list[tuple[float, str, int | None]]] = {}  # (t, source, xid)
         self.faults: Counter = Counter()
         self.fault_log: list[tuple[float, str, str]] = []  # (time, cause, action)
         self.recoveries: list[tuple[float, str, float]] = []  # (time, outcome, seconds)
@@ -170,6 +178,13 @@ class Simulation:
     def _on_arrive(self, job_id: int) -> None:
         self._queue(self.jobs[job_id])
         self.dirty = True
+
+    def arrive_and_schedule(self, *job_ids: int) -> None:
+        """Scripted what-ifs: these jobs arrive now and one scheduling cycle runs at once."""
+        for job_id in job_ids:
+            self._on_arrive(job_id)
+        self.dirty = True
+        self._on_cycle()
 
     def _running_view(self) -> list[RunningJob]:
         """The running jobs as the scheduler sees them; a job's view is rebuilt only when it
@@ -376,22 +391,28 @@ class Simulation:
 
     def _on_fault(self, node: int, cause: str) -> None:
         self._next_fault()
+        self.inject_fault(node, cause)
+
+    def inject_fault(self, node: int, cause: str) -> None:
+        """A fault of ``cause`` (a key of the physics' causes) on node index ``node`` now, handled
+        as the production fault task handles a reported one (scripted what-ifs call this)."""
         _, source, xid = self.ph.causes[cause]
         history = self.fault_history.setdefault(node, [])
-        history.append(self.now)
-        recent = recent_faults(history, self.now)
-        lemon = is_lemon(recent)
-        c = classify(source, xid, repeated_on_node=recent > 1) if source == "xid" else classify(source)
+        again = repeated(history, self.now, source, xid)
+        history.append((self.now, source, xid))
+        lemon = is_lemon(recent_faults([t for t, _, _ in history], self.now))
+        c = classify(source, xid, repeated_on_node=again)
         self.faults[cause] += 1
         self.fault_log.append((self.now, cause, c.action.value))
         lay = self.layout
         start, count = int(lay.node_gpu_start[node]), int(lay.node_gpu_count[node])
         node_gpus = np.arange(start, start + count)
-        if c.action == Action.RESET_GPU:
+        out = out_of_service(c.action, lemon=lemon)
+        if out == "gpu":
             faulty = node_gpus[[int(self.fleet.rng.integers(count))]]
             self.topo.gpu_state[faulty] = GPU_DOWN
             self._push(self.now + GPU_RESET_S, "gpu_back", int(faulty[0]))
-        elif c.action in (Action.REBOOT_NODE, Action.REPAIR_NODE) or lemon:
+        elif out == "node":
             faulty = node_gpus
             self.topo.node_state[node] = DOWN
             back = NODE_REBOOT_S if c.action == Action.REBOOT_NODE and not lemon else self.fleet.repair_s()
@@ -462,38 +483,4 @@ class Simulation:
     # --- samples and the summary ----------------------------------------------------------------
     def _on_sample(self) -> None:
         self._push(self.now + self.cfg.sample_period_s, "sample")
-        busy = sum(j.size for j in self.running.values() if self.now >= j.run_start)
-        util = np.zeros(self.topo.num_gpus, dtype=np.float32)
-        held = self.owner >= 0
-        util[held] = self.cfg.fleet.training_util
-        self.fleet.step(self.now, util)
-        self.network.load(
-            [
-                (j.gpus, *traffic_per_gpu(j.spec.parameters, j.spec.chip, j.size))
-                for j in self.running.values()
-                if j.spec.kind == "training"
-            ]
-        )
-        self.network.count_errors(self.cfg.sample_period_s, self.net_rng)
-        net = self.network.utilization()
-        self.samples.append(
-            {
-                "t": self.now,
-                "rack_uplink_util_max": round(float(net["rack"].max(initial=0)), 4),
-                "pod_uplink_util_max": round(float(net["pod"].max(initial=0)), 4),
-                "datacenter_link_util_max": round(max(net["datacenter"].values(), default=0.0), 4),
-                "link_errors": int(self.network.rack_errors.sum() + self.network.pod_errors.sum()),
-                "allocated": int(held.sum()),
-                "busy": int(busy),
-                "running_jobs": len(self.running),
-                "inference_replicas": sum(1 for ids in self.replicas for i in ids if i in self.running),
-                "pending_jobs": len(self.pending),
-                "pending_gpus": int(sum(p.gpus for p in self.pending.values())),
-                "down_gpus": int(
-                    (self.topo.gpu_state != GPU_READY).sum()
-                    + (self.topo.node_state[self.topo.gpu_node] != READY).sum()
-                ),
-                "mean_temperature_c": round(float(self.fleet.temperature.mean()), 2),
-                "power_mw": round(float(self.fleet.power.sum()) / 1e6, 3),
-            }
-        )
+        take_sample(self)

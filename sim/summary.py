@@ -1,4 +1,5 @@
-"""The summary a what-if simulation reports (sim.simulation.Simulation.run returns it)."""
+"""What a what-if simulation reports: hourly samples while it runs, and the summary that
+sim.simulation.Simulation.run returns."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from collections import Counter
 import numpy as np
 
 from engine.lifecycle import ETTR_BUCKETS as BUCKETS
+from engine.network import traffic_per_gpu
+from engine.states import GPU_STATE_CODE, NODE_STATE_CODE
 
 DAY = 86_400.0
+READY, GPU_READY = NODE_STATE_CODE["ready"], GPU_STATE_CODE["ready"]
 SIZE_BUCKETS = ((1, 1), (2, 8), (9, 64), (65, 512), (513, 2048), (2049, 1 << 30))
 
 
@@ -128,3 +132,42 @@ def summarize(self, wall: float) -> dict:
             "ettr_jobs": ettr_jobs,
         },
     }
+
+
+def take_sample(self) -> None:
+    """The hourly sample of the simulated cluster: allocation, network, fleet telemetry."""
+    busy = sum(j.size for j in self.running.values() if self.now >= j.run_start)
+    util = np.zeros(self.topo.num_gpus, dtype=np.float32)
+    held = self.owner >= 0
+    util[held] = self.cfg.fleet.training_util
+    self.fleet.step(self.now, util)
+    self.network.load(
+        [
+            (j.gpus, *traffic_per_gpu(j.spec.parameters, j.spec.chip, j.size))
+            for j in self.running.values()
+            if j.spec.kind == "training"
+        ]
+    )
+    self.network.count_errors(self.cfg.sample_period_s, self.net_rng)
+    net = self.network.utilization()
+    self.samples.append(
+        {
+            "t": self.now,
+            "rack_uplink_util_max": round(float(net["rack"].max(initial=0)), 4),
+            "pod_uplink_util_max": round(float(net["pod"].max(initial=0)), 4),
+            "datacenter_link_util_max": round(max(net["datacenter"].values(), default=0.0), 4),
+            "link_errors": int(self.network.rack_errors.sum() + self.network.pod_errors.sum()),
+            "allocated": int(held.sum()),
+            "busy": int(busy),
+            "running_jobs": len(self.running),
+            "inference_replicas": sum(1 for ids in self.replicas for i in ids if i in self.running),
+            "pending_jobs": len(self.pending),
+            "pending_gpus": int(sum(p.gpus for p in self.pending.values())),
+            "down_gpus": int(
+                (self.topo.gpu_state != GPU_READY).sum()
+                + (self.topo.node_state[self.topo.gpu_node] != READY).sum()
+            ),
+            "mean_temperature_c": round(float(self.fleet.temperature.mean()), 2),
+            "power_mw": round(float(self.fleet.power.sum()) / 1e6, 3),
+        }
+    )
