@@ -3,18 +3,43 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 
 from engine.lifecycle import unsaved_s
 
 MILLI = 1000  # a whole GPU, in the thousandths that shared GPUs are counted in
-RECLAIM_POLICIES = ("never", "lower_priority", "any")
-WITHIN_QUEUE_POLICIES = ("never", "lower_priority")
-# How a queue admits its jobs. Strict FIFO: a job that cannot start blocks every later job of its
-# queue. Best effort: later jobs may pass a blocked one, but once a job blocked by quota has waited
-# ``head_wait_s`` the queue's later jobs on its chip types wait for it (its quota is held for it).
-QUEUEING_STRATEGIES = ("best_effort", "strict_fifo")
+
+
+class Reclaim(StrEnum):
+    """Whom a queue below its nominal quota may preempt in the cohort's borrowing queues."""
+
+    NEVER = "never"
+    LOWER_PRIORITY = "lower_priority"  # their jobs of lower priority than the one it admits
+    ANY = "any"
+
+
+class WithinQueue(StrEnum):
+    """Whom a job may preempt in its own queue."""
+
+    NEVER = "never"
+    LOWER_PRIORITY = "lower_priority"
+
+
+class Queueing(StrEnum):
+    """How a queue admits its jobs. Strict FIFO: a job that cannot start blocks every later job of
+    its queue. Best effort: later jobs may pass a blocked one, but once a job blocked by quota has
+    waited ``head_wait_s`` the queue's later jobs on its chip types wait for it (its quota is held
+    for it)."""
+
+    BEST_EFFORT = "best_effort"
+    STRICT_FIFO = "strict_fifo"
+
+
+RECLAIM_POLICIES = tuple(Reclaim)
+WITHIN_QUEUE_POLICIES = tuple(WithinQueue)
+QUEUEING_STRATEGIES = tuple(Queueing)
 DEFAULT_HEAD_WAIT_S = 600.0
 
 
@@ -27,11 +52,27 @@ class QueueSpec:
     nominal: dict[str, int] = field(default_factory=dict)  # chip type -> GPUs
     borrowing_limit: dict[str, int | None] = field(default_factory=dict)  # None or absent: no limit
     lending_limit: dict[str, int | None] = field(default_factory=dict)  # None or absent: all nominal
-    reclaim_within_cohort: str = "never"
-    within_queue: str = "never"
+    reclaim_within_cohort: Reclaim = Reclaim.NEVER
+    within_queue: WithinQueue = WithinQueue.NEVER
     stopped: bool = False
-    queueing: str = "best_effort"  # one of QUEUEING_STRATEGIES
+    queueing: Queueing = Queueing.BEST_EFFORT
     head_wait_s: float | None = DEFAULT_HEAD_WAIT_S  # best effort: the bounded wait (None: unbounded)
+
+    def __post_init__(self) -> None:
+        # policies given by name become their enums; an unknown name fails here, naming the field
+        for name, kind in (
+            ("reclaim_within_cohort", Reclaim),
+            ("within_queue", WithinQueue),
+            ("queueing", Queueing),
+        ):
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, kind(value))
+            except ValueError:
+                known = ", ".join(kind)
+                raise ValueError(
+                    f"{name}: unknown policy {value!r} of queue {self.name}; known: {known}"
+                ) from None
 
 
 @dataclass(frozen=True)

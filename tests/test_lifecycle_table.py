@@ -9,6 +9,7 @@ import pytest
 from engine import lifecycle
 from engine.checkpoint import PolicyKind
 from engine.states import NODE_ACTIONS, InvalidTransition, node_action_target
+from engine.workload import QueueSpec, Reclaim
 
 JOB_CASES = [
     # (state, action, resulting state or None when refused)
@@ -145,3 +146,10 @@ def test_job_shape_rules(fields, problem):
     gpus = fields.pop("gpus")
     found = lifecycle.shape_problem(gpus, **fields)
     assert (found[0] if found else None) == problem
+
+
+def test_queue_policies_are_enums_and_a_bad_name_is_refused_by_field():
+    q = QueueSpec("a", reclaim_within_cohort="any", within_queue="lower_priority", queueing="strict_fifo")
+    assert q.reclaim_within_cohort is Reclaim.ANY
+    with pytest.raises(ValueError, match="within_queue: unknown policy 'sometimes' of queue a"):
+        QueueSpec("a", within_queue="sometimes")

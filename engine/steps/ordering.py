@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 
-from engine.workload import PendingJob
+from engine.workload import PendingJob, Queueing
 
 
 class OrderingStep:
@@ -54,7 +54,7 @@ class OrderingStep:
         queue = self.queues[qi]
         if queue.stopped or qi in self.held:
             return reason
-        if queue.queueing == "strict_fifo":
+        if queue.queueing == Queueing.STRICT_FIFO:
             why = f"waiting behind job {job.id}: queue {queue.name} admits its jobs in strict order"
             self.held[qi] = (job.id, set(), why)
             return reason

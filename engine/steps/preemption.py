@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.workload import PendingJob, Preemption, RunningJob
+from engine.workload import PendingJob, Preemption, Reclaim, RunningJob, WithinQueue
 
 
 class PreemptionStep:
@@ -16,11 +16,11 @@ class PreemptionStep:
         chip = self.topo.chip_names[c]
         cohort = self.quota.cohort_of[qi]
         reclaiming = (
-            queue.reclaim_within_cohort != "never"
+            queue.reclaim_within_cohort != Reclaim.NEVER
             and cohort >= 0
             and self.quota.usage[qi, c] + job.demand <= self.quota.nominal[qi, c]
         )
-        within = queue.within_queue == "lower_priority"
+        within = queue.within_queue == WithinQueue.LOWER_PRIORITY
         if not reclaiming and not within:
             return []
         pool = []
@@ -38,7 +38,7 @@ class PreemptionStep:
                 continue
             vq = self.queue_index.get(victim.queue, -1)
             if vq == qi:
-                if queue.within_queue == "lower_priority" and victim.priority < job.priority:
+                if queue.within_queue == WithinQueue.LOWER_PRIORITY and victim.priority < job.priority:
                     candidates.append(
                         (victim, f"preempted by higher-priority job {job.id} in queue {queue.name}")
                     )
@@ -47,7 +47,7 @@ class PreemptionStep:
                 and vq >= 0
                 and self.quota.cohort_of[vq] == cohort
                 and self.quota.borrowed(vq, c) > 0
-                and (queue.reclaim_within_cohort == "any" or victim.priority < job.priority)
+                and (queue.reclaim_within_cohort == Reclaim.ANY or victim.priority < job.priority)
             ):
                 why = (
                     f"preempted by job {job.id}: queue {queue.name} reclaims {chip} quota "
