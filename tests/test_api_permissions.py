@@ -160,3 +160,27 @@ def test_the_schema_and_docs_need_no_login_but_the_data_does(small_cluster, anon
     assert anonymous_client.get("/api/schema/").status_code == 200
     assert anonymous_client.get("/api/docs/").status_code == 200
     assert anonymous_client.get(list_url("gpus")).status_code == 401
+
+
+def test_one_api_root_lists_every_endpoint(operator_client):
+    from config.api import APPS
+
+    root = operator_client.get("/api/v1/")
+    assert root.status_code == 200
+    listed = set(root.json())
+    expected = {prefix for app in APPS for prefix, _ in app.routes} | {
+        p.name for app in APPS for p in app.urlpatterns
+    }
+    assert expected <= listed
+    assert {
+        "nodes",
+        "jobs",
+        "queues",
+        "faults",
+        "simulations",
+        "overview",
+        "ettr",
+        "telemetry-frame",
+    } <= listed
+    for name, url in root.json().items():
+        assert url.startswith("http://testserver/api/v1/"), name

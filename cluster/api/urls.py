@@ -1,15 +1,15 @@
-from rest_framework.routers import DefaultRouter
+"""The inventory's API endpoints (config.api gathers every app's into one router and root)."""
 
 from cluster.api import views
 
-router = DefaultRouter()
-router.register("chip-types", views.ChipTypeViewSet)
-router.register("regions", views.RegionViewSet)
-router.register("datacenters", views.DatacenterViewSet)
-router.register("datacenter-links", views.DatacenterLinkViewSet)
-router.register("pods", views.PodViewSet)
-router.register("racks", views.RackViewSet)
-router.register("nodes", views.NodeViewSet)
-router.register("gpus", views.GPUViewSet)
-
-urlpatterns = router.urls
+routes = [
+    ("chip-types", views.ChipTypeViewSet),
+    ("regions", views.RegionViewSet),
+    ("datacenters", views.DatacenterViewSet),
+    ("datacenter-links", views.DatacenterLinkViewSet),
+    ("pods", views.PodViewSet),
+    ("racks", views.RackViewSet),
+    ("nodes", views.NodeViewSet),
+    ("gpus", views.GPUViewSet),
+]
+urlpatterns = []

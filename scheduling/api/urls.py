@@ -1,13 +1,14 @@
+"""Scheduling's API endpoints (config.api gathers every app's into one router and root)."""
+
 from django.urls import path
-from rest_framework.routers import DefaultRouter
 
 from scheduling.api import views
 
-router = DefaultRouter()
-router.register("checkpoint-policies", views.CheckpointPolicyViewSet)
-router.register("cohorts", views.CohortViewSet)
-router.register("queues", views.QueueViewSet)
-router.register("jobs", views.JobViewSet)
-router.register("services", views.InferenceServiceViewSet)
-
-urlpatterns = [path("ettr/", views.ETTRView.as_view(), name="ettr"), *router.urls]
+routes = [
+    ("checkpoint-policies", views.CheckpointPolicyViewSet),
+    ("cohorts", views.CohortViewSet),
+    ("queues", views.QueueViewSet),
+    ("jobs", views.JobViewSet),
+    ("services", views.InferenceServiceViewSet),
+]
+urlpatterns = [path("ettr/", views.ETTRView.as_view(), name="ettr")]

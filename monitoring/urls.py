@@ -1,0 +1,15 @@
+from django.urls import path
+
+from monitoring import views
+
+urlpatterns = [
+    path("live/", views.live, name="live"),
+    path("overview/", views.overview_page, name="overview"),
+    path("topology/", views.topology, name="topology"),
+    path("topology/<str:level>/<int:pk>/", views.topology, name="topology-level"),
+    path("nodes/<str:hostname>/", views.node_detail, name="node-page"),
+    path("gpus/<int:pk>/", views.gpu_redirect, name="gpu-page"),
+    path("faults/", views.faults, name="faults"),
+    path("simulations/", views.simulations, name="simulations"),
+    path("simulations/<int:pk>/", views.simulation_detail, name="simulation-page"),
+]

@@ -1,0 +1,15 @@
+from django.urls import path
+
+from scheduling import views
+
+urlpatterns = [
+    path("jobs/", views.jobs, name="jobs"),
+    path("jobs/<int:pk>/", views.job_detail, name="job-page"),
+    path("services/", views.services, name="services"),
+    path("services/<int:pk>/", views.service_detail, name="service-page"),
+    path("queues/", views.queues, name="queues"),
+    path("queues/<int:pk>/edit/", views.queue_edit, name="queue-edit"),
+    path("policies/", views.policies, name="policies"),
+    path("policies/new/", views.policy_edit, name="policy-new"),
+    path("policies/<int:pk>/edit/", views.policy_edit, name="policy-edit"),
+]
