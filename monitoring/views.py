@@ -18,9 +18,10 @@ from cluster.choices import COLOURS, NodeState
 from cluster.models import GPU, AuditRecord, Datacenter, Node, Pod, Rack
 from cluster.pages import flat_errors, viewer_page
 from cluster.roles import is_operator
-from cluster.services import apply_node_action
+from cluster.services import apply_node_action, operator_actions
 from engine import lifecycle
-from engine.states import NODE_ACTIONS, InvalidTransition
+from engine.states import InvalidTransition
+from monitoring.forms import DRAIN_GRACE_CHOICES, NodeActionForm
 from monitoring.models import FaultEvent, Simulation
 from monitoring.services import LEMON_WINDOW, node_fault_counts
 
@@ -189,12 +190,19 @@ def node_detail(request, hostname: str):
         Node.objects.select_related("rack__pod__datacenter__region", "chip_type"), hostname=hostname
     )
     if request.method == "POST":
+        form = NodeActionForm(request.POST)
         action = request.POST.get("action", "")
-        reason = request.POST.get("reason", "").strip()
         try:
-            if action not in NODE_ACTIONS:
+            if not form.is_valid():
                 raise InvalidTransition(f"action: unknown node action {action!r}")
-            apply_node_action([node], action, actor=request.user.username, reason=reason)
+            grace = form.cleaned_data.get("grace_s") or 0
+            apply_node_action(
+                [node],
+                action,
+                actor=request.user.username,
+                reason=form.cleaned_data["reason"].strip(),
+                deadline=timezone.now() + timedelta(seconds=grace) if action == "drain" and grace else None,
+            )
         except InvalidTransition as exc:
             messages.error(request, str(exc))
         else:
@@ -214,11 +222,12 @@ def node_detail(request, hostname: str):
         }
         for i, g in enumerate(gpus)
     ]
-    actions = [a for a, (allowed, _) in NODE_ACTIONS.items() if node.state in allowed]
+    actions = operator_actions(node)
     return render(
         request,
         "monitoring/node.html",
         {
+            "drain_grace_choices": DRAIN_GRACE_CHOICES,
             "node": node,
             "crumbs": _breadcrumbs(node.rack),
             "gpu_rows": gpu_rows,

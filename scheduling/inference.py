@@ -101,3 +101,38 @@ def stop_service(service: InferenceService, actor: str) -> int:
         change_state(job.pk, "cancel", actor=actor, reason=f"service {service.name} deleted")
         n += 1
     return n
+
+
+SERVICE_AUDITED = (
+    "queue_id",
+    "chip_types",
+    "replica_gpus",
+    "replica_share",
+    "capacity_rps",
+    "headroom",
+    "min_replicas",
+    "max_replicas",
+    "load_profile",
+    "scale_down_delay_s",
+    "paused",
+)
+
+
+def _service_state(service: InferenceService | None) -> dict:
+    return {f: getattr(service, f) for f in SERVICE_AUDITED} if service else {}
+
+
+@transaction.atomic
+def save_service(serializer, *, actor, reason: str = "") -> InferenceService:
+    """Create or change an inference service through its (validated) serializer, audited; the
+    autoscaler decides again after the commit."""
+    from cluster.audit import changes, record
+    from scheduling.tasks import autoscale_services
+
+    creating = serializer.instance is None
+    before = _service_state(serializer.instance)
+    service = serializer.save()
+    diff = changes(before, _service_state(service))
+    record(actor, "create" if creating else "update", "service", service, diff, reason)
+    transaction.on_commit(lambda: autoscale_services.delay())
+    return service

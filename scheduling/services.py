@@ -252,3 +252,52 @@ def queue_audit_state(queue: Queue) -> dict:
 
 def policy_audit_state(policy) -> dict:
     return {f: getattr(policy, f) for f in POLICY_AUDITED} if policy else {}
+
+
+@transaction.atomic
+def save_queue(serializer, *, actor, reason: str = "") -> Queue:
+    """Create or change a queue through its (validated) serializer, with its audit record; a cycle
+    is asked for after the commit, since new quotas or policies may admit or preempt."""
+    from cluster.audit import changes, record
+
+    creating = serializer.instance is None
+    before = {} if creating else queue_audit_state(serializer.instance)
+    queue = serializer.save()
+    diff = changes(before, queue_audit_state(queue))
+    if diff:
+        record(actor, "create" if creating else "update", "queue", queue, diff, reason)
+    request_cycle()
+    return queue
+
+
+@transaction.atomic
+def set_queue_stopped(queue: Queue, stopped: bool, *, actor, reason: str = "") -> Queue:
+    """Stop a queue (it admits nothing; running work keeps running) or resume it, audited."""
+    from cluster.audit import record
+
+    if queue.stopped != stopped:
+        record(
+            actor,
+            "stop" if stopped else "resume",
+            "queue",
+            queue,
+            {"stopped": [queue.stopped, stopped]},
+            reason,
+        )
+        queue.stopped = stopped
+        queue.save(update_fields=["stopped", "updated_at"])
+    request_cycle()
+    return queue
+
+
+@transaction.atomic
+def save_policy(serializer, *, actor, reason: str = ""):
+    """Create or change a checkpoint policy through its (validated) serializer, audited."""
+    from cluster.audit import changes, record
+
+    creating = serializer.instance is None
+    before = policy_audit_state(serializer.instance)
+    policy = serializer.save()
+    diff = changes(before, policy_audit_state(policy))
+    record(actor, "create" if creating else "update", "checkpoint policy", policy, diff, reason)
+    return policy

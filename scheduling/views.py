@@ -8,20 +8,21 @@ from datetime import UTC, datetime
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db import transaction
 from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
-from cluster.audit import changes, record
+from cluster.audit import changes
 from cluster.models import AuditRecord, ChipType
 from cluster.pages import flat_errors, operator_page, viewer_page
 from cluster.roles import is_operator
 from engine.inference import LoadProfile
+from engine.lifecycle import operator_actions
 from scheduling.api.serializers import JobDetailSerializer
 from scheduling.choices import ACTIVE_STATES, JobKind, JobState
 from scheduling.ettr import BUCKETS as ETTR_BUCKETS
 from scheduling.ettr import job_ettr
+from scheduling.forms import JobActionForm, queue_payload
 from scheduling.inference import replicas_of
 from scheduling.models import Allocation, CheckpointPolicy, InferenceService, Job, Queue
 from scheduling.services import (
@@ -29,11 +30,11 @@ from scheduling.services import (
     QUEUE_AUDITED,
     JobStateError,
     change_state,
-    policy_audit_state,
     queue_audit_state,
+    save_policy,
+    save_queue,
 )
 from scheduling.timeline import segments
-from scheduling.trigger import request_cycle
 
 PAGE_SIZE = 50
 
@@ -73,14 +74,12 @@ def jobs(request):
 def job_detail(request, pk: int):
     job = get_object_or_404(Job.objects.select_related("queue", "chip"), pk=pk)
     if request.method == "POST":
+        form = JobActionForm(request.POST)
         action = request.POST.get("action", "")
         try:
-            if action not in ("cancel", "suspend", "resume"):
+            if not form.is_valid():
                 raise JobStateError(f"action: unknown job action {action!r}")
-            with transaction.atomic():
-                change_state(
-                    job.pk, action, actor=request.user.username, reason=request.POST.get("reason", "")
-                )
+            change_state(job.pk, action, actor=request.user.username, reason=form.cleaned_data["reason"])
         except JobStateError as exc:
             messages.error(request, str(exc))
         else:
@@ -100,13 +99,7 @@ def job_detail(request, pk: int):
         if ettr
         else []
     )
-    actions = []
-    if is_operator(request.user):
-        actions = {
-            JobState.PENDING: ["suspend", "cancel"],
-            JobState.RUNNING: ["suspend", "cancel"],
-            JobState.SUSPENDED: ["resume", "cancel"],
-        }.get(job.state, [])
+    actions = operator_actions(job.state) if is_operator(request.user) else []
     return render(
         request,
         "scheduling/job_detail.html",
@@ -219,38 +212,12 @@ def queue_edit(request, pk: int):
     errors: list[str] = []
     if request.method == "POST":
         post = request.POST
-        quotas = []
-        for i in range(int(post.get("quota_rows", "0") or 0)):
-            chip = post.get(f"quota-{i}-chip_type", "").strip()
-            if not chip:
-                continue
-            quota = {"chip_type": chip}
-            for f in ("nominal", "borrowing_limit", "lending_limit"):
-                value = post.get(f"quota-{i}-{f}", "").strip()
-                quota[f] = value if value != "" else (0 if f == "nominal" else None)
-            quotas.append(quota)
-        payload = {
-            "description": post.get("description", ""),
-            "priority": post.get("priority", ""),
-            "weight": post.get("weight", ""),
-            "reclaim_within_cohort": post.get("reclaim_within_cohort", ""),
-            "within_queue": post.get("within_queue", ""),
-            "stopped": post.get("stopped") == "on",
-            "quotas": quotas,
-        }
-        if "queueing_strategy" in post:  # fields a form leaves out stay as they are
-            payload["queueing_strategy"] = post["queueing_strategy"]
-        if "head_wait_s" in post:
-            payload["head_wait_s"] = post["head_wait_s"].strip() or None
+        payload = queue_payload(post)
         serializer = QueueSerializer(queue, data=payload, partial=True)
         if serializer.is_valid():
             before = queue_audit_state(queue)
-            with transaction.atomic():
-                saved = serializer.save()
-                diff = changes(before, queue_audit_state(saved))
-                if diff:
-                    record(request.user, "update", "queue", saved, diff, post.get("reason", ""))
-            request_cycle()  # new quotas may admit or preempt; runs after the commit
+            saved = save_queue(serializer, actor=request.user, reason=post.get("reason", ""))
+            diff = changes(before, queue_audit_state(saved))
             messages.success(
                 request, f"queue {queue.name}: {len(diff)} change(s) saved" if diff else "no changes"
             )
@@ -343,11 +310,7 @@ def policy_edit(request, pk: int | None = None):
             payload.pop("triggered_success")
         serializer = CheckpointPolicySerializer(policy, data=payload)
         if serializer.is_valid():
-            before = policy_audit_state(policy)
-            with transaction.atomic():
-                saved = serializer.save()
-                diff = changes(before, policy_audit_state(saved))
-                record(request.user, "update" if policy else "create", "checkpoint policy", saved, diff)
+            saved = save_policy(serializer, actor=request.user)
             messages.success(request, f"checkpoint policy {saved.name} saved")
             return redirect("policies")
         errors = flat_errors(serializer.errors)

@@ -165,3 +165,21 @@ def test_spares_stay_idle_while_the_queue_has_work(
     assert not held & spare_nodes
     waiting = [j for j in jobs if Job.objects.get(pk=j.pk).state == "pending"]
     assert len(waiting) == 2  # 64 H100 GPUs, 16 of them on spare nodes: six 8-GPU jobs run
+
+
+def test_an_operator_drains_a_node_from_its_page_with_a_grace_period(queues, operator):
+    from django.test import Client
+
+    client = Client()
+    client.force_login(operator)
+    node = Node.objects.filter(is_spare=False).first()
+    page = client.get(f"/nodes/{node.hostname}/").content.decode()
+    assert 'name="grace_s"' in page and "may finish within 4 h" in page
+    response = client.post(
+        f"/nodes/{node.hostname}/", {"action": "drain", "reason": "swap PSU", "grace_s": "14400"}, follow=True
+    )
+    node.refresh_from_db()
+    assert node.state == "draining" and node.drain_deadline is not None
+    assert 3.9 * 3600 < (node.drain_deadline - timezone.now()).total_seconds() <= 4 * 3600
+    assert "Draining: running work is checkpointed and moved at" in response.content.decode()
+    assert AuditRecord.objects.filter(object_id=node.pk, action="drain", reason="swap PSU").exists()

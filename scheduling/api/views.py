@@ -2,7 +2,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -11,23 +10,21 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from cluster.audit import changes, record
 from scheduling import filtersets
 from scheduling.api import serializers as s
 from scheduling.choices import ACTIVE_STATES
 from scheduling.ettr import cluster_ettr
-from scheduling.inference import autoscale, stop_service
+from scheduling.inference import autoscale, save_service, stop_service
 from scheduling.models import CheckpointPolicy, Cohort, InferenceService, Job, Queue
 from scheduling.services import (
     JobStateError,
     change_state,
-    policy_audit_state,
-    queue_audit_state,
     record_checkpoint,
+    save_policy,
+    save_queue,
+    set_queue_stopped,
     submit_job,
 )
-from scheduling.tasks import autoscale_services
-from scheduling.trigger import request_cycle
 
 
 class CheckpointPolicyViewSet(viewsets.ModelViewSet):
@@ -36,24 +33,11 @@ class CheckpointPolicyViewSet(viewsets.ModelViewSet):
     ordering_fields = ["name", "interval_s"]
     search_fields = ["name"]
 
-    @transaction.atomic
     def perform_create(self, serializer):
-        policy = serializer.save()
-        record(
-            self.request.user, "create", "checkpoint policy", policy, changes({}, policy_audit_state(policy))
-        )
+        save_policy(serializer, actor=self.request.user)
 
-    @transaction.atomic
     def perform_update(self, serializer):
-        before = policy_audit_state(serializer.instance)
-        policy = serializer.save()
-        record(
-            self.request.user,
-            "update",
-            "checkpoint policy",
-            policy,
-            changes(before, policy_audit_state(policy)),
-        )
+        save_policy(serializer, actor=self.request.user)
 
 
 class CohortViewSet(viewsets.ModelViewSet):
@@ -70,19 +54,11 @@ class QueueViewSet(viewsets.ModelViewSet):
     ordering_fields = ["name", "priority", "weight"]
     search_fields = ["name", "description"]
 
-    @transaction.atomic
     def perform_create(self, serializer):
-        queue = serializer.save()
-        record(self.request.user, "create", "queue", queue, changes({}, queue_audit_state(queue)))
+        save_queue(serializer, actor=self.request.user)
 
-    @transaction.atomic
     def perform_update(self, serializer):
-        before = queue_audit_state(serializer.instance)
-        queue = serializer.save()
-        diff = changes(before, queue_audit_state(queue))
-        if diff:
-            record(self.request.user, "update", "queue", queue, diff)
-        request_cycle()  # new quotas or policies may admit or preempt (after the commit)
+        save_queue(serializer, actor=self.request.user)
 
     def destroy(self, request, *args, **kwargs):
         queue = self.get_object()
@@ -95,19 +71,7 @@ class QueueViewSet(viewsets.ModelViewSet):
         return super().destroy(request, *args, **kwargs)
 
     def _set_stopped(self, stopped: bool):
-        queue = self.get_object()
-        with transaction.atomic():
-            if queue.stopped != stopped:
-                record(
-                    self.request.user,
-                    "stop" if stopped else "resume",
-                    "queue",
-                    queue,
-                    {"stopped": [queue.stopped, stopped]},
-                )
-            queue.stopped = stopped
-            queue.save(update_fields=["stopped", "updated_at"])
-        request_cycle()
+        queue = set_queue_stopped(self.get_object(), stopped, actor=self.request.user)
         return Response(self.get_serializer(queue).data)
 
     @extend_schema(request=None, responses=s.QueueSerializer)
@@ -223,13 +187,10 @@ class InferenceServiceViewSet(viewsets.ModelViewSet):
     search_fields = ["name"]
 
     def perform_create(self, serializer):
-        service = serializer.save()
-        transaction.on_commit(lambda: autoscale_services.delay())
-        return service
+        save_service(serializer, actor=self.request.user)
 
     def perform_update(self, serializer):
-        serializer.save()
-        transaction.on_commit(lambda: autoscale_services.delay())
+        save_service(serializer, actor=self.request.user)
 
     def perform_destroy(self, instance):
         stop_service(instance, self.request.user.username)
