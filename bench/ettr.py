@@ -15,15 +15,15 @@ import json
 import numpy as np
 
 from bench._backends import print_table
-from engine.checkpoint import PolicyKind
+from engine.checkpoint import CheckpointKind
 from sim.reliability import BUCKETS, RunPolicy, simulate_training
 
 POLICIES = {
-    "periodic_1h": RunPolicy("periodic 1 h (sync)", PolicyKind.PERIODIC, 3600),
-    "async_30m": RunPolicy("async 30 min", PolicyKind.ASYNC, 1800),
-    "triggered_30m": RunPolicy("triggered + async 30 min", PolicyKind.TRIGGERED, 1800),
-    "auto": RunPolicy("auto (async, Daly interval)", PolicyKind.ASYNC, None),
-    "triggered_auto": RunPolicy("triggered + auto", PolicyKind.TRIGGERED, None),
+    "periodic_1h": RunPolicy("periodic 1 h (sync)", CheckpointKind.PERIODIC, 3600),
+    "async_30m": RunPolicy("async 30 min", CheckpointKind.ASYNC, 1800),
+    "triggered_30m": RunPolicy("triggered + async 30 min", CheckpointKind.TRIGGERED, 1800),
+    "auto": RunPolicy("auto (async, Daly interval)", CheckpointKind.ASYNC, None),
+    "triggered_auto": RunPolicy("triggered + auto", CheckpointKind.TRIGGERED, None),
 }
 JOBS = [(10_000, 405e9), (100_000, 2e12)]
 

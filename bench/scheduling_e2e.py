@@ -42,7 +42,7 @@ def _submit_all(client, jobs, queue_of) -> float:
             "queue": queue_of(job),
             "gpus": job.gpus,
             "chip_types": list(job.chip_types),
-            "estimated_duration_s": job.estimated_duration,
+            "estimated_duration_s": job.estimated_duration_s,
             "topology": job.topology,
         }
         response = client.post("/api/v1/jobs/", body, format="json")

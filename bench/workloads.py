@@ -40,7 +40,7 @@ def fill_workload(topo: TopologySnapshot, n: int = 10_000):
             int(nodes[i]) * 8,
             chip_types=(names[chips[i]],),
             submitted_at=float(i) * 1e-3,
-            estimated_duration=float(durations[i]),
+            estimated_duration_s=float(durations[i]),
         )
         for i in range(n)
     ]
@@ -85,7 +85,7 @@ def mixed_workload(topo: TopologySnapshot, n: int = 10_000, elastic: float = 0.0
                 size,
                 chip_types=(names[chips[i]],),
                 submitted_at=float(i) * 1e-3,
-                estimated_duration=float(durations[i]),
+                estimated_duration_s=float(durations[i]),
                 **extra,
             )
         )

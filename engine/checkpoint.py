@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 
-class PolicyKind(StrEnum):
+class CheckpointKind(StrEnum):
     PERIODIC = "periodic"  # synchronous: training stalls while the checkpoint is written
     ASYNC = "async"  # a short stall to copy to host memory, then a background write
     TRIGGERED = "triggered"  # save when a fault is detected, with a periodic fallback
@@ -34,10 +34,10 @@ def write_seconds(state: float, storage_gbps: float) -> float:
 
 
 def stall_seconds(
-    kind: PolicyKind, state: float, gpus: int, storage_gbps: float, host_copy_gbps: float
+    kind: CheckpointKind, state: float, gpus: int, storage_gbps: float, host_copy_gbps: float
 ) -> float:
     """How long training stops for one checkpoint under this mechanism."""
-    if kind == PolicyKind.PERIODIC:
+    if kind == CheckpointKind.PERIODIC:
         return write_seconds(state, storage_gbps)
     # async (and the periodic part of triggered): each GPU copies its shard to host memory
     per_gpu = state / max(gpus, 1)

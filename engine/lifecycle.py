@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.checkpoint import PolicyKind
+from engine.checkpoint import CheckpointKind
 from engine.faults import Action
 from engine.physics import Physics
 from engine.states import InvalidTransition
@@ -103,10 +103,10 @@ def unsaved_s(now: float, started_at: float | None, last_checkpoint_at: float | 
     return max(0.0, now - since)
 
 
-def saves_on_demand(kind: PolicyKind | str | None) -> bool:
+def saves_on_demand(kind: CheckpointKind | str | None) -> bool:
     """Whether a policy can write a checkpoint when asked (asynchronous and triggered copy the
     state to host memory in seconds); periodic ones only save on their schedule."""
-    return kind is not None and PolicyKind(kind) in (PolicyKind.ASYNC, PolicyKind.TRIGGERED)
+    return kind is not None and CheckpointKind(kind) in (CheckpointKind.ASYNC, CheckpointKind.TRIGGERED)
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def stop(
     progress_s: float,
     started_at: float | None,
     last_checkpoint_at: float | None,
-    policy: PolicyKind | str | None,
+    policy: CheckpointKind | str | None,
     graceful: bool = True,
 ) -> Stop:
     """Stop a running job. A graceful stop (preemption, drain) saves first when the policy can;

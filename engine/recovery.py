@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.checkpoint import PolicyKind
+from engine.checkpoint import CheckpointKind
 from engine.faults import Action, Classification
 from engine.physics import Physics
 from engine.placement import LEVELS, FreePool, Layout, level_limit
@@ -73,7 +73,7 @@ def plan_recovery(
     *,
     owned: np.ndarray,
     topology: str = "datacenter",
-    policy: PolicyKind | None = None,
+    policy: CheckpointKind | None = None,
     triggered_ok: bool | None = None,
     state_bytes: float = 0.0,
     physics: Physics | None = None,
@@ -92,8 +92,10 @@ def plan_recovery(
     lost = np.intersect1d(job_gpus, np.asarray(faulty, dtype=np.int64))
     if not classification.interrupts_job:
         return RecoveryPlan("none", lost[:0], lost[:0], (), None, "the fault does not interrupt the job")
-    from_memory = policy in (PolicyKind.ASYNC, PolicyKind.TRIGGERED)
-    triggered = triggered_ok if policy == PolicyKind.TRIGGERED and classification.memory_readable else None
+    from_memory = policy in (CheckpointKind.ASYNC, CheckpointKind.TRIGGERED)
+    triggered = (
+        triggered_ok if policy == CheckpointKind.TRIGGERED and classification.memory_readable else None
+    )
     keeps_hardware = classification.action in (
         Action.RESTART_JOB,
         Action.LINK_DOWN,

@@ -84,7 +84,7 @@ class PendingJob:
     chip_types: tuple[str, ...] = ()  # allowed chip types in order of preference; empty: any
     topology: str = "datacenter"  # largest domain the gang may span: node .. region, or any
     submitted_at: float = 0.0
-    estimated_duration: float | None = None  # seconds; None: unknown (never backfilled)
+    estimated_duration_s: float | None = None  # seconds; None: unknown (never backfilled)
     min_gpus: int | None = None  # elastic: the smallest size it runs at; None: rigid (gpus)
     size_step: int = 1  # elastic sizes are multiples of this (8: whole nodes)
     share: int = MILLI  # thousandths of each GPU; below 1000 (with gpus == 1): a shared GPU
@@ -101,7 +101,7 @@ class PendingJob:
 
     def started(self, gpus: np.ndarray, chip: str, now: float, parts=()) -> RunningJob:
         """This job as a running job, admitted at ``now`` on ``gpus``."""
-        end = now + self.estimated_duration if self.estimated_duration is not None else None
+        end = now + self.estimated_duration_s if self.estimated_duration_s is not None else None
         return RunningJob(
             self.id,
             self.queue,

@@ -31,6 +31,7 @@ from django.utils import timezone
 from cluster.models import GPU, Node
 from cluster.services import apply_node_action
 from cluster.snapshot import topology_cache
+from engine.checkpoint import CheckpointKind
 from engine.frames import decode_frame, delta_message, encode_frame, snapshot_message
 from engine.lifecycle import checkpoint_bytes
 from engine.network import Network, traffic_per_gpu
@@ -38,7 +39,7 @@ from engine.states import InvalidTransition
 from monitoring.livestore import FRAME_KEY, NETWORK_KEY, STATE_KEY, live_store
 from monitoring.services import report_fault
 from scheduling.checkpoints import PHYSICS
-from scheduling.choices import CheckpointKind, JobState
+from scheduling.choices import JobState
 from scheduling.models import Job
 from scheduling.services import change_state, record_checkpoint
 from scheduling.store import allocations

@@ -20,12 +20,12 @@ from cluster.models import GPU, Node
 from cluster.services import set_gpus, take_down
 from cluster.snapshot import topology_cache
 from engine import lifecycle
-from engine.checkpoint import PolicyKind
+from engine.checkpoint import CheckpointKind
 from engine.faults import Action, classify
 from engine.recovery import plan_recovery
 from monitoring.models import FaultEvent
 from scheduling.checkpoints import PHYSICS, policy_kind
-from scheduling.choices import CheckpointKind, EventKind, JobState
+from scheduling.choices import EventKind, JobState
 from scheduling.locks import cycle_lock
 from scheduling.models import Allocation, Checkpoint, Job, JobEvent
 from scheduling.plans import resize_job
@@ -155,7 +155,9 @@ def _recover(
     kind, success = policy_kind(job)
     # a seeded draw per (fault, job): replaying the same fault gives the same outcome
     luck = np.random.default_rng(zlib.crc32(f"{fault.pk}/{job.pk}".encode())).random()
-    triggered_ok = luck < success if kind == PolicyKind.TRIGGERED and classification.memory_readable else None
+    triggered_ok = (
+        luck < success if kind == CheckpointKind.TRIGGERED and classification.memory_readable else None
+    )
     state_bytes = lifecycle.checkpoint_bytes(job.parameters, PHYSICS)
     plan = plan_recovery(
         layout,

@@ -14,7 +14,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from engine.checkpoint import PolicyKind
+from engine.checkpoint import CheckpointKind
 from engine.chips import BY_NAME
 from engine.lifecycle import ETTR_BUCKETS
 from engine.network import datacenter_links
@@ -42,7 +42,7 @@ def parse_config(text: str) -> dict:
         try:
             if key == "checkpoint":
                 kind, _, interval = value.partition(":")
-                settings[key] = CheckpointChoice(PolicyKind(kind), float(interval) if interval else None)
+                settings[key] = CheckpointChoice(CheckpointKind(kind), float(interval) if interval else None)
             elif key == "spares":
                 settings[key] = int(value)
             else:

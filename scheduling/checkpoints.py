@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.utils import timezone
 
-from engine.checkpoint import PolicyKind, recommend, stall_seconds, state_bytes
+from engine.checkpoint import CheckpointKind, recommend, stall_seconds, state_bytes
 from engine.faults import XID_DETECTION_S
 from engine.physics import Physics
 from scheduling.models import Job
@@ -14,13 +14,13 @@ PHYSICS = Physics()
 MEASURED_AFTER = 3  # faults before the job's own MTBF replaces the default physics
 
 
-def policy_kind(job: Job) -> tuple[PolicyKind | None, float]:
+def policy_kind(job: Job) -> tuple[CheckpointKind | None, float]:
     """The job's checkpoint policy kind (its own, else its queue's default) and the success
     probability of a triggered save."""
     policy = job.checkpoint_policy or job.queue.default_checkpoint_policy
     if policy is None:
         return None, 0.95
-    return PolicyKind(policy.kind), policy.triggered_success
+    return CheckpointKind(policy.kind), policy.triggered_success
 
 
 def job_mtbf(job: Job) -> tuple[float, str]:
@@ -39,7 +39,7 @@ def recommendation(job: Job) -> dict:
     return {
         "policy": policy.name if policy else None,
         **recommend_for(
-            PolicyKind(policy.kind) if policy else PolicyKind.ASYNC,
+            CheckpointKind(policy.kind) if policy else CheckpointKind.ASYNC,
             policy.interval_s if policy else None,
             job.parameters or 0.0,
             job.gpus,
@@ -60,7 +60,9 @@ REFERENCE_JOBS = (
 )
 
 
-def recommend_for(kind: PolicyKind, chosen: float | None, parameters: float, gpus: int, mtbf: float) -> dict:
+def recommend_for(
+    kind: CheckpointKind, chosen: float | None, parameters: float, gpus: int, mtbf: float
+) -> dict:
     """The Daly interval for a job of this size under this mechanism, next to the chosen one."""
     state = state_bytes(parameters, PHYSICS.bytes_per_parameter)
     storage = PHYSICS.storage_gbps(gpus)

@@ -1,5 +1,6 @@
 from django.db import models
 
+from engine import checkpoint
 from engine.placement import TOPOLOGY_CONSTRAINTS
 from engine.workload import QUEUEING_STRATEGIES, RECLAIM_POLICIES, WITHIN_QUEUE_POLICIES
 
@@ -22,7 +23,7 @@ class JobState(models.TextChoices):
 ACTIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)
 
 
-class CheckpointKind(models.TextChoices):
+class CheckpointKind(models.TextChoices):  # the choices of engine.checkpoint.CheckpointKind
     PERIODIC = "periodic", "Periodic (synchronous)"
     ASYNC = "async", "Asynchronous"
     TRIGGERED = "triggered", "Triggered (with periodic fallback)"
@@ -72,6 +73,7 @@ class QueueingStrategy(models.TextChoices):
 
 
 assert tuple(QueueingStrategy.values) == QUEUEING_STRATEGIES
+assert tuple(CheckpointKind.values) == tuple(checkpoint.CheckpointKind)
 assert tuple(TopologyConstraint.values) == TOPOLOGY_CONSTRAINTS
 assert tuple(ReclaimPolicy.values) == RECLAIM_POLICIES
 assert tuple(WithinQueuePolicy.values) == WITHIN_QUEUE_POLICIES

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from cluster.snapshot import topology_cache
 from engine import lifecycle
-from engine.checkpoint import PolicyKind
+from engine.checkpoint import CheckpointKind
 from engine.lifecycle import JobStateError, job_action_target
 from engine.placement import LEVELS, level_limit
 from engine.steptime import ModelSpec
@@ -143,7 +143,7 @@ def requeue(job: Job, reason: str) -> list[str]:
     return REQUEUE_FIELDS
 
 
-def stop_job(job: Job, now, kind: PolicyKind | None, *, graceful: bool = True):
+def stop_job(job: Job, now, kind: CheckpointKind | None, *, graceful: bool = True):
     """Stop a running job's work (engine.lifecycle.stop): its progress and newest checkpoint are
     updated on ``job``; returns the outcome and the unsaved Checkpoint row written at the stop
     (None when nothing was saved)."""

@@ -9,7 +9,7 @@ urlpatterns = [
     path("services/<int:pk>/", views.service_detail, name="service-page"),
     path("queues/", views.queues, name="queues"),
     path("queues/<int:pk>/edit/", views.queue_edit, name="queue-edit"),
-    path("policies/", views.policies, name="policies"),
-    path("policies/new/", views.policy_edit, name="policy-new"),
-    path("policies/<int:pk>/edit/", views.policy_edit, name="policy-edit"),
+    path("checkpoint-policies/", views.policies, name="policies"),
+    path("checkpoint-policies/new/", views.policy_edit, name="policy-new"),
+    path("checkpoint-policies/<int:pk>/edit/", views.policy_edit, name="policy-edit"),
 ]

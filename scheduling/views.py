@@ -260,7 +260,7 @@ def queue_edit(request, pk: int):
 
 
 def _policy_rows():
-    from engine.checkpoint import PolicyKind
+    from engine.checkpoint import CheckpointKind
     from scheduling.checkpoints import REFERENCE_JOBS, default_mtbf, recommend_for
 
     running = dict(
@@ -272,7 +272,7 @@ def _policy_rows():
     rows = []
     for p in CheckpointPolicy.objects.order_by("name"):
         refs = [
-            (label, recommend_for(PolicyKind(p.kind), p.interval_s, params, gpus, default_mtbf(gpus)))
+            (label, recommend_for(CheckpointKind(p.kind), p.interval_s, params, gpus, default_mtbf(gpus)))
             for label, params, gpus in REFERENCE_JOBS
         ]
         rows.append({"policy": p, "refs": refs, "running": running.get(p.pk, 0)})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.checkpoint import PolicyKind
+from engine.checkpoint import CheckpointKind
 from engine.physics import Physics
 from engine.scheduler import SchedulerConfig
 from engine.workload import QueueSpec
@@ -14,7 +14,7 @@ from sim.fleet import FleetConfig
 
 @dataclass(frozen=True)
 class CheckpointChoice:
-    kind: PolicyKind = PolicyKind.ASYNC
+    kind: CheckpointKind = CheckpointKind.ASYNC
     interval_s: float | None = None  # None: Daly's optimum for the job
     triggered_success: float = 0.95
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.checkpoint import PolicyKind, daly_interval, stall_seconds
+from engine.checkpoint import CheckpointKind, daly_interval, stall_seconds
 from engine.faults import Action, classify
 from engine.lifecycle import checkpoint_bytes, is_lemon, recent_faults
 from engine.physics import Physics
@@ -34,7 +34,7 @@ BUCKETS = ("checkpoint_stall", "detection", "restart", "lost_work", "waiting")
 @dataclass(frozen=True)
 class RunPolicy:
     name: str
-    kind: PolicyKind
+    kind: CheckpointKind
     interval_s: float | None  # None: auto (Daly, never shorter than the durable write)
     triggered_success: float = 0.95
 
@@ -113,11 +113,12 @@ def simulate_training(
     job_rate = float(rate[in_job].sum())
     if policy.interval_s is None:
         interval = max(
-            daly_interval(stall, 1.0 / job_rate), durable_write if policy.kind != PolicyKind.PERIODIC else 1.0
+            daly_interval(stall, 1.0 / job_rate),
+            durable_write if policy.kind != CheckpointKind.PERIODIC else 1.0,
         )
     else:
         interval = policy.interval_s
-    if policy.kind != PolicyKind.PERIODIC:
+    if policy.kind != CheckpointKind.PERIODIC:
         interval = max(interval, durable_write)  # the next copy waits for the last write to land
 
     names, shares = ph.cause_shares()
@@ -148,7 +149,7 @@ def simulate_training(
             t += stall
             buckets["checkpoint_stall"] += stall
             report.checkpoints += 1
-            if policy.kind == PolicyKind.PERIODIC:
+            if policy.kind == CheckpointKind.PERIODIC:
                 durable = progress
             else:
                 pending_write = (progress, t + durable_write)
@@ -181,18 +182,20 @@ def simulate_training(
         buckets["detection"] += c.detection_s
         # what survives
         if (
-            policy.kind == PolicyKind.TRIGGERED
+            policy.kind == CheckpointKind.TRIGGERED
             and c.memory_readable
             and luck.random() < policy.triggered_success
         ):
             recovered, from_memory = progress, True
             report.triggered_saved += 1
         elif (
-            policy.kind != PolicyKind.PERIODIC and pending_write is None and durable >= progress - since_ckpt
+            policy.kind != CheckpointKind.PERIODIC
+            and pending_write is None
+            and durable >= progress - since_ckpt
         ):
             recovered, from_memory = durable, True  # the last copy landed and is also in host memory
         else:
-            recovered, from_memory = durable, policy.kind != PolicyKind.PERIODIC
+            recovered, from_memory = durable, policy.kind != CheckpointKind.PERIODIC
         pending_write = None
         buckets["lost_work"] += progress - recovered
         progress = recovered

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from engine.checkpoint import PolicyKind, daly_interval, stall_seconds
+from engine.checkpoint import CheckpointKind, daly_interval, stall_seconds
 from engine.faults import Action, classify
 from engine.inference import LoadProfile, decide
 from engine.invariants import check_cycle
@@ -257,7 +257,7 @@ class Simulation:
         else:
             mtbf = DAY / (self.ph.gpu_interruptions_per_day * max(size, 1))
             tau = daly_interval(stall, mtbf) if stall > 0 else 600.0
-        if choice.kind != PolicyKind.PERIODIC:
+        if choice.kind != CheckpointKind.PERIODIC:
             tau = max(tau, write)
         job.interval = max(tau, 1.0)
         job.stall_fraction = min(0.9, stall / job.interval) if state else 0.0
@@ -436,7 +436,7 @@ class Simulation:
         job.interruptions += 1
         choice = self.cfg.checkpoint
         saved_by_trigger = (
-            choice.kind == PolicyKind.TRIGGERED
+            choice.kind == CheckpointKind.TRIGGERED
             and c.memory_readable
             and self.luck.random() < choice.triggered_success
         )
@@ -451,7 +451,7 @@ class Simulation:
             owned=self.owner >= 0,
             topology=spec.topology,
             policy=choice.kind,
-            triggered_ok=saved_by_trigger if choice.kind == PolicyKind.TRIGGERED else None,
+            triggered_ok=saved_by_trigger if choice.kind == CheckpointKind.TRIGGERED else None,
             state_bytes=checkpoint_bytes(spec.parameters, self.ph),
             physics=self.ph,
             min_gpus=spec.min_gpus,

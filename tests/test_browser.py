@@ -81,7 +81,7 @@ def test_every_page_renders_without_script_errors(browser, stack):
         "jobs": "/jobs/",
         "queues": "/queues/",
         "services": "/services/",
-        "policies": "/policies/",
+        "policies": "/checkpoint-policies/",
         "simulations": "/simulations/",
         "inventory": "/",
         "node": f"/nodes/{node}/",

@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.checkpoint import PolicyKind
+from engine.checkpoint import CheckpointKind
 from engine.faults import classify, classify_xid
 from engine.recovery import plan_recovery
 from tests.engine_helpers import gpus_of_nodes, layout_for
@@ -25,7 +25,7 @@ def test_a_gpu_fault_is_recovered_from_a_spare_in_the_same_pod():
     owned[job] = True
     faulty = gpus_of_nodes(lay, 1)
     plan = plan_recovery(
-        lay, job, faulty, classify_xid(79), owned=owned, policy=PolicyKind.ASYNC, state_bytes=16 * 7e9
+        lay, job, faulty, classify_xid(79), owned=owned, policy=CheckpointKind.ASYNC, state_bytes=16 * 7e9
     )
     assert plan.outcome == "spare"
     assert set(lay.topo.gpu_node[plan.replacement_gpus]) == {3}
@@ -39,7 +39,7 @@ def test_an_application_fault_restarts_in_place():
     owned = np.zeros(lay.topo.num_gpus, dtype=bool)
     owned[job] = True
     plan = plan_recovery(
-        lay, job, job[:1], classify_xid(13), owned=owned, policy=PolicyKind.TRIGGERED, triggered_ok=True
+        lay, job, job[:1], classify_xid(13), owned=owned, policy=CheckpointKind.TRIGGERED, triggered_ok=True
     )
     assert plan.outcome == "restart_in_place" and plan.triggered_checkpoint is True
     assert len(plan.replacement_gpus) == 0

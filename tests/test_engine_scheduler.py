@@ -239,8 +239,8 @@ def test_a_blocked_gang_reserves_and_short_jobs_backfill():
     ]  # 16 free (nodes 6, 7)
     pending = [
         job(1, 48, priority=9),  # needs nodes 0-3 (free at t=1000) + 16 more
-        job(2, 8, estimated_duration=500),  # ends at 500 < 1000: may backfill
-        job(3, 8, estimated_duration=5000),  # would delay the big job
+        job(2, 8, estimated_duration_s=500),  # ends at 500 < 1000: may backfill
+        job(3, 8, estimated_duration_s=5000),  # would delay the big job
     ]
     result, _ = cycle(lay, [big_queue()], busy, pending, now=0)
     (res,) = result.reservations

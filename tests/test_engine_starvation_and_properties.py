@@ -26,14 +26,14 @@ def _run_stream(config: SchedulerConfig, horizon: float = 1500.0) -> float | Non
         start = lay.node_gpu_start[n]
         end = float(rng.uniform(100, 1000))
         running.append(RunningJob(10_000 + n, "a", np.arange(start, start + 8), H100, 0, 0.0, end, 0.0))
-    pending = [PendingJob(1, "a", 2048, chip_types=(H100,), submitted_at=0.0, estimated_duration=3600)]
+    pending = [PendingJob(1, "a", 2048, chip_types=(H100,), submitted_at=0.0, estimated_duration_s=3600)]
     next_id = 2
     t = 0.0
     while t <= horizon:
         running = [j for j in running if j.estimated_end is None or j.estimated_end > t]
         for _ in range(10):
             pending.append(
-                PendingJob(next_id, "a", 8, chip_types=(H100,), submitted_at=t, estimated_duration=600)
+                PendingJob(next_id, "a", 8, chip_types=(H100,), submitted_at=t, estimated_duration_s=600)
             )
             next_id += 1
         result, running = cycle(lay, queues, running, pending, now=t, config=config)
@@ -109,7 +109,7 @@ def test_invariants_hold_over_successive_cycles(jobs, nominal, limits, policies,
             chip_types=chips,
             topology=topo,
             submitted_at=float(i),
-            estimated_duration=None if d is None else float(d),
+            estimated_duration_s=None if d is None else float(d),
         )
         for i, (g, p, q, topo, d, chips) in enumerate(jobs)
     ]

@@ -195,7 +195,7 @@ CASES = [
     Case(
         "a blocked gang reserves; a short job backfills, a long one waits",
         [q()],
-        [j(1, 48, priority=9), j(2, 8, estimated_duration=500), j(3, 8, estimated_duration=5000)],
+        [j(1, 48, priority=9), j(2, 8, estimated_duration_s=500), j(3, 8, estimated_duration_s=5000)],
         running=[Run(10, "a", (0, 1, 2, 3), end=1000), Run(11, "a", (4, 5), end=5000)],
         cluster={"datacenters": 1},
         admitted={2: "node"},

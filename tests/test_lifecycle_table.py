@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine import lifecycle
-from engine.checkpoint import PolicyKind
+from engine.checkpoint import CheckpointKind
 from engine.states import NODE_ACTIONS, InvalidTransition, node_action_target
 from engine.workload import QueueSpec, Reclaim
 
@@ -94,14 +94,14 @@ def test_controller_events_are_not_operator_actions():
 
 STOP_CASES = [
     # (policy, graceful, progress before, started, last checkpoint, now) -> (saved, progress, lost)
-    (PolicyKind.ASYNC, True, 100.0, 0.0, 50.0, 80.0, (True, 130.0, 0.0)),
-    (PolicyKind.TRIGGERED, True, 100.0, 0.0, None, 40.0, (True, 140.0, 0.0)),
-    (PolicyKind.PERIODIC, True, 100.0, 0.0, 50.0, 80.0, (False, 100.0, 30.0)),
+    (CheckpointKind.ASYNC, True, 100.0, 0.0, 50.0, 80.0, (True, 130.0, 0.0)),
+    (CheckpointKind.TRIGGERED, True, 100.0, 0.0, None, 40.0, (True, 140.0, 0.0)),
+    (CheckpointKind.PERIODIC, True, 100.0, 0.0, 50.0, 80.0, (False, 100.0, 30.0)),
     (None, True, 0.0, 10.0, None, 70.0, (False, 0.0, 60.0)),
-    (PolicyKind.ASYNC, False, 100.0, 0.0, 50.0, 80.0, (False, 100.0, 30.0)),  # a fault, not a stop
-    (PolicyKind.ASYNC, True, 100.0, 0.0, 80.0, 80.0, (False, 100.0, 0.0)),  # nothing unsaved
+    (CheckpointKind.ASYNC, False, 100.0, 0.0, 50.0, 80.0, (False, 100.0, 30.0)),  # a fault, not a stop
+    (CheckpointKind.ASYNC, True, 100.0, 0.0, 80.0, 80.0, (False, 100.0, 0.0)),  # nothing unsaved
     # a checkpoint from an earlier run: the work since this run started is what is at stake
-    (PolicyKind.PERIODIC, True, 100.0, 60.0, 20.0, 80.0, (False, 100.0, 20.0)),
+    (CheckpointKind.PERIODIC, True, 100.0, 60.0, 20.0, 80.0, (False, 100.0, 20.0)),
 ]
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from cluster.models import ChipType, Node
 from cluster.snapshot import load_topology
-from engine.checkpoint import PolicyKind
+from engine.checkpoint import CheckpointKind
 from monitoring.services import report_fault
 from scheduling.cycle import run_cycle
 from scheduling.models import Allocation, CheckpointPolicy, Queue, QueueQuota
@@ -44,7 +44,7 @@ def test_the_simulator_and_the_live_services_place_and_recover_alike(
     sim = Simulation(
         topo,
         [SimJob(job.pk, "train", 16, 0.0, 1e7, "H100-SXM", topology="pod", parameters=7e9)],
-        SimConfig(checkpoint=CheckpointChoice(PolicyKind.ASYNC)),
+        SimConfig(checkpoint=CheckpointChoice(CheckpointKind.ASYNC)),
         queues=load_queues(),
     )
     sim.arrive_and_schedule(job.pk)

@@ -25,7 +25,7 @@ PAGES = [
     "/faults/",
     "/jobs/",
     "/queues/",
-    "/policies/",
+    "/checkpoint-policies/",
     "/simulations/",
 ]
 
@@ -195,17 +195,18 @@ def test_queue_changes_by_api_are_audited_too(queues, operator_client):
 
 def test_checkpoint_policies_page_shows_recommended_next_to_chosen_and_edits(queues, viewer, operator):
     policy = CheckpointPolicy.objects.create(name="hourly", kind="periodic", interval_s=3600)
-    page = _client(viewer).get("/policies/").content.decode()
+    page = _client(viewer).get("/checkpoint-policies/").content.decode()
     assert '<td class="chosen">3600 s</td>' in page and "recommended" in page
-    assert "/policies/new/" not in page
+    assert "/checkpoint-policies/new/" not in page
     client = _client(operator)
     bad = client.post(
-        "/policies/new/", {"name": "x", "kind": "async", "interval_s": "-5", "triggered_success": "0.9"}
+        "/checkpoint-policies/new/",
+        {"name": "x", "kind": "async", "interval_s": "-5", "triggered_success": "0.9"},
     )
     assert "interval_s: must be greater than zero" in bad.content.decode()
     assert not CheckpointPolicy.objects.filter(name="x").exists()
     client.post(
-        f"/policies/{policy.pk}/edit/",
+        f"/checkpoint-policies/{policy.pk}/edit/",
         {"name": "hourly", "kind": "periodic", "interval_s": "1800", "triggered_success": "0.95"},
     )
     policy.refresh_from_db()

@@ -37,7 +37,7 @@ class AdmissionStep:
         return True
 
     def _ends_before_horizon(self, job: PendingJob) -> bool:
-        return job.estimated_duration is not None and self.now + job.estimated_duration <= self.horizon
+        return job.estimated_duration_s is not None and self.now + job.estimated_duration_s <= self.horizon
 
     def _record_admission(self, qi, job, c, gpus, level, domain, *, backfilled=False, preempted=(), parts=()):
         """``parts``: (chip index, GPUs) per chip type of a mixed-chip gang (``c`` is the first)."""
@@ -75,7 +75,7 @@ class AdmissionStep:
                 f"{self.horizon - self.now:.0f} s; this job "
                 + (
                     "has no estimated duration"
-                    if job.estimated_duration is None
+                    if job.estimated_duration_s is None
                     else "would not end before it"
                 )
             )
