@@ -145,34 +145,33 @@ def _take_out_of_service(
     return False
 
 
-def _recover(
-    job: Job, fault: FaultEvent, classification, faulty: np.ndarray, held: Held, now
-) -> float | None:
-    """Plan and apply one job's recovery; returns the modelled time to recover (None: requeued).
-    ``held`` is updated with the GPUs the job gave up and took, for the next job of the same fault."""
-    snapshot, layout, owned = held.snapshot, held.layout, held.owned
-    job_gpus = held.gpus_of(job.pk)
+def _plan(job: Job, fault: FaultEvent, classification, faulty: np.ndarray, held: Held):
+    """The job's recovery plan (engine.recovery), with whether a triggered save succeeded: a
+    seeded draw per (fault, job), so replaying the same fault gives the same outcome."""
     kind, success = policy_kind(job)
-    # a seeded draw per (fault, job): replaying the same fault gives the same outcome
     luck = np.random.default_rng(zlib.crc32(f"{fault.pk}/{job.pk}".encode())).random()
-    triggered_ok = (
-        luck < success if kind == CheckpointKind.TRIGGERED and classification.memory_readable else None
-    )
-    state_bytes = lifecycle.checkpoint_bytes(job.parameters, PHYSICS)
+    readable = classification.memory_readable
+    triggered_ok = luck < success if kind == CheckpointKind.TRIGGERED and readable else None
     plan = plan_recovery(
-        layout,
-        job_gpus,
+        held.layout,
+        held.gpus_of(job.pk),
         faulty,
         classification,
-        owned=owned,
+        owned=held.owned,
         topology=job.topology,
         policy=kind,
         triggered_ok=triggered_ok,
-        state_bytes=state_bytes,
+        state_bytes=lifecycle.checkpoint_bytes(job.parameters, PHYSICS),
         physics=PHYSICS,
         min_gpus=job.min_gpus,
         size_step=job.size_step,
     )
+    return plan, triggered_ok
+
+
+def _record_fault(job: Job, fault: FaultEvent, classification, triggered_ok: bool | None) -> None:
+    """The faulted event with the work lost, and the triggered save (or its failure) when the
+    policy has one: a saved one becomes the job's progress."""
     detected = fault.at + timedelta(seconds=classification.detection_s)
     last = job.checkpoints.filter(durable=True).order_by("-at").first()
     unsaved = lifecycle.unsaved_s(
@@ -180,7 +179,6 @@ def _recover(
         job.started_at.timestamp() if job.started_at else None,
         last.at.timestamp() if last else None,
     )
-    lost_s = 0.0 if triggered_ok else unsaved
     JobEvent.objects.create(
         job=job,
         kind=EventKind.FAULTED,
@@ -190,59 +188,69 @@ def _recover(
             "fault": fault.pk,
             "action": classification.action.value,
             "detection_s": classification.detection_s,
-            "lost_s": lost_s,
+            "lost_s": 0.0 if triggered_ok else unsaved,
         },
     )
-    if triggered_ok is not None:
-        if triggered_ok:
-            progress = (last.progress_s if last else job.progress_s) + unsaved
-            Checkpoint.objects.create(
-                job=job,
-                at=detected,
-                progress_s=progress,
-                kind=CheckpointKind.TRIGGERED,
-                durable=True,
-                size_bytes=state_bytes,
-            )
-            job.progress_s = progress
-        JobEvent.objects.create(
+    if triggered_ok is None:
+        return
+    if triggered_ok:
+        job.progress_s = (last.progress_s if last else job.progress_s) + unsaved
+        Checkpoint.objects.create(
             job=job,
-            kind=EventKind.CHECKPOINTED,
             at=detected,
-            reason="triggered checkpoint saved at the fault"
-            if triggered_ok
-            else "triggered checkpoint failed; restoring the newest periodic checkpoint",
-            data={"triggered": True, "succeeded": bool(triggered_ok)},
+            progress_s=job.progress_s,
+            kind=CheckpointKind.TRIGGERED,
+            durable=True,
+            size_bytes=lifecycle.checkpoint_bytes(job.parameters, PHYSICS),
         )
-    steps = {s.name: round(s.seconds, 3) for s in plan.steps}
-    if plan.outcome == "requeue":
-        allocations.release(now, job=job)
-        owned[job_gpus] = False
-        fields = requeue(job, f"requeued after a fault: {plan.reason}")
-        job.save(update_fields=[*fields, "progress_s"])
-        JobEvent.objects.create(
-            job=job,
-            kind=EventKind.REQUEUED,
-            at=detected,
-            reason=plan.reason,
-            data={"fault": fault.pk, "steps": steps, "progress_s": job.progress_s},
-        )
-        return None
+    JobEvent.objects.create(
+        job=job,
+        kind=EventKind.CHECKPOINTED,
+        at=detected,
+        reason="triggered checkpoint saved at the fault"
+        if triggered_ok
+        else "triggered checkpoint failed; restoring the newest periodic checkpoint",
+        data={"triggered": True, "succeeded": bool(triggered_ok)},
+    )
+
+
+def _move(job: Job, plan, held: Held, now) -> None:
+    """The job gives up its lost GPUs and takes its replacements (``held`` follows)."""
+    snapshot = held.snapshot
     if len(plan.lost_gpus):
-        lost_ids = snapshot.gpu_id[plan.lost_gpus].tolist()
-        allocations.release(now, job=job, gpu_ids=lost_ids)
+        allocations.release(now, job=job, gpu_ids=snapshot.gpu_id[plan.lost_gpus].tolist())
         replacements = NewAllocations()
         replacements.add(job.pk, snapshot.gpu_id[plan.replacement_gpus])
         allocations.insert(replacements, now, {job.pk: job.share})
-        owned[plan.lost_gpus] = False
-        owned[plan.replacement_gpus] = True
-    restart_s = plan.seconds - steps.get("detect", 0.0)
+        held.owned[plan.lost_gpus] = False
+        held.owned[plan.replacement_gpus] = True
+
+
+def _recover(
+    job: Job, fault: FaultEvent, classification, faulty: np.ndarray, held: Held, now
+) -> float | None:
+    """Plan and apply one job's recovery; returns the modelled time to recover (None: requeued).
+    ``held`` is updated with the GPUs the job gave up and took, for the next job of the same fault."""
+    job_gpus = held.gpus_of(job.pk)
+    plan, triggered_ok = _plan(job, fault, classification, faulty, held)
+    _record_fault(job, fault, classification, triggered_ok)
+    detected = fault.at + timedelta(seconds=classification.detection_s)
+    steps = {s.name: round(s.seconds, 3) for s in plan.steps}
+    if plan.outcome == "requeue":
+        allocations.release(now, job=job)
+        held.owned[job_gpus] = False
+        fields = requeue(job, f"requeued after a fault: {plan.reason}")
+        job.save(update_fields=[*fields, "progress_s"])
+        data = {"fault": fault.pk, "steps": steps, "progress_s": job.progress_s}
+        JobEvent.objects.create(job=job, kind=EventKind.REQUEUED, at=detected, reason=plan.reason, data=data)
+        return None
+    _move(job, plan, held, now)
     job.save(update_fields=["progress_s"])
     if plan.outcome == "shrink":
         kept = np.setdiff1d(job_gpus, plan.lost_gpus)
         job.allocated_gpus = len(job_gpus)  # the size before the fault, for the event
         reason = f"shrunk from {len(job_gpus)} to {len(kept)} GPUs after a fault"
-        resize_job(job, snapshot, kept, at=detected, reason=reason, fault=fault.pk).save()
+        resize_job(job, held.snapshot, kept, at=detected, reason=reason, fault=fault.pk).save()
     JobEvent.objects.create(
         job=job,
         kind=EventKind.RECOVERED,
@@ -252,7 +260,7 @@ def _recover(
             "fault": fault.pk,
             "outcome": plan.outcome,
             "steps": steps,
-            "restart_s": restart_s,
+            "restart_s": plan.seconds - steps.get("detect", 0.0),
             "recovery_s": plan.seconds,
             "replaced_gpus": len(plan.replacement_gpus),
         },

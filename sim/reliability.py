@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.checkpoint import CheckpointKind, daly_interval, stall_seconds
-from engine.faults import Action, classify
-from engine.lifecycle import checkpoint_bytes, is_lemon, recent_faults
+from engine.faults import classify
+from engine.lifecycle import ETTR_BUCKETS, checkpoint_bytes, is_lemon, out_of_service, recent_faults, repeated
 from engine.physics import Physics
 
 DAY = 86_400.0
-BUCKETS = ("checkpoint_stall", "detection", "restart", "lost_work", "waiting")
+BUCKETS = ETTR_BUCKETS
 
 
 @dataclass(frozen=True)
@@ -90,147 +90,168 @@ def simulate_training(
     spare_nodes: int | None = None,
     chip_failure_factor: float = 1.0,
 ) -> RunReport:
-    ph = physics or Physics()
-    rng = np.random.default_rng(seed)  # faults, causes, repairs: the same stream for every policy
-    luck = np.random.default_rng([seed, 1])  # whether a triggered checkpoint succeeds
-    nodes = max(1, gpus // gpus_per_node)
-    spares = spare_nodes if spare_nodes is not None else max(2, nodes // 62)  # 2 per 125-node pod
-    # per-node fault rates: lemons fault k times as often; the mean equals the physics' rate
-    lemon = rng.random(nodes + spares) < ph.lemon_node_fraction
-    base = ph.gpu_interruptions_per_day * chip_failure_factor * gpus_per_node / DAY
-    base /= 1 - ph.lemon_node_fraction + ph.lemon_node_fraction * ph.lemon_rate_factor
-    rate = np.where(lemon, base * ph.lemon_rate_factor, base)
-    in_job = list(range(nodes))
-    spare_pool = list(range(nodes, nodes + spares))
-    repairs: list[tuple[float, int]] = []  # (back at, node)
-    fault_times: dict[int, list[float]] = {}
-    quarantined = 0
+    run = _TrainingRun(
+        gpus, parameters, policy, seed, physics or Physics(), gpus_per_node, spare_nodes, chip_failure_factor
+    )
+    return run.run(days * DAY)
 
-    state = checkpoint_bytes(parameters, ph)
-    durable_write = state / (ph.storage_gbps(gpus) * 1e9)
-    shard_per_gpu = state / gpus
-    stall = stall_seconds(policy.kind, state, gpus, ph.storage_gbps(gpus), ph.host_copy_gbps)
-    job_rate = float(rate[in_job].sum())
-    if policy.interval_s is None:
-        interval = max(
-            daly_interval(stall, 1.0 / job_rate),
-            durable_write if policy.kind != CheckpointKind.PERIODIC else 1.0,
-        )
-    else:
-        interval = policy.interval_s
-    if policy.kind != CheckpointKind.PERIODIC:
-        interval = max(interval, durable_write)  # the next copy waits for the last write to land
 
-    names, shares = ph.cause_shares()
-    buckets = dict.fromkeys(BUCKETS, 0.0)
-    report = RunReport(policy.name, gpus, 0.0, 0.0, buckets, 0, 0, interval_s=interval)
-    end = days * DAY
-    t = 0.0
-    progress = 0.0  # compute seconds of training done (in the current timeline)
-    durable = 0.0  # progress safe in durable storage
-    pending_write: tuple[float, float] | None = None  # (progress, wall time it lands) for async
-    since_ckpt = 0.0
+class _TrainingRun:
+    """One job's timeline: train to the next checkpoint or fault, checkpoint, or recover."""
 
-    def land_writes(now: float) -> None:
-        nonlocal durable, pending_write
-        if pending_write is not None and pending_write[1] <= now:
-            durable = max(durable, pending_write[0])
-            pending_write = None
+    def __init__(self, gpus, parameters, policy, seed, ph, gpus_per_node, spare_nodes, chip_failure_factor):
+        self.gpus, self.policy, self.ph, self.gpus_per_node = gpus, policy, ph, gpus_per_node
+        self.rng = np.random.default_rng(seed)  # faults, causes, repairs: one stream for every policy
+        self.luck = np.random.default_rng([seed, 1])  # whether a triggered checkpoint succeeds
+        nodes = max(1, gpus // gpus_per_node)
+        spares = spare_nodes if spare_nodes is not None else max(2, nodes // 62)  # 2 per 125-node pod
+        # per-node fault rates: lemons fault k times as often; the mean equals the physics' rate
+        lemon = self.rng.random(nodes + spares) < ph.lemon_node_fraction
+        base = ph.gpu_interruptions_per_day * chip_failure_factor * gpus_per_node / DAY
+        base /= 1 - ph.lemon_node_fraction + ph.lemon_node_fraction * ph.lemon_rate_factor
+        self.rate = np.where(lemon, base * ph.lemon_rate_factor, base)
+        self.in_job = list(range(nodes))
+        self.spare_pool = list(range(nodes, nodes + spares))
+        self.repairs: list[tuple[float, int]] = []  # (back at, node)
+        self.fault_times: dict[int, list[tuple[float, str, int | None]]] = {}
+        self.state = checkpoint_bytes(parameters, ph)
+        self.durable_write = self.state / (ph.storage_gbps(gpus) * 1e9)
+        self.stall = stall_seconds(policy.kind, self.state, gpus, ph.storage_gbps(gpus), ph.host_copy_gbps)
+        self.interval = self._interval()
+        self.buckets = dict.fromkeys(BUCKETS, 0.0)
+        self.report = RunReport(policy.name, gpus, 0.0, 0.0, self.buckets, 0, 0, interval_s=self.interval)
+        self.t = 0.0
+        self.progress = 0.0  # compute seconds of training done (in the current timeline)
+        self.durable = 0.0  # progress safe in durable storage
+        self.pending_write: tuple[float, float] | None = None  # (progress, wall time it lands), async
+        self.since_ckpt = 0.0
 
-    next_fault = t + rng.exponential(1.0 / job_rate)
-    while t < end:
-        to_ckpt = interval - since_ckpt
-        if next_fault >= t + to_ckpt and t + to_ckpt < end:
-            # train until the checkpoint, then take it
-            t += to_ckpt
-            progress += to_ckpt
-            since_ckpt = 0.0
-            land_writes(t)
-            t += stall
-            buckets["checkpoint_stall"] += stall
-            report.checkpoints += 1
-            if policy.kind == CheckpointKind.PERIODIC:
-                durable = progress
-            else:
-                pending_write = (progress, t + durable_write)
-            continue
-        if next_fault >= end:
-            progress += end - t
-            t = end
-            break
-        # a fault: train until it, then recover
-        progress += next_fault - t
-        since_ckpt += next_fault - t
-        t = next_fault
-        land_writes(t)
+    def _interval(self) -> float:
+        policy, periodic = self.policy, self.policy.kind == CheckpointKind.PERIODIC
+        if policy.interval_s is None:
+            job_rate = float(self.rate[self.in_job].sum())
+            interval = max(daly_interval(self.stall, 1.0 / job_rate), 1.0 if periodic else self.durable_write)
+        else:
+            interval = policy.interval_s
+        return interval if periodic else max(interval, self.durable_write)  # a copy waits for the last
+
+    def _next_fault(self) -> float:
+        return self.t + self.rng.exponential(1.0 / float(self.rate[self.in_job].sum()))
+
+    def _land_writes(self) -> None:
+        if self.pending_write is not None and self.pending_write[1] <= self.t:
+            self.durable = max(self.durable, self.pending_write[0])
+            self.pending_write = None
+
+    def run(self, end: float) -> RunReport:
+        next_fault = self._next_fault()
+        while self.t < end:
+            to_ckpt = self.interval - self.since_ckpt
+            if next_fault >= self.t + to_ckpt and self.t + to_ckpt < end:
+                self._checkpoint(to_ckpt)
+                continue
+            if next_fault >= end:
+                self.progress += end - self.t
+                self.t = end
+                break
+            # a fault: train until it, then recover
+            self.progress += next_fault - self.t
+            self.since_ckpt += next_fault - self.t
+            self.t = next_fault
+            self._land_writes()
+            self._fault()
+            next_fault = self._next_fault()
+        # wall time = training time that survived + every loss bucket (a recovery may end later)
+        self.report.wall_s = self.t
+        self.report.productive_s = self.progress
+        return self.report
+
+    def _checkpoint(self, to_ckpt: float) -> None:
+        """Train until the checkpoint, then take it."""
+        self.t += to_ckpt
+        self.progress += to_ckpt
+        self.since_ckpt = 0.0
+        self._land_writes()
+        self.t += self.stall
+        self.buckets["checkpoint_stall"] += self.stall
+        self.report.checkpoints += 1
+        if self.policy.kind == CheckpointKind.PERIODIC:
+            self.durable = self.progress
+        else:
+            self.pending_write = (self.progress, self.t + self.durable_write)
+
+    def _fault(self) -> None:
+        """A fault on one of the job's nodes, classified and recovered as the controller does."""
+        ph, rng, report = self.ph, self.rng, self.report
         report.faults += 1
-        weights = rate[in_job]
-        victim_pos = int(rng.choice(len(in_job), p=weights / weights.sum()))
-        victim = in_job[victim_pos]
+        weights = self.rate[self.in_job]
+        victim_pos = int(rng.choice(len(self.in_job), p=weights / weights.sum()))
+        victim = self.in_job[victim_pos]
+        names, shares = ph.cause_shares()
         cause = names[int(rng.choice(len(names), p=shares))]
         _, source, xid = ph.causes[cause]
-        history = fault_times.setdefault(victim, [])
-        repeated = recent_faults(history, t) >= 1
-        history.append(t)
-        c = classify(source, xid, repeated_on_node=repeated) if source == "xid" else classify(source)
+        history = self.fault_times.setdefault(victim, [])
+        again = repeated(history, self.t, source, xid)
+        history.append((self.t, source, xid))
+        c = classify(source, xid, repeated_on_node=again)
         if not c.interrupts_job:
-            next_fault = t + rng.exponential(1.0 / float(rate[in_job].sum()))
-            continue
+            return
         report.interruptions += 1
-        recovery_started = t
-        t += c.detection_s
-        buckets["detection"] += c.detection_s
-        # what survives
-        if (
-            policy.kind == CheckpointKind.TRIGGERED
-            and c.memory_readable
-            and luck.random() < policy.triggered_success
-        ):
-            recovered, from_memory = progress, True
-            report.triggered_saved += 1
-        elif (
-            policy.kind != CheckpointKind.PERIODIC
-            and pending_write is None
-            and durable >= progress - since_ckpt
-        ):
-            recovered, from_memory = durable, True  # the last copy landed and is also in host memory
-        else:
-            recovered, from_memory = durable, policy.kind != CheckpointKind.PERIODIC
-        pending_write = None
-        buckets["lost_work"] += progress - recovered
-        progress = recovered
-        since_ckpt = 0.0
-        # replace hardware that left service
-        replace = c.action in (Action.RESET_GPU, Action.REBOOT_NODE, Action.REPAIR_NODE)
-        restart = ph.restart_s(gpus)
-        if replace:
-            in_job.pop(victim_pos)
-            lemon_now = is_lemon(recent_faults(history, t))  # the controller's quarantine rule
-            if lemon_now:
-                quarantined += 1
-            else:
-                repair_days = rng.lognormal(np.log(ph.repair_median_days), ph.repair_sigma())
-                heapq.heappush(repairs, (t + repair_days * DAY, victim))
-            while repairs and repairs[0][0] <= t:
-                spare_pool.append(heapq.heappop(repairs)[1])
-            if not spare_pool:
-                back_at, node = heapq.heappop(repairs)
-                wait = max(0.0, back_at - t)
-                t += wait
-                buckets["waiting"] += wait
-                spare_pool.append(node)
-            in_job.append(spare_pool.pop(0))
+        started = self.t
+        self.t += c.detection_s
+        self.buckets["detection"] += c.detection_s
+        from_memory = self._restore(c)
+        lemon = is_lemon(recent_faults([t for t, _, _ in history], self.t))
+        if out_of_service(c.action, lemon=lemon):  # the controller's rule: replace what left service
+            self._swap(victim_pos, victim, lemon)
         if from_memory:
-            load = (shard_per_gpu * gpus_per_node) / (ph.peer_load_gbps * 1e9)
+            load = (self.state / self.gpus * self.gpus_per_node) / (ph.peer_load_gbps * 1e9)
         else:
-            load = state / (ph.storage_gbps(gpus) * 1e9)
-        restart += load
-        t += restart
-        buckets["restart"] += restart
-        report.recoveries_s.append(t - recovery_started)
-        next_fault = t + rng.exponential(1.0 / float(rate[in_job].sum()))
-    # wall time = training time that survived + every loss bucket (a recovery may end past the window)
-    report.wall_s = t
-    report.productive_s = progress
-    report.lemons_quarantined = quarantined
-    return report
+            load = self.state / (ph.storage_gbps(self.gpus) * 1e9)
+        restart = ph.restart_s(self.gpus) + load
+        self.t += restart
+        self.buckets["restart"] += restart
+        report.recoveries_s.append(self.t - started)
+
+    def _restore(self, c) -> bool:
+        """Roll back to what survives the fault; returns whether it is restored from host memory."""
+        kind = self.policy.kind
+        if (
+            kind == CheckpointKind.TRIGGERED
+            and c.memory_readable
+            and self.luck.random() < self.policy.triggered_success
+        ):
+            recovered, from_memory = self.progress, True
+            self.report.triggered_saved += 1
+        elif (
+            kind != CheckpointKind.PERIODIC
+            and self.pending_write is None
+            and self.durable >= self.progress - self.since_ckpt
+        ):
+            recovered, from_memory = self.durable, True  # the last copy landed and is also in memory
+        else:
+            recovered, from_memory = self.durable, kind != CheckpointKind.PERIODIC
+        self.pending_write = None
+        self.buckets["lost_work"] += self.progress - recovered
+        self.progress = recovered
+        self.since_ckpt = 0.0
+        return from_memory
+
+    def _swap(self, victim_pos: int, victim: int, lemon: bool) -> None:
+        """The faulty node leaves (to repair, or for good as a lemon); a spare takes its place,
+        or the job waits for the first repaired node."""
+        self.in_job.pop(victim_pos)
+        if lemon:
+            self.report.lemons_quarantined += 1
+        else:
+            repair_days = self.rng.lognormal(np.log(self.ph.repair_median_days), self.ph.repair_sigma())
+            heapq.heappush(self.repairs, (self.t + repair_days * DAY, victim))
+        while self.repairs and self.repairs[0][0] <= self.t:
+            self.spare_pool.append(heapq.heappop(self.repairs)[1])
+        if not self.spare_pool:
+            back_at, node = heapq.heappop(self.repairs)
+            wait = max(0.0, back_at - self.t)
+            self.t += wait
+            self.buckets["waiting"] += wait
+            self.spare_pool.append(node)
+        self.in_job.append(self.spare_pool.pop(0))
