@@ -18,6 +18,11 @@ class Pools:
     def __init__(self, layout: Layout, free: np.ndarray):
         self.all = FreePool(layout, free)
         self.open = self.all
+        # (chip, level limit) -> the smallest gang that found no room among all free GPUs. Free
+        # GPUs only shrink until something is given back, so nothing larger will find room either.
+        self._no_room_all: dict[tuple[int, int], int] = {}
+        # (chip, gpus, level limit) -> room found among all free GPUs, valid until ``all`` changes
+        self._room_all: dict[tuple[int, int, int], bool] = {}
 
     @property
     def reserving(self) -> bool:
@@ -30,6 +35,7 @@ class Pools:
         placed = self.open.place(chip, gpus, max_level, within=within)
         if placed is not None and self.reserving:
             self.all.take(placed[0])
+            self._all_shrank()
         return placed
 
     def place_backfill(self, chip: int, gpus: int, max_level: int):
@@ -39,15 +45,32 @@ class Pools:
         placed = self.all.place(chip, gpus, max_level)
         if placed is not None:
             self.open.take_where_free(placed[0])
+            self._all_shrank()
         return placed
+
+    def _room_in_all(self, chip: int, gpus: int, max_level: int) -> bool:
+        known = self._no_room_all.get((chip, max_level))
+        if known is not None and gpus >= known:
+            return False
+        found = self._room_all.get((chip, gpus, max_level))
+        if found:
+            return True
+        if self.all.find(chip, gpus, max_level) is not None:
+            self._room_all[(chip, gpus, max_level)] = True
+            return True
+        self._no_room_all[(chip, max_level)] = gpus if known is None else min(gpus, known)
+        return False
+
+    def _all_shrank(self) -> None:
+        self._room_all.clear()  # room found before may be gone; no room stays no room
 
     def free_only_if_reserved(self, chip: int, gpus: int, max_level: int) -> bool:
         """A gang finds no room among open GPUs but would among all of them."""
-        return self.reserving and self.all.find(chip, gpus, max_level) is not None
+        return self.reserving and self._room_in_all(chip, gpus, max_level)
 
     def blocked_everywhere(self, chip: int, gpus: int, max_level: int) -> bool:
         """A gang that found no open room has none among reserved GPUs either."""
-        return not self.reserving or self.all.find(chip, gpus, max_level) is None
+        return not self.reserving or not self._room_in_all(chip, gpus, max_level)
 
     # --- changing ---------------------------------------------------------------------------
     def take(self, gpus: np.ndarray) -> None:
@@ -55,15 +78,20 @@ class Pools:
         self.open.take(gpus)
         if self.reserving:
             self.all.take(gpus)
+            self._all_shrank()
 
     def give(self, gpus: np.ndarray) -> None:
         """GPUs become free (a job left or shrank); ``gpus`` must be schedulable and unreserved."""
+        self._no_room_all.clear()
+        self._room_all.clear()
         self.all.give(gpus)
         if self.reserving:
             self.open.give(gpus)
 
     def take_back(self, gpus: np.ndarray) -> None:
         """Undo a ``give`` (where those GPUs are still free)."""
+        self._no_room_all.clear()
+        self._room_all.clear()
         self.all.take_where_free(gpus)
         if self.reserving:
             self.open.take_where_free(gpus)
