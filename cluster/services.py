@@ -64,8 +64,17 @@ def apply_node_action(
     Node.objects.bulk_update(
         locked, ["state", "state_reason", "state_changed_at", "drain_deadline", "is_lemon"]
     )
+    _audit(locked, before, action, actor, reason)
+    if action == "return":
+        # a repaired node comes back whole: its GPUs were reset
+        GPU.objects.filter(node__in=locked).update(state="ready", health="ok")
+    nodes_changed.send(sender=Node, nodes=locked, action=action, at=now)
+    return locked
+
+
+def _audit(nodes: list[Node], before: list[tuple[str, bool]], action: str, actor: str, reason: str) -> None:
     records = []
-    for node, (state, was_lemon) in zip(locked, before, strict=True):
+    for node, (state, was_lemon) in zip(nodes, before, strict=True):
         diff = {"state": [state, node.state]}
         if was_lemon != node.is_lemon:
             diff["is_lemon"] = [was_lemon, node.is_lemon]
@@ -83,11 +92,6 @@ def apply_node_action(
             )
         )
     AuditRecord.objects.bulk_create(records)
-    if action == "return":
-        # a repaired node comes back whole: its GPUs were reset
-        GPU.objects.filter(node__in=locked).update(state="ready", health="ok")
-    nodes_changed.send(sender=Node, nodes=locked, action=action, at=now)
-    return locked
 
 
 def operator_actions(node: Node) -> list[str]:

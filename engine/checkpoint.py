@@ -24,10 +24,6 @@ class CheckpointKind(StrEnum):
     TRIGGERED = "triggered"  # save when a fault is detected, with a periodic fallback
 
 
-def state_bytes(parameters: float, bytes_per_parameter: float) -> float:
-    return parameters * bytes_per_parameter
-
-
 def write_seconds(state: float, storage_gbps: float) -> float:
     """Time to write the whole training state to durable storage at ``storage_gbps`` GB/s."""
     return state / (storage_gbps * 1e9)

@@ -28,6 +28,11 @@ from engine.azure_bursts import PER_MINUTE
 SECONDS_PER_DAY = 86400.0
 
 
+def replica_topology(replica_gpus: int) -> str:
+    """The largest domain one inference replica may span: one node up to 8 GPUs, else one pod."""
+    return "node" if replica_gpus <= 8 else "pod"
+
+
 def _burst(name: str) -> tuple[float, ...]:
     counts = PER_MINUTE.get(name)
     if counts is None:

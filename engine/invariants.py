@@ -73,6 +73,7 @@ def check_cycle(
         if j.id not in victims:
             np.add.at(used_before, j.gpus, j.share)
     schedulable = topo.schedulable()
+    usable = topo.usable()
     freed_by_shrink = np.zeros(topo.num_gpus, dtype=bool)
     by_running = {j.id: j for j in running}
     for r in result.resizes:
@@ -118,7 +119,13 @@ def check_cycle(
             }
             if counts != dict(a.parts):
                 problems.append(f"job {job.id} admitted with parts {dict(a.parts)} but holds {counts}")
-        if not schedulable[gpus].all():
+        queue = queue_by_name.get(job.queue)
+        if a.on_spares:
+            if queue is None or not queue.may_use_spares:
+                problems.append(f"job {job.id} placed on spare nodes its queue may not borrow")
+            if not (usable[gpus] & topo.node_spare[topo.gpu_node[gpus]]).all():
+                problems.append(f"job {job.id} placed on spares that are not usable spare GPUs")
+        elif not schedulable[gpus].all():
             problems.append(f"job {job.id} placed on GPUs that are not schedulable")
         busy = used_before[gpus] * ~freed_by_shrink[gpus] + job.share > MILLI
         if busy.any():
@@ -130,7 +137,6 @@ def check_cycle(
             domains = np.unique(layout.node_domain[max_level][topo.gpu_node[gpus]])
             if len(domains) > 1:
                 problems.append(f"job {job.id} spans {len(domains)} domains at level {job.topology}")
-        queue = queue_by_name.get(job.queue)
         if queue is not None and queue.stopped:
             problems.append(f"job {job.id} admitted from stopped queue {job.queue}")
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from engine.checkpoint import CheckpointKind
 from engine.faults import Action
 from engine.physics import Physics
-from engine.states import InvalidTransition
+from engine.states import InvalidTransition, transition_target
 
 JOB_STATES: tuple[str, ...] = ("pending", "running", "suspended", "finished", "failed", "cancelled")
 ACTIVE_JOB_STATES: tuple[str, ...] = ("pending", "running", "suspended")
@@ -46,13 +46,15 @@ class JobStateError(InvalidTransition):
 
 def job_action_target(action: str, current: str) -> str:
     """The state a job moves to when ``action`` is taken from ``current``."""
-    if action not in JOB_ACTIONS:
-        raise JobStateError(f"action: unknown job action {action!r}; known: {', '.join(JOB_ACTIONS)}")
-    allowed_from, target = JOB_ACTIONS[action]
-    if current not in allowed_from:
-        allowed = ", ".join(s for s in JOB_STATES if s in allowed_from)
-        raise JobStateError(f"cannot {action} a job that is {current}; {action} applies to: {allowed}")
-    return target
+    return transition_target(
+        JOB_ACTIONS,
+        action,
+        current,
+        what="job",
+        states=JOB_STATES,
+        known=list(JOB_ACTIONS),
+        error=JobStateError,
+    )
 
 
 def shape_problem(

@@ -79,12 +79,15 @@ def plan_recovery(
     physics: Physics | None = None,
     min_gpus: int | None = None,
     size_step: int = 1,
+    yielding: np.ndarray | None = None,
 ) -> RecoveryPlan:
     """Plan the recovery of one job.
 
     ``faulty``: GPU indices that left service with this fault. ``owned``: a mask of GPUs held by any
     job (this one included). ``triggered_ok``: whether the triggered save succeeded (the caller
-    draws it; None when the policy has no triggered save or memory is unreadable).
+    draws it; None when the policy has no triggered save or memory is unreadable). ``yielding``: a
+    mask of spare GPUs held by jobs that borrowed them; recovery may take them (free spares
+    first), and the caller preempts their jobs.
     """
     ph = physics or Physics()
     topo = layout.topo
@@ -119,9 +122,14 @@ def plan_recovery(
     kept = np.setdiff1d(job_gpus, lost)
     # 1. spares in the job's pods, same chip
     pods = np.unique(layout.node_domain[2][topo.gpu_node[kept if len(kept) else job_gpus]])
-    spare_gpu = topo.node_spare[topo.gpu_node] & usable & (topo.gpu_chip == chip)
-    in_pods = spare_gpu & np.isin(layout.node_domain[2][topo.gpu_node], pods)
-    candidates = np.flatnonzero(in_pods)
+    in_pods = np.isin(layout.node_domain[2][topo.gpu_node], pods)
+    spare_here = topo.node_spare[topo.gpu_node] & (topo.gpu_chip == chip) & in_pods
+    candidates = np.flatnonzero(spare_here & usable)
+    if yielding is not None and len(candidates) < need:
+        taken_back = yielding & topo.usable() & spare_here
+        taken_back[np.asarray(faulty, dtype=np.int64)] = False
+        taken_back[job_gpus] = False
+        candidates = np.concatenate([candidates, np.flatnonzero(taken_back)])
     if len(candidates) >= need:
         # whole spare nodes first, in node order
         chosen = candidates[:need]

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from engine.placement import Layout, level_limit
+from engine.placement import FreePool, Layout, level_limit
 from engine.pools import Pools
 from engine.quota import UNLIMITED, QuotaBook
 from engine.steps.admission import AdmissionStep
@@ -144,6 +144,9 @@ class Cycle(
         shares = [j.share for j in self.pending if j.fractional]
         self.min_share = min(shares) if shares else MILLI
         self.pools = Pools(layout, self.schedulable & ~owned)
+        # free GPUs of spare nodes, for queues allowed to borrow them (built when first asked)
+        self.spare_free = self.topo.usable() & self.topo.node_spare[self.topo.gpu_node] & ~owned
+        self._spare_pool: FreePool | None = None
         self.running_by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
         self.running_by_chip: dict[int, list[RunningJob]] = {}
         for job in self.running:
@@ -217,6 +220,24 @@ class Cycle(
             # from here on it asks for its minimum, like a rigid job of that size
             job = replace(job, gpus=job.min_gpus, min_gpus=None)
         reasons: list[str] = []
+        capacity_blocked = self._try_chips(qi, job, chips, max_level, reasons)
+        if capacity_blocked is None:
+            return ""
+        if job.mixed and len(chips) > 1 and self._admit_mixed(qi, job, chips, max_level):
+            return ""
+        for c in chips:
+            if self.result.preemption_attempts >= self.config.max_preemption_attempts:
+                reasons.append("preemption deferred to the next cycle (attempt limit reached)")
+                break
+            if self._admit_by_shrinking(qi, job, c, max_level):
+                return ""
+            if self._admit_by_preemption(qi, job, c, max_level):
+                return ""
+        return self._try_reserve(job, capacity_blocked, max_level) or "; ".join(reasons)
+
+    def _try_chips(self, qi, job, chips, max_level, reasons: list[str]) -> list[int] | None:
+        """Admit and place on the first chip type that has quota and room (None: admitted);
+        otherwise returns the chip types it found no room on, and adds each chip's reason."""
         capacity_blocked: list[int] = []
         self.quota_blocked = True
         for c in chips:
@@ -230,7 +251,7 @@ class Cycle(
             known = self.no_room.get((c, max_level))
             if known is None or job.gpus < known:
                 if self._admit_placed(qi, job, c, max_level):
-                    return ""
+                    return None
                 blocked_everywhere = self.pools.blocked_everywhere(c, job.gpus, max_level)
                 if blocked_everywhere:
                     self.no_room[(c, max_level)] = min(job.gpus, known or job.gpus)
@@ -239,17 +260,13 @@ class Cycle(
             if blocked_everywhere:
                 capacity_blocked.append(c)  # blocked by capacity, not only by someone's reservation
                 self.capacity_blocked_chips.add(c)
+            if self.queues[qi].may_use_spares and self._admit_on_spares(qi, job, c, max_level):
+                return None
             reasons.append(self._placement_reason(job, c, max_level))
-        if job.mixed and len(chips) > 1 and self._admit_mixed(qi, job, chips, max_level):
-            return ""
-        for c in chips:
-            if self.result.preemption_attempts >= self.config.max_preemption_attempts:
-                reasons.append("preemption deferred to the next cycle (attempt limit reached)")
-                break
-            if self._admit_by_shrinking(qi, job, c, max_level):
-                return ""
-            if self._admit_by_preemption(qi, job, c, max_level):
-                return ""
+        return capacity_blocked
+
+    def _try_reserve(self, job, capacity_blocked: list[int], max_level: int) -> str:
+        """Reserve for a gang blocked by capacity; returns its reason, or "" without a reservation."""
         for c in capacity_blocked:
             if (
                 len(self.result.reservations) < self.config.max_reservations
@@ -262,7 +279,7 @@ class Cycle(
                         f"waiting for reservation: {job.gpus} {self.topo.chip_names[c]} GPUs in "
                         f"{reservation.domain}, expected free in {when:.0f} s"
                     )
-        return "; ".join(reasons)
+        return ""
 
 
 def schedule(

@@ -39,12 +39,29 @@ class InvalidTransition(ValueError):
     """An action was asked of a node in a state it cannot be taken from."""
 
 
+def transition_target(
+    table: dict[str, tuple[frozenset[str], str]],
+    action: str,
+    current: str,
+    *,
+    what: str,
+    states: tuple[str, ...],
+    known: list[str],
+    error: type[InvalidTransition] = InvalidTransition,
+) -> str:
+    """The state ``what`` (a node, a job) moves to when ``action`` is taken from ``current``,
+    by a transition table of {action: (states it may start from, resulting state)}."""
+    if action not in table:
+        raise error(f"action: unknown {what} action {action!r}; known: {', '.join(known)}")
+    allowed_from, target = table[action]
+    if current not in allowed_from:
+        allowed = ", ".join(s for s in states if s in allowed_from)
+        raise error(f"cannot {action} a {what} that is {current}; {action} applies to: {allowed}")
+    return target
+
+
 def node_action_target(action: str, current: str) -> str:
     """The state a node moves to when ``action`` is taken from ``current``."""
-    if action not in NODE_TRANSITIONS:
-        raise InvalidTransition(f"unknown node action {action!r}; known: {', '.join(sorted(NODE_ACTIONS))}")
-    allowed_from, target = NODE_TRANSITIONS[action]
-    if current not in allowed_from:
-        allowed = ", ".join(sorted(allowed_from))
-        raise InvalidTransition(f"cannot {action} a node that is {current}; {action} applies to: {allowed}")
-    return target
+    return transition_target(
+        NODE_TRANSITIONS, action, current, what="node", states=NODE_STATES, known=sorted(NODE_ACTIONS)
+    )

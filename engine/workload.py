@@ -57,6 +57,8 @@ class QueueSpec:
     stopped: bool = False
     queueing: Queueing = Queueing.BEST_EFFORT
     head_wait_s: float | None = DEFAULT_HEAD_WAIT_S  # best effort: the bounded wait (None: unbounded)
+    # its jobs may run on spare nodes when nothing else is free; fault recovery takes them back
+    may_use_spares: bool = False
 
     def __post_init__(self) -> None:
         # policies given by name become their enums; an unknown name fails here, naming the field
@@ -191,6 +193,7 @@ class Admission:
     backfilled: bool = False  # placed on GPUs reserved for a larger job, ending before it starts
     preempted: tuple[int, ...] = ()
     parts: tuple[tuple[str, int], ...] = ()  # a mixed-chip job: (chip, GPUs) per chip type
+    on_spares: bool = False  # on spare nodes its queue may borrow: recovery may take them back
 
 
 @dataclass(frozen=True)

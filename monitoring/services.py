@@ -23,7 +23,9 @@ from engine import lifecycle
 from engine.checkpoint import CheckpointKind
 from engine.faults import Action, classify
 from engine.recovery import plan_recovery
+from engine.workload import Preemption
 from monitoring.models import FaultEvent
+from scheduling.apply import apply_preemptions
 from scheduling.checkpoints import PHYSICS, policy_kind
 from scheduling.choices import EventKind, JobState
 from scheduling.locks import cycle_lock
@@ -165,6 +167,7 @@ def _plan(job: Job, fault: FaultEvent, classification, faulty: np.ndarray, held:
         physics=PHYSICS,
         min_gpus=job.min_gpus,
         size_step=job.size_step,
+        yielding=held.yielding(),
     )
     return plan, triggered_ok
 
@@ -214,6 +217,21 @@ def _record_fault(job: Job, fault: FaultEvent, classification, triggered_ok: boo
     )
 
 
+def _take_back_spares(job: Job, plan, held: Held, now) -> None:
+    """Jobs that borrowed the spares this recovery takes are preempted first (saving where their
+    policy can) and requeued."""
+    owners = held.owner[plan.replacement_gpus]
+    victims = sorted({int(o) for o in owners if o >= 0 and o != job.pk})
+    if not victims:
+        return
+    reason = f"its spare GPUs are taken back for the recovery of job {job.pk}"
+    events = apply_preemptions([Preemption(v, job.pk, reason) for v in victims], now)
+    JobEvent.objects.bulk_create(events)
+    freed = np.isin(held.owner, victims)
+    held.owned[freed] = False
+    held.owner[freed] = -1
+
+
 def _move(job: Job, plan, held: Held, now) -> None:
     """The job gives up its lost GPUs and takes its replacements (``held`` follows)."""
     snapshot = held.snapshot
@@ -224,6 +242,8 @@ def _move(job: Job, plan, held: Held, now) -> None:
         allocations.insert(replacements, now, {job.pk: job.share})
         held.owned[plan.lost_gpus] = False
         held.owned[plan.replacement_gpus] = True
+        held.owner[plan.lost_gpus] = -1
+        held.owner[plan.replacement_gpus] = job.pk
 
 
 def _recover(
@@ -239,11 +259,14 @@ def _recover(
     if plan.outcome == "requeue":
         allocations.release(now, job=job)
         held.owned[job_gpus] = False
+        held.owner[job_gpus] = -1
         fields = requeue(job, f"requeued after a fault: {plan.reason}")
         job.save(update_fields=[*fields, "progress_s"])
         data = {"fault": fault.pk, "steps": steps, "progress_s": job.progress_s}
         JobEvent.objects.create(job=job, kind=EventKind.REQUEUED, at=detected, reason=plan.reason, data=data)
         return None
+    if plan.outcome == "spare":
+        _take_back_spares(job, plan, held, now)
     _move(job, plan, held, now)
     job.save(update_fields=["progress_s"])
     if plan.outcome == "shrink":
@@ -268,8 +291,10 @@ def _recover(
     return plan.seconds
 
 
-def handle_fault(fault_id: int) -> dict:
-    now = timezone.now()
+def handle_fault(fault_id: int, now=None) -> dict:
+    """Classify a recorded fault, take hardware out of service and recover the jobs it hit, under
+    the scheduling lock. ``now``: the clock (default: the wall clock)."""
+    now = now or timezone.now()
     with transaction.atomic(), cycle_lock(wait=True):
         fault = (
             FaultEvent.objects.select_for_update(of=("self",))

@@ -56,6 +56,7 @@ class QueueAdmin(admin.ModelAdmin):
         "within_queue",
         "queueing_strategy",
         "head_wait_s",
+        "may_use_spares",
         "stopped",
     ]
     list_filter = ["cohort", "stopped"]

@@ -63,7 +63,7 @@ def apply_decisions(
 
     # 1. preemptions first: their GPUs are released before the preemptors take them
     if result.preemptions:
-        events.extend(_apply_preemptions(result.preemptions, now))
+        events.extend(apply_preemptions(result.preemptions, now))
 
     # 2. shrinks release their GPUs before anyone takes them; growths are inserted with admissions
     rows = NewAllocations()
@@ -123,8 +123,15 @@ def _admission_events(a, now: datetime) -> list[JobEvent]:
             job_id=a.job_id,
             kind=EventKind.PLACED,
             at=now,
-            reason=f"placed in {a.domain}" + (" (backfilled)" if a.backfilled else ""),
-            data={"domain": a.domain, "gpus": len(a.gpus), "backfilled": a.backfilled},
+            reason=f"placed in {a.domain}"
+            + (" (backfilled)" if a.backfilled else "")
+            + (" on spare nodes (fault recovery may take them back)" if a.on_spares else ""),
+            data={
+                "domain": a.domain,
+                "gpus": len(a.gpus),
+                "backfilled": a.backfilled,
+                "on_spares": a.on_spares,
+            },
         ),
     ]
 
@@ -167,7 +174,7 @@ def _shares(result: CycleResult) -> dict[int, int]:
     return dict(Job.objects.filter(pk__in=single, share__lt=1000).values_list("id", "share"))
 
 
-def _apply_preemptions(preemptions, now: datetime) -> list[JobEvent]:
+def apply_preemptions(preemptions, now: datetime) -> list[JobEvent]:
     """Victims go back to pending with their progress, saving first where their policy can
     (engine.lifecycle.stop, the rule the simulator follows too)."""
     victims = {p.job_id: p for p in preemptions}

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from django.utils import timezone
 
-from engine.checkpoint import CheckpointKind, recommend, stall_seconds, state_bytes
+from engine.checkpoint import CheckpointKind, recommend, stall_seconds
 from engine.faults import XID_DETECTION_S
+from engine.lifecycle import checkpoint_bytes
 from engine.physics import Physics
 from scheduling.models import Job
 
@@ -64,7 +65,7 @@ def recommend_for(
     kind: CheckpointKind, chosen: float | None, parameters: float, gpus: int, mtbf: float
 ) -> dict:
     """The Daly interval for a job of this size under this mechanism, next to the chosen one."""
-    state = state_bytes(parameters, PHYSICS.bytes_per_parameter)
+    state = checkpoint_bytes(parameters, PHYSICS)
     storage = PHYSICS.storage_gbps(gpus)
     stall = max(stall_seconds(kind, state, gpus, storage, PHYSICS.host_copy_gbps), 1e-3)
     restart = XID_DETECTION_S + PHYSICS.restart_s(gpus)

@@ -31,6 +31,8 @@ def queue_payload(post) -> dict:
         quotas.append(quota)
     payload = {f: post.get(f, "") for f in QUEUE_SETTINGS}
     payload.update(stopped=post.get("stopped") == "on", quotas=quotas)
+    if "may_use_spares_shown" in post:  # a checkbox posts nothing when cleared
+        payload["may_use_spares"] = post.get("may_use_spares") == "on"
     if "queueing_strategy" in post:
         payload["queueing_strategy"] = post["queueing_strategy"]
     if "head_wait_s" in post:

@@ -13,7 +13,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from engine.inference import LoadProfile, decide
+from engine.inference import LoadProfile, decide, replica_topology
 from scheduling.choices import JobKind, JobState
 from scheduling.models import InferenceService, Job, ServiceScale
 from scheduling.services import change_state, submit_job
@@ -62,7 +62,7 @@ def autoscale(service_id: int, now: datetime | None = None) -> ServiceScale | No
                 gpus=service.replica_gpus,
                 share=service.replica_share,
                 chip_types=list(service.chip_types),
-                topology="node" if service.replica_gpus <= 8 else "pod",
+                topology=replica_topology(service.replica_gpus),
                 service=service,
             )
     elif decision.target < count:

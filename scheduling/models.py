@@ -90,6 +90,12 @@ class Queue(models.Model):
     stopped = models.BooleanField(
         default=False, help_text="A stopped queue admits nothing and keeps running work"
     )
+    may_use_spares = models.BooleanField(
+        "may use spare nodes",
+        default=False,
+        help_text="Its jobs may run on spare nodes when nothing else is free; fault recovery takes "
+        "the spares back, preempting them first",
+    )
     queueing_strategy = models.CharField(
         max_length=16, choices=QueueingStrategy.choices, default=QueueingStrategy.BEST_EFFORT
     )

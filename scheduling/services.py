@@ -83,10 +83,12 @@ def submit_problem(fields: dict) -> tuple[str, str] | None:
     return problem
 
 
-def submit_job(**fields) -> Job:
+def submit_job(*, now=None, checked: bool = False, **fields) -> Job:
     """Submit a job: every caller (API, autoscaler, simulated fleet, management commands) goes
-    through the same checks; a bad field raises SubmitError and writes nothing."""
-    problem = submit_problem(fields)
+    through the same checks; a bad field raises SubmitError and writes nothing. ``now``: the
+    clock (default: the wall clock). ``checked``: the fields already passed submit_problem (the
+    API's validation runs it to answer 400 naming the field)."""
+    problem = None if checked else submit_problem(fields)
     if problem:
         raise SubmitError(*problem)
     model = fields.get("model")
@@ -105,7 +107,7 @@ def submit_job(**fields) -> Job:
     # are written by statements built once (one statement on PostgreSQL), not by the ORM anew.
     job = Job(
         state=JobState.PENDING,
-        submitted_at=timezone.now(),
+        submitted_at=now or timezone.now(),
         pending_reason="waiting for the next scheduling cycle",
         **fields,
     )
@@ -170,11 +172,11 @@ def stop_job(job: Job, now, kind: CheckpointKind | None, *, graceful: bool = Tru
 
 
 @transaction.atomic
-def change_state(job_id: int, action: str, *, actor: str = "", reason: str = "") -> Job:
+def change_state(job_id: int, action: str, *, actor: str = "", reason: str = "", now=None) -> Job:
     """An operator's or a node's action on a job (engine.lifecycle.JOB_ACTIONS), with its event;
-    the job's GPUs are released in the same transaction."""
+    the job's GPUs are released in the same transaction. ``now``: the clock (default: wall)."""
     job = Job.objects.select_for_update().get(pk=job_id)
-    now = timezone.now()
+    now = now or timezone.now()
     job.state = job_action_target(action, job.state)
     text = reason or f"{action} by {actor}" if actor else reason
     freed = Allocation.objects.filter(job=job, active=True).update(active=False, released_at=now)
@@ -236,6 +238,7 @@ QUEUE_AUDITED = (
     "within_queue",
     "queueing_strategy",
     "head_wait_s",
+    "may_use_spares",
     "stopped",
 )
 POLICY_AUDITED = ("name", "description", "kind", "interval_s", "triggered_success")

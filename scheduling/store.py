@@ -235,6 +235,19 @@ class Held:
         self.gpus = topology_cache.gpu_indices(pairs[:, 1])
         self.owned = np.zeros(self.snapshot.num_gpus, dtype=bool)
         self.owned[self.gpus] = True
+        self.owner = np.full(self.snapshot.num_gpus, -1, dtype=np.int64)
+        self.owner[self.gpus] = self.jobs
+
+    def yielding(self) -> np.ndarray:
+        """Spare GPUs held by jobs of queues allowed to borrow spares: recovery may take them."""
+        snap = self.snapshot
+        on_spares = self.owned & snap.node_spare[snap.gpu_node]
+        if not on_spares.any():
+            return on_spares
+        borrowers = Job.objects.filter(
+            pk__in=np.unique(self.owner[on_spares]).tolist(), queue__may_use_spares=True
+        ).values_list("id", flat=True)
+        return on_spares & np.isin(self.owner, list(borrowers))
 
     def gpus_of(self, job_id: int) -> np.ndarray:
         lo, hi = np.searchsorted(self.jobs, [job_id, job_id + 1])
@@ -272,6 +285,7 @@ def load_queues() -> list[QueueSpec]:
                 stopped=q.stopped,
                 queueing=q.queueing_strategy,
                 head_wait_s=float(q.head_wait_s) if q.head_wait_s is not None else None,
+                may_use_spares=q.may_use_spares,
             )
         )
     return specs

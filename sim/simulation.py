@@ -456,11 +456,16 @@ class Simulation:
             physics=self.ph,
             min_gpus=spec.min_gpus,
             size_step=spec.size_step,
+            yielding=self._yielding(),
         )
         self.recoveries.append((self.now, plan.outcome, plan.seconds))
         if plan.outcome == "requeue":
             self._stop(job, graceful=False, requeue=True)
             return
+        if plan.outcome == "spare":  # jobs that borrowed the spares it takes are preempted first
+            taken = {int(o) for o in self.owner[plan.replacement_gpus] if o >= 0 and o != spec.id}
+            for victim in sorted(taken):
+                self._stop(self.running[victim], graceful=True, requeue=True)
         self.owner[job.gpus] = -1
         gpus = np.union1d(np.setdiff1d(job.gpus, plan.lost_gpus), plan.replacement_gpus)
         job.gpus = gpus
@@ -471,6 +476,15 @@ class Simulation:
         job.version += 1
         self._policy(job)
         self._schedule_end(job)
+
+    def _yielding(self) -> np.ndarray | None:
+        """Spare GPUs held by jobs of queues allowed to borrow spares (None: no such queue)."""
+        borrowers = {q.name for q in self.queues if q.may_use_spares}
+        if not borrowers:
+            return None
+        on_spares = (self.owner >= 0) & self.topo.node_spare[self.topo.gpu_node]
+        ids = {int(j) for j in np.unique(self.owner[on_spares]) if self.jobs[int(j)].spec.queue in borrowers}
+        return on_spares & np.isin(self.owner, list(ids))
 
     def _on_gpu_back(self, gpu: int) -> None:
         self.topo.gpu_state[gpu] = GPU_READY

@@ -183,3 +183,67 @@ def test_an_operator_drains_a_node_from_its_page_with_a_grace_period(queues, ope
     assert 3.9 * 3600 < (node.drain_deadline - timezone.now()).total_seconds() <= 4 * 3600
     assert "Draining: running work is checkpointed and moved at" in response.content.decode()
     assert AuditRecord.objects.filter(object_id=node.pk, action="drain", reason="swap PSU").exists()
+
+
+def test_a_queue_allowed_to_borrow_spares_uses_them_only_when_nothing_else_is_free():
+    base = layout_for(pods_per_dc=1, datacenters=1)  # 4 nodes of 8 GPUs
+    spare = np.zeros(base.topo.num_nodes, dtype=bool)
+    spare[3] = True
+    lay = Layout(replace(base.topo, node_spare=spare))
+    queues = [
+        QueueSpec("train", nominal={"H100-SXM": 32}),
+        QueueSpec("burst", nominal={"H100-SXM": 32}, may_use_spares=True),
+    ]
+    busy = [running(lay, 1, "train", nodes=[0, 1, 2])]
+    pending = [
+        PendingJob(10, "train", 8, chip_types=("H100-SXM",)),
+        PendingJob(11, "burst", 8, chip_types=("H100-SXM",), submitted_at=1.0),
+    ]
+    result, _ = cycle(lay, queues, busy, pending, now=5.0)  # the invariant checker allows only this
+    assert [(a.job_id, a.on_spares) for a in result.admissions] == [(11, True)]
+    assert set(lay.gpu_node[result.admissions[0].gpus].tolist()) == {3}
+    assert 10 in result.pending
+
+
+def test_recovery_takes_back_a_borrowed_spare_preempting_its_job_first(
+    queues, eager_celery, django_capture_on_commit_callbacks
+):
+    from cluster.models import ChipType
+    from monitoring.services import report_fault
+    from scheduling.models import Queue, QueueQuota
+    from scheduling.services import submit_job
+
+    capture = django_capture_on_commit_callbacks
+    h100 = ChipType.objects.get(name="H100-SXM")
+    train = Queue.objects.create(name="train")
+    burst = Queue.objects.create(name="burst", may_use_spares=True)
+    for q in (train, burst):
+        QueueQuota.objects.create(queue=q, chip_type=h100, nominal=64)
+
+    def node_of(job):
+        return Allocation.objects.filter(job=job, active=True).first().gpu.node
+
+    with capture(execute=True):
+        trains = [submit_job(queue=train, gpus=8, chip_types=["H100-SXM"], topology="node") for _ in range(6)]
+    run_cycle()
+    assert all(Job.objects.get(pk=j.pk).state == "running" for j in trains)  # the six ordinary nodes
+    with capture(execute=True):
+        borrower = submit_job(queue=burst, gpus=8, chip_types=["H100-SXM"], topology="node")
+    run_cycle()
+    borrower.refresh_from_db()
+    spare_node = node_of(borrower)
+    assert borrower.state == "running" and spare_node.is_spare
+    assert "on spare nodes" in borrower.events.get(kind="placed").reason
+
+    victim = next(j for j in trains if node_of(j).rack.pod_id == spare_node.rack.pod_id)
+    with capture(execute=True):
+        report_fault(node=node_of(victim), source="xid", xid=79)  # the node falls off the bus
+    borrower.refresh_from_db()
+    assert borrower.preemptions == 1  # requeued; the cycle after the fault gives it the other spare
+    assert borrower.state == "running" and node_of(borrower) != spare_node and node_of(borrower).is_spare
+    assert (
+        "preempted",
+        f"its spare GPUs are taken back for the recovery of job {victim.pk}",
+    ) in set(borrower.events.values_list("kind", "reason"))
+    assert node_of(victim) == spare_node
+    assert victim.events.filter(kind="recovered", data__outcome="spare").exists()

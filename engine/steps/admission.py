@@ -4,7 +4,7 @@ A step of engine.scheduler.Cycle: it works on the cycle's state (pools, quota, r
 
 from __future__ import annotations
 
-from engine.placement import LEVELS
+from engine.placement import LEVELS, FreePool
 from engine.workload import MILLI, Admission, PendingJob, RunningJob
 
 
@@ -36,10 +36,26 @@ class AdmissionStep:
         self._record_admission(qi, job, c, gpus, level, domain, backfilled=backfilled)
         return True
 
+    def _admit_on_spares(self, qi: int, job: PendingJob, c: int, max_level: int) -> bool:
+        """A job of a queue allowed to borrow spares, with no room elsewhere, goes on spare nodes
+        (whole gang there); fault recovery may take them back, preempting it."""
+        if self._spare_pool is None:
+            if not self.spare_free.any():
+                return False
+            self._spare_pool = FreePool(self.layout, self.spare_free)
+        placed = self._spare_pool.place(c, job.gpus, max_level)
+        if placed is None:
+            return False
+        gpus, level, domain = placed
+        self._record_admission(qi, job, c, gpus, level, domain, on_spares=True)
+        return True
+
     def _ends_before_horizon(self, job: PendingJob) -> bool:
         return job.estimated_duration_s is not None and self.now + job.estimated_duration_s <= self.horizon
 
-    def _record_admission(self, qi, job, c, gpus, level, domain, *, backfilled=False, preempted=(), parts=()):
+    def _record_admission(
+        self, qi, job, c, gpus, level, domain, *, backfilled=False, preempted=(), parts=(), on_spares=False
+    ):
         """``parts``: (chip index, GPUs) per chip type of a mixed-chip gang (``c`` is the first)."""
         self.largest_blocks.clear()
         parts = parts or ((c, len(gpus)),)
@@ -58,6 +74,7 @@ class AdmissionStep:
                 backfilled=backfilled,
                 preempted=tuple(preempted),
                 parts=names,
+                on_spares=on_spares,
             )
         )
 

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import django_filters as filters
 import numpy as np
 from django.db import transaction
 from django.http import FileResponse, HttpResponse
@@ -12,25 +11,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from engine.frames import decode_frame
+from monitoring import filtersets
 from monitoring.api.serializers import FaultEventSerializer, SimulationSerializer
-from monitoring.choices import FaultSource
 from monitoring.livestore import FRAME_KEY, NETWORK_KEY, live_store
 from monitoring.models import FaultEvent, Simulation
 from monitoring.services import report_fault
 from monitoring.simulations import report_path
 from monitoring.tasks import run_simulation_task
-
-
-class FaultEventFilterSet(filters.FilterSet):
-    source = filters.MultipleChoiceFilter(choices=FaultSource.choices)
-    since = filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte")
-    until = filters.IsoDateTimeFilter(field_name="at", lookup_expr="lte")
-    open = filters.BooleanFilter(field_name="cleared_at", lookup_expr="isnull")
-    hostname = filters.CharFilter(field_name="node__hostname")
-
-    class Meta:
-        model = FaultEvent
-        fields = ["source", "xid", "node", "gpu", "pod", "link", "job", "since", "until", "open", "hostname"]
 
 
 class FaultEventViewSet(
@@ -41,7 +28,7 @@ class FaultEventViewSet(
 
     queryset = FaultEvent.objects.select_related("node", "gpu__node").order_by("-at", "-id")
     serializer_class = FaultEventSerializer
-    filterset_class = FaultEventFilterSet
+    filterset_class = filtersets.FaultEventFilterSet
     ordering_fields = ["at", "recovery_s"]
 
     def perform_create(self, serializer):

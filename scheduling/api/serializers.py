@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from cluster.models import ChipType
 from cluster.snapshot import topology_cache
-from engine.inference import LoadProfile
+from engine.inference import LoadProfile, replica_topology
 from engine.steptime import ModelSpec
 from scheduling.choices import STATE_COLOURS, JobKind, TopologyConstraint
 from scheduling.models import (
@@ -110,6 +110,7 @@ class QueueSerializer(serializers.ModelSerializer):
             "within_queue",
             "queueing_strategy",
             "head_wait_s",
+            "may_use_spares",
             "stopped",
             "default_checkpoint_policy",
             "quotas",
@@ -444,7 +445,7 @@ class InferenceServiceSerializer(serializers.ModelSerializer):
                 {"replica_share": "a fraction of a GPU is for one-GPU replicas (replica_gpus 1)"}
             )
         gpus = merged.get("replica_gpus", 1)
-        problem = capacity_problem(gpus, merged.get("chip_types") or [], "node" if gpus <= 8 else "pod")
+        problem = capacity_problem(gpus, merged.get("chip_types") or [], replica_topology(gpus))
         if problem:
             raise serializers.ValidationError({"replica_gpus": problem[1]})
         return attrs

@@ -107,7 +107,8 @@ class JobViewSet(
         return qs
 
     def perform_create(self, serializer):
-        serializer.instance = submit_job(owner=self.request.user, **serializer.validated_data)
+        # the serializer's validation ran submit_problem, the checks submit_job would run again
+        serializer.instance = submit_job(owner=self.request.user, checked=True, **serializer.validated_data)
 
     def _act(self, request, name: str):
         job = self.get_object()

@@ -1,0 +1,20 @@
+"""API filters of monitoring."""
+
+from __future__ import annotations
+
+import django_filters as filters
+
+from monitoring.choices import FaultSource
+from monitoring.models import FaultEvent
+
+
+class FaultEventFilterSet(filters.FilterSet):
+    source = filters.MultipleChoiceFilter(choices=FaultSource.choices)
+    since = filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte")
+    until = filters.IsoDateTimeFilter(field_name="at", lookup_expr="lte")
+    open = filters.BooleanFilter(field_name="cleared_at", lookup_expr="isnull")
+    hostname = filters.CharFilter(field_name="node__hostname")
+
+    class Meta:
+        model = FaultEvent
+        fields = ["source", "xid", "node", "gpu", "pod", "link", "job", "since", "until", "open", "hostname"]
