@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -37,6 +37,22 @@ def running_after(running: list[RunningJob], result: CycleResult, pending: list[
     return after
 
 
+@dataclass
+class _Context:
+    """What the checks of one cycle share: the snapshot's masks and the GPUs in use before it."""
+
+    layout: Layout
+    queues: dict[str, QueueSpec]
+    schedulable: np.ndarray
+    usable: np.ndarray
+    used_before: np.ndarray  # thousandths of each GPU held before the cycle by jobs that stay
+    freed_by_shrink: np.ndarray
+
+    @property
+    def topo(self):
+        return self.layout.topo
+
+
 def check_cycle(
     layout: Layout,
     queues: list[QueueSpec],
@@ -47,11 +63,48 @@ def check_cycle(
 ) -> list[RunningJob]:
     """Raise InvariantViolation listing every broken rule; return the running set after the cycle."""
     topo = layout.topo
-    problems: list[str] = []
+    problems = _decision_problems(running, pending, result)
+    victims = {p.job_id for p in result.preemptions}
+    used_before = np.zeros(topo.num_gpus, dtype=np.int32)
+    for j in running:
+        if j.id not in victims:
+            np.add.at(used_before, j.gpus, j.share)
+    ctx = _Context(
+        layout,
+        {q.name: q for q in queues},
+        topo.schedulable(),
+        topo.usable(),
+        used_before,
+        np.zeros(topo.num_gpus, dtype=bool),
+    )
+    by_running = {j.id: j for j in running}
+    for r in result.resizes:
+        problems += _resize_problems(ctx, r, by_running.get(r.job_id), victims)
     by_id = {j.id: j for j in pending}
-    queue_by_name = {q.name: q for q in queues}
-    running_ids = {j.id for j in running}
+    for a in result.admissions:
+        job = by_id.get(a.job_id)
+        if job is None:
+            problems.append(f"admitted job {a.job_id} was not pending")
+            continue
+        problems += _admission_problems(ctx, a, job)
 
+    after = running_after(running, result, pending, now)
+    used = np.zeros(topo.num_gpus, dtype=np.int32)
+    for j in after:
+        np.add.at(used, j.gpus, j.share)
+    if (used > MILLI).any():
+        problems.append(f"{int((used > MILLI).sum())} GPUs are held beyond their capacity")
+    before_violations = set(build_quota_book(queues, topo.chip_names, running).violations())
+    new_violations = set(build_quota_book(queues, topo.chip_names, after).violations()) - before_violations
+    problems.extend(sorted(new_violations))
+    if problems:
+        raise InvariantViolation("; ".join(problems))
+    return after
+
+
+def _decision_problems(running, pending, result: CycleResult) -> list[str]:
+    """Every pending job is admitted once or given a reason; only running jobs are preempted."""
+    problems = []
     admitted = [a.job_id for a in result.admissions]
     if len(admitted) != len(set(admitted)):
         problems.append("a job was admitted twice in one cycle")
@@ -62,94 +115,76 @@ def check_cycle(
             problems.append(f"job {job.id} is neither admitted nor given a pending reason")
         if job.id in result.pending and not result.pending[job.id]:
             problems.append(f"job {job.id} is pending with an empty reason")
+    running_ids = {j.id for j in running}
     for p in result.preemptions:
         if p.job_id not in running_ids:
             problems.append(f"preempted job {p.job_id} was not running")
+    return problems
 
-    victims = {p.job_id for p in result.preemptions}
-    # thousandths of each GPU in use before the cycle by jobs that keep running
-    used_before = np.zeros(topo.num_gpus, dtype=np.int32)
-    for j in running:
-        if j.id not in victims:
-            np.add.at(used_before, j.gpus, j.share)
-    schedulable = topo.schedulable()
-    usable = topo.usable()
-    freed_by_shrink = np.zeros(topo.num_gpus, dtype=bool)
-    by_running = {j.id: j for j in running}
-    for r in result.resizes:
-        job = by_running.get(r.job_id)
-        if job is None:
-            problems.append(f"resized job {r.job_id} was not running")
-            continue
-        if r.job_id in victims:
-            problems.append(f"job {r.job_id} was both resized and preempted")
-        low = job.min_gpus if job.min_gpus is not None else len(job.gpus)
-        high = job.max_gpus if job.max_gpus is not None else len(job.gpus)
-        if not low <= len(r.gpus) <= high:
-            problems.append(f"job {r.job_id} resized to {len(r.gpus)} GPUs, outside {low}-{high}")
-        if len(r.added):
-            chips = {topo.chip_names[c] for c in np.unique(topo.gpu_chip[r.added])}
-            if chips != {job.chip}:
-                problems.append(f"job {r.job_id} grew onto chip types {sorted(chips)}, not {job.chip}")
-            if not schedulable[r.added].all():
-                problems.append(f"job {r.job_id} grew onto GPUs that are not schedulable")
-        freed_by_shrink[r.released] = True
-    for a in result.admissions:
-        job = by_id.get(a.job_id)
-        if job is None:
-            problems.append(f"admitted job {a.job_id} was not pending")
-            continue
-        gpus = np.asarray(a.gpus)
-        if len(np.unique(gpus)) != len(gpus) or len(gpus) not in job.sizes():
-            problems.append(f"job {job.id} asked for {job.gpus} GPUs and got {len(np.unique(gpus))}")
-        admitted_as = {chip for chip, _ in a.parts} if a.parts else {a.chip}
-        if job.chip_types and not admitted_as <= set(job.chip_types):
-            problems.append(f"job {job.id} placed on {sorted(admitted_as)}, not within {job.chip_types}")
-        if len(admitted_as) > 1 and not job.mixed:
-            problems.append(f"job {job.id} was split over chip types without allowing it")
-        chips = {topo.chip_names[c] for c in np.unique(topo.gpu_chip[gpus])}
-        if chips != admitted_as:
-            problems.append(
-                f"job {job.id} placed on chip types {sorted(chips)} but admitted as {sorted(admitted_as)}"
-            )
-        if a.parts:
-            counts = {
-                topo.chip_names[c]: int(n)
-                for c, n in zip(*np.unique(topo.gpu_chip[gpus], return_counts=True), strict=True)
-            }
-            if counts != dict(a.parts):
-                problems.append(f"job {job.id} admitted with parts {dict(a.parts)} but holds {counts}")
-        queue = queue_by_name.get(job.queue)
-        if a.on_spares:
-            if queue is None or not queue.may_use_spares:
-                problems.append(f"job {job.id} placed on spare nodes its queue may not borrow")
-            if not (usable[gpus] & topo.node_spare[topo.gpu_node[gpus]]).all():
-                problems.append(f"job {job.id} placed on spares that are not usable spare GPUs")
-        elif not schedulable[gpus].all():
-            problems.append(f"job {job.id} placed on GPUs that are not schedulable")
-        busy = used_before[gpus] * ~freed_by_shrink[gpus] + job.share > MILLI
-        if busy.any():
-            problems.append(f"job {job.id} placed on {int(busy.sum())} GPUs held by running jobs")
-        if job.fractional and len(gpus) != 1:
-            problems.append(f"job {job.id} shares GPUs but was given {len(gpus)}")
-        max_level = level_limit(job.topology)
-        if max_level < len(layout.node_domain) - 1:
-            domains = np.unique(layout.node_domain[max_level][topo.gpu_node[gpus]])
-            if len(domains) > 1:
-                problems.append(f"job {job.id} spans {len(domains)} domains at level {job.topology}")
-        if queue is not None and queue.stopped:
-            problems.append(f"job {job.id} admitted from stopped queue {job.queue}")
 
-    after = running_after(running, result, pending, now)
-    used = np.zeros(topo.num_gpus, dtype=np.int32)
-    for j in after:
-        np.add.at(used, j.gpus, j.share)
-    if (used > MILLI).any():
-        problems.append(f"{int((used > MILLI).sum())} GPUs are held beyond their capacity")
+def _resize_problems(ctx: _Context, r, job: RunningJob | None, victims: set[int]) -> list[str]:
+    """A resize stays within the job's range, on its chip type and schedulable GPUs."""
+    if job is None:
+        return [f"resized job {r.job_id} was not running"]
+    problems, topo = [], ctx.topo
+    if r.job_id in victims:
+        problems.append(f"job {r.job_id} was both resized and preempted")
+    low = job.min_gpus if job.min_gpus is not None else len(job.gpus)
+    high = job.max_gpus if job.max_gpus is not None else len(job.gpus)
+    if not low <= len(r.gpus) <= high:
+        problems.append(f"job {r.job_id} resized to {len(r.gpus)} GPUs, outside {low}-{high}")
+    if len(r.added):
+        chips = {topo.chip_names[c] for c in np.unique(topo.gpu_chip[r.added])}
+        if chips != {job.chip}:
+            problems.append(f"job {r.job_id} grew onto chip types {sorted(chips)}, not {job.chip}")
+        if not ctx.schedulable[r.added].all():
+            problems.append(f"job {r.job_id} grew onto GPUs that are not schedulable")
+    ctx.freed_by_shrink[r.released] = True
+    return problems
 
-    before_violations = set(build_quota_book(queues, topo.chip_names, running).violations())
-    new_violations = set(build_quota_book(queues, topo.chip_names, after).violations()) - before_violations
-    problems.extend(sorted(new_violations))
-    if problems:
-        raise InvariantViolation("; ".join(problems))
-    return after
+
+def _admission_problems(ctx: _Context, a, job: PendingJob) -> list[str]:
+    """An admission gets the GPUs it asked for, of its chip types, free, schedulable (or spares its
+    queue may borrow), inside its topology domain, from a queue that is not stopped."""
+    problems, topo, layout = [], ctx.topo, ctx.layout
+    gpus = np.asarray(a.gpus)
+    if len(np.unique(gpus)) != len(gpus) or len(gpus) not in job.sizes():
+        problems.append(f"job {job.id} asked for {job.gpus} GPUs and got {len(np.unique(gpus))}")
+    admitted_as = {chip for chip, _ in a.parts} if a.parts else {a.chip}
+    if job.chip_types and not admitted_as <= set(job.chip_types):
+        problems.append(f"job {job.id} placed on {sorted(admitted_as)}, not within {job.chip_types}")
+    if len(admitted_as) > 1 and not job.mixed:
+        problems.append(f"job {job.id} was split over chip types without allowing it")
+    chips = {topo.chip_names[c] for c in np.unique(topo.gpu_chip[gpus])}
+    if chips != admitted_as:
+        problems.append(
+            f"job {job.id} placed on chip types {sorted(chips)} but admitted as {sorted(admitted_as)}"
+        )
+    if a.parts:
+        counts = {
+            topo.chip_names[c]: int(n)
+            for c, n in zip(*np.unique(topo.gpu_chip[gpus], return_counts=True), strict=True)
+        }
+        if counts != dict(a.parts):
+            problems.append(f"job {job.id} admitted with parts {dict(a.parts)} but holds {counts}")
+    queue = ctx.queues.get(job.queue)
+    if a.on_spares:
+        if queue is None or not queue.may_use_spares:
+            problems.append(f"job {job.id} placed on spare nodes its queue may not borrow")
+        if not (ctx.usable[gpus] & topo.node_spare[topo.gpu_node[gpus]]).all():
+            problems.append(f"job {job.id} placed on spares that are not usable spare GPUs")
+    elif not ctx.schedulable[gpus].all():
+        problems.append(f"job {job.id} placed on GPUs that are not schedulable")
+    busy = ctx.used_before[gpus] * ~ctx.freed_by_shrink[gpus] + job.share > MILLI
+    if busy.any():
+        problems.append(f"job {job.id} placed on {int(busy.sum())} GPUs held by running jobs")
+    if job.fractional and len(gpus) != 1:
+        problems.append(f"job {job.id} shares GPUs but was given {len(gpus)}")
+    max_level = level_limit(job.topology)
+    if max_level < len(layout.node_domain) - 1:
+        domains = np.unique(layout.node_domain[max_level][topo.gpu_node[gpus]])
+        if len(domains) > 1:
+            problems.append(f"job {job.id} spans {len(domains)} domains at level {job.topology}")
+    if queue is not None and queue.stopped:
+        problems.append(f"job {job.id} admitted from stopped queue {job.queue}")
+    return problems

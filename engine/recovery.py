@@ -118,67 +118,17 @@ def plan_recovery(
     usable = topo.usable() & ~owned  # spare nodes are there for this
     usable[np.asarray(faulty, dtype=np.int64)] = False
     chip = int(topo.gpu_chip[job_gpus[0]])
-    need = len(lost)
     kept = np.setdiff1d(job_gpus, lost)
-    # 1. spares in the job's pods, same chip
-    pods = np.unique(layout.node_domain[2][topo.gpu_node[kept if len(kept) else job_gpus]])
-    in_pods = np.isin(layout.node_domain[2][topo.gpu_node], pods)
-    spare_here = topo.node_spare[topo.gpu_node] & (topo.gpu_chip == chip) & in_pods
-    candidates = np.flatnonzero(spare_here & usable)
-    if yielding is not None and len(candidates) < need:
-        taken_back = yielding & topo.usable() & spare_here
-        taken_back[np.asarray(faulty, dtype=np.int64)] = False
-        taken_back[job_gpus] = False
-        candidates = np.concatenate([candidates, np.flatnonzero(taken_back)])
-    if len(candidates) >= need:
-        # whole spare nodes first, in node order
-        chosen = candidates[:need]
-        steps = _steps(classification, len(job_gpus), state_bytes, from_memory, True, ph)
-        return RecoveryPlan(
-            "spare",
-            lost,
-            chosen,
-            tuple(steps),
-            triggered,
-            f"{need} GPUs replaced from the spare pool of the job's pod",
-        )
-    # 2. a healthy placement for the lost GPUs within the job's allowed domain
-    max_level = level_limit(topology)
-    anchor = topo.gpu_node[kept[0]] if len(kept) else topo.gpu_node[job_gpus[0]]
-    pool = FreePool(layout, usable)
-    for level in range(1, max_level + 1):
-        domain = int(layout.node_domain[level][anchor]) if level < len(LEVELS) - 1 else 0
-        placed = pool.place(chip, need, level, within=(level, domain))
-        if placed is not None:
-            steps = _steps(classification, len(job_gpus), state_bytes, from_memory, True, ph)
-            return RecoveryPlan(
-                "replacement",
-                lost,
-                placed[0],
-                tuple(steps),
-                triggered,
-                f"{need} GPUs replaced by healthy GPUs in {layout.domain_name(level, domain)}",
-            )
-    # 3. an elastic job shrinks onto what it has left
-    if min_gpus is not None:
-        size = len(kept) - len(kept) % size_step
-        if size >= min_gpus and size > 0:
-            # drop the GPUs of the nodes the job holds least of (a partly lost node goes first)
-            nodes = topo.gpu_node[kept]
-            held = np.bincount(nodes, minlength=topo.num_nodes)[nodes]
-            order = np.lexsort((kept, -held))
-            keep = np.sort(kept[order[:size]])
-            dropped = np.setdiff1d(job_gpus, keep)
-            steps = _steps(classification, size, state_bytes, from_memory, True, ph)
-            return RecoveryPlan(
-                "shrink",
-                dropped,
-                lost[:0],
-                tuple(steps),
-                triggered,
-                f"no spare or healthy {topo.chip_names[chip]} GPUs near the job: shrunk from "
-                f"{len(job_gpus)} to {size} GPUs and re-planned",
-            )
+    ctx = _Ctx(
+        layout, job_gpus, lost, kept, chip, usable, classification, state_bytes, from_memory, triggered, ph
+    )
+    plan = (
+        _from_spares(ctx, np.asarray(faulty, dtype=np.int64), yielding)
+        or _from_healthy(ctx, level_limit(topology))
+        or _by_shrinking(ctx, min_gpus, size_step)
+    )
+    if plan is not None:
+        return plan
     steps = [RecoveryStep("detect", classification.detection_s, classification.description)]
     return RecoveryPlan(
         "requeue",
@@ -188,3 +138,76 @@ def plan_recovery(
         triggered,
         f"no spare or healthy {topo.chip_names[chip]} GPUs near the job: requeued with its progress",
     )
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    layout: Layout
+    job_gpus: np.ndarray
+    lost: np.ndarray
+    kept: np.ndarray
+    chip: int
+    usable: np.ndarray  # in service, not held by anyone, not faulty
+    classification: Classification
+    state_bytes: float
+    from_memory: bool
+    triggered: bool | None
+    ph: Physics
+
+    def plan(self, outcome: str, dropped, replacements, gpus: int, reason: str) -> RecoveryPlan:
+        steps = _steps(self.classification, gpus, self.state_bytes, self.from_memory, True, self.ph)
+        return RecoveryPlan(outcome, dropped, replacements, tuple(steps), self.triggered, reason)
+
+
+def _from_spares(ctx: _Ctx, faulty: np.ndarray, yielding: np.ndarray | None) -> RecoveryPlan | None:
+    """1. spares in the job's pods, same chip (free ones first, then borrowed ones)."""
+    layout, topo, need = ctx.layout, ctx.layout.topo, len(ctx.lost)
+    pods = np.unique(layout.node_domain[2][topo.gpu_node[ctx.kept if len(ctx.kept) else ctx.job_gpus]])
+    in_pods = np.isin(layout.node_domain[2][topo.gpu_node], pods)
+    spare_here = topo.node_spare[topo.gpu_node] & (topo.gpu_chip == ctx.chip) & in_pods
+    candidates = np.flatnonzero(spare_here & ctx.usable)
+    if yielding is not None and len(candidates) < need:
+        taken_back = yielding & topo.usable() & spare_here
+        taken_back[faulty] = False
+        taken_back[ctx.job_gpus] = False
+        candidates = np.concatenate([candidates, np.flatnonzero(taken_back)])
+    if len(candidates) < need:
+        return None
+    # whole spare nodes first, in node order
+    reason = f"{need} GPUs replaced from the spare pool of the job's pod"
+    return ctx.plan("spare", ctx.lost, candidates[:need], len(ctx.job_gpus), reason)
+
+
+def _from_healthy(ctx: _Ctx, max_level: int) -> RecoveryPlan | None:
+    """2. a healthy placement for the lost GPUs within the job's allowed domain."""
+    layout, topo, need = ctx.layout, ctx.layout.topo, len(ctx.lost)
+    anchor = topo.gpu_node[ctx.kept[0]] if len(ctx.kept) else topo.gpu_node[ctx.job_gpus[0]]
+    pool = FreePool(layout, ctx.usable)
+    for level in range(1, max_level + 1):
+        domain = int(layout.node_domain[level][anchor]) if level < len(LEVELS) - 1 else 0
+        placed = pool.place(ctx.chip, need, level, within=(level, domain))
+        if placed is not None:
+            reason = f"{need} GPUs replaced by healthy GPUs in {layout.domain_name(level, domain)}"
+            return ctx.plan("replacement", ctx.lost, placed[0], len(ctx.job_gpus), reason)
+    return None
+
+
+def _by_shrinking(ctx: _Ctx, min_gpus: int | None, size_step: int) -> RecoveryPlan | None:
+    """3. an elastic job shrinks onto what it has left."""
+    if min_gpus is None:
+        return None
+    topo, kept = ctx.layout.topo, ctx.kept
+    size = len(kept) - len(kept) % size_step
+    if size < min_gpus or size <= 0:
+        return None
+    # drop the GPUs of the nodes the job holds least of (a partly lost node goes first)
+    nodes = topo.gpu_node[kept]
+    held = np.bincount(nodes, minlength=topo.num_nodes)[nodes]
+    order = np.lexsort((kept, -held))
+    keep = np.sort(kept[order[:size]])
+    dropped = np.setdiff1d(ctx.job_gpus, keep)
+    reason = (
+        f"no spare or healthy {topo.chip_names[ctx.chip]} GPUs near the job: shrunk from "
+        f"{len(ctx.job_gpus)} to {size} GPUs and re-planned"
+    )
+    return ctx.plan("shrink", dropped, ctx.lost[:0], size, reason)
