@@ -17,13 +17,8 @@ READY, GPU_READY = NODE_STATE_CODE["ready"], GPU_STATE_CODE["ready"]
 SIZE_BUCKETS = ((1, 1), (2, 8), (9, 64), (65, 512), (513, 2048), (2049, 1 << 30))
 
 
-def summarize(self, wall: float) -> dict:
-    """The report of a finished simulation: jobs, utilization, pending time by size, ETTR and
-    its loss buckets, faults, recoveries, inference, the engine's own figures and the series."""
-    end = self.cfg.days * DAY
-    gpus = self.topo.num_gpus
-    started = [j for j in self.jobs.values() if j.first_admit is not None]
-    arrived = [j for j in self.jobs.values() if j.spec.arrival <= end]
+def _pending_time(started, arrived) -> dict[str, dict]:
+    """Time from arrival to first start by job size: p50, p95 and the jobs never started."""
     pending_time: dict[str, dict] = {}
     for lo, hi in SIZE_BUCKETS:
         waits = [j.first_admit - j.spec.arrival for j in started if lo <= j.spec.gpus <= hi]
@@ -36,6 +31,11 @@ def summarize(self, wall: float) -> dict:
                 "p50_s": round(float(np.percentile(waits, 50)), 1) if waits else None,
                 "p95_s": round(float(np.percentile(waits, 95)), 1) if waits else None,
             }
+    return pending_time
+
+
+def _training_ettr(started, end: float) -> tuple[list[dict], dict[str, float], float]:
+    """ETTR of every training job of 512 GPUs or more, and the GPU-weighted loss totals."""
     training = [j for j in started if j.spec.kind == "training" and j.spec.gpus >= 512]
     ettr_jobs = []
     totals = dict.fromkeys(BUCKETS, 0.0)
@@ -68,6 +68,18 @@ def summarize(self, wall: float) -> dict:
         for k in BUCKETS:
             totals[k] += losses[k] * j.spec.gpus
         wall_total += span * j.spec.gpus
+    return ettr_jobs, totals, wall_total
+
+
+def summarize(self, wall: float) -> dict:
+    """The report of a finished simulation: jobs, utilization, pending time by size, ETTR and
+    its loss buckets, faults, recoveries, inference, the engine's own figures and the series."""
+    end = self.cfg.days * DAY
+    gpus = self.topo.num_gpus
+    started = [j for j in self.jobs.values() if j.first_admit is not None]
+    arrived = [j for j in self.jobs.values() if j.spec.arrival <= end]
+    pending_time = _pending_time(started, arrived)
+    ettr_jobs, totals, wall_total = _training_ettr(started, end)
     outcomes = Counter(j.spec.outcome for j in self.jobs.values() if j.ended is not None)
     alloc = [s["allocated"] / gpus for s in self.samples]
     busy = [s["busy"] / gpus for s in self.samples]
