@@ -92,22 +92,51 @@ def build_cluster(spec: TopologySpec, *, replace: bool = False) -> BuildResult:
             raise InventoryExists("the database already holds a cluster; pass replace to rebuild it")
         clear_inventory()
     ensure_chip_catalogue()
-    chips = {c.name: c for c in ChipType.objects.all()}
-
     regions = Region.objects.bulk_create(Region(name=r.name, description=r.description) for r in spec.regions)
-    dc_rows: list[Datacenter] = []
-    dc_specs = []
+    datacenters, dc_specs = _datacenters(spec, regions)
+    links = _links(spec, {(r, dc.name): row for (r, dc), row in zip(dc_specs, datacenters, strict=True)})
+    pod_rows, pod_specs = [], []
+    for dc_row, (_, dc) in zip(datacenters, dc_specs, strict=True):
+        for pod in dc.pods:
+            pod_rows.append(Pod(datacenter=dc_row, name=pod.name, fabric=pod.fabric))
+            pod_specs.append((dc.name, pod))
+    pods = Pod.objects.bulk_create(pod_rows, batch_size=2000)
+    rack_rows = []
+    for pod_row, (_, pod) in zip(pods, pod_specs, strict=True):
+        rack_rows.extend(Rack(pod=pod_row, name=f"r{r + 1:02d}") for r in range(pod.racks))
+    racks = Rack.objects.bulk_create(rack_rows, batch_size=2000)
+    nodes = _nodes(pod_specs, racks)
+    gpu_rows = [
+        (node.pk, index, *gpu_identity(node.hostname, index))
+        for node in nodes
+        for index in range(node.gpus_per_node)
+    ]
+    _insert_gpus(gpu_rows)
+    return BuildResult(
+        regions=len(regions),
+        datacenters=len(datacenters),
+        pods=len(pods),
+        racks=len(racks),
+        nodes=len(nodes),
+        gpus=len(gpu_rows),
+        links=len(links),
+    )
+
+
+def _datacenters(spec: TopologySpec, regions: list[Region]):
+    rows, specs = [], []
     for region, region_spec in zip(regions, spec.regions, strict=True):
         for dc in region_spec.datacenters:
-            dc_rows.append(
+            rows.append(
                 Datacenter(
                     region=region, name=dc.name, location=dc.location, power_budget_kw=dc.power_budget_kw
                 )
             )
-            dc_specs.append((region_spec.name, dc))
-    datacenters = Datacenter.objects.bulk_create(dc_rows)
-    dc_by_key = {(r, dc.name): row for (r, dc), row in zip(dc_specs, datacenters, strict=True)}
+            specs.append((region_spec.name, dc))
+    return Datacenter.objects.bulk_create(rows), specs
 
+
+def _links(spec: TopologySpec, dc_by_key: dict) -> list[DatacenterLink]:
     links = []
     for link in spec.links:
         a, b = dc_by_key[link.a], dc_by_key[link.b]
@@ -122,53 +151,26 @@ def build_cluster(spec: TopologySpec, *, replace: bool = False) -> BuildResult:
                 bandwidth_gbps=link.bandwidth_gbps,
             )
         )
-    DatacenterLink.objects.bulk_create(links)
+    return DatacenterLink.objects.bulk_create(links)
 
-    pod_rows, pod_specs = [], []
-    for dc_row, (_, dc) in zip(datacenters, dc_specs, strict=True):
-        for pod in dc.pods:
-            pod_rows.append(Pod(datacenter=dc_row, name=pod.name, fabric=pod.fabric))
-            pod_specs.append((dc.name, pod))
-    pods = Pod.objects.bulk_create(pod_rows, batch_size=2000)
 
-    rack_rows = []
-    for pod_row, (_, pod) in zip(pods, pod_specs, strict=True):
-        rack_rows.extend(Rack(pod=pod_row, name=f"r{r + 1:02d}") for r in range(pod.racks))
-    racks = Rack.objects.bulk_create(rack_rows, batch_size=2000)
-
-    node_rows = []
+def _nodes(pod_specs, racks: list[Rack]) -> list[Node]:
+    chips = {c.name: c for c in ChipType.objects.all()}
+    rows = []
     rack_iter = iter(racks)
-    for (dc_name, pod), _pod_row in zip(pod_specs, pods, strict=True):
+    for dc_name, pod in pod_specs:
         # The last nodes of each pod are its spares: recovery takes them first.
         first_spare = pod.nodes - pod.spare_nodes
         for r in range(pod.racks):
             rack = next(rack_iter)
             for n in range(pod.nodes_per_rack):
-                position = r * pod.nodes_per_rack + n
-                node_rows.append(
+                rows.append(
                     Node(
                         rack=rack,
                         hostname=f"{dc_name}-{pod.name}-{rack.name}-n{n + 1:02d}",
                         chip_type=chips[pod.chip_type],
                         gpus_per_node=pod.gpus_per_node,
-                        is_spare=position >= first_spare,
+                        is_spare=r * pod.nodes_per_rack + n >= first_spare,
                     )
                 )
-    nodes = Node.objects.bulk_create(node_rows, batch_size=4000)
-
-    gpu_rows = [
-        (node.pk, index, *gpu_identity(node.hostname, index))
-        for node in nodes
-        for index in range(node.gpus_per_node)
-    ]
-    _insert_gpus(gpu_rows)
-
-    return BuildResult(
-        regions=len(regions),
-        datacenters=len(datacenters),
-        pods=len(pods),
-        racks=len(racks),
-        nodes=len(nodes),
-        gpus=len(gpu_rows),
-        links=len(links),
-    )
+    return Node.objects.bulk_create(rows, batch_size=4000)

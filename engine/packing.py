@@ -152,6 +152,47 @@ def _feasible(state: PackState, task: Task, allowed_models: np.ndarray | None) -
     return ok & ((state.gpu_free == WHOLE).sum(axis=1) >= task.gpus)
 
 
+def _candidates(state: PackState, task: Task, nodes: np.ndarray):
+    """(candidate nodes, GPU slot of each for a fraction, each node's free GPU milli after, tightness):
+    a fraction considers one GPU per distinct free value on each node (the same outcome)."""
+    free = state.gpu_free[nodes]
+    if task.fractional:
+        rows, slots = np.nonzero(free >= task.milli)
+        key = nodes[rows].astype(np.int64) * 2048 + free[rows, slots]
+        _, first = np.unique(key, return_index=True)
+        rows, slots = rows[first], slots[first]
+        after = free[rows].copy()
+        after[np.arange(len(rows)), slots] -= task.milli
+        return nodes[rows], slots, after, after[np.arange(len(rows)), slots].astype(np.float64)
+    after = free.copy()
+    if task.gpus:
+        # the first k entirely free GPUs of each node
+        whole = after == WHOLE
+        after[whole & (np.cumsum(whole, axis=1) <= task.gpus)] = 0
+        tight = np.where(after > 0, after, 0).sum(axis=1).astype(np.float64)
+    else:
+        tight = (state.cpu_free[nodes] - task.cpu).astype(np.float64)
+    return nodes, None, after, tight
+
+
+def _pick(policy, state, task, rng, mix, node_frag, cand_nodes, after, tight) -> int:
+    """The candidate ``policy`` chooses (an index into ``cand_nodes``)."""
+    if policy == "random":
+        return int(rng.integers(len(cand_nodes)))
+    if policy == "best-fit":
+        return int(np.argmin(tight))
+    if policy == "fragmentation":
+        if mix is None or node_frag is None:
+            raise ValueError("the fragmentation policy needs the task mix and node fragmentation")
+        frag_after = mix.fragmentation(
+            after, state.cpu_free[cand_nodes] - task.cpu, state.mem_free[cand_nodes] - task.mem
+        )
+        delta = frag_after - node_frag[cand_nodes]
+        best = np.flatnonzero(delta <= delta.min() + 1e-9)
+        return int(best[np.argmin(tight[best])])
+    raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+
+
 def place(
     state: PackState,
     task: Task,
@@ -168,45 +209,8 @@ def place(
     nodes = np.flatnonzero(_feasible(state, task, allowed))
     if len(nodes) == 0:
         return None
-    free = state.gpu_free[nodes]
-    if task.fractional:
-        # candidate (node, GPU) pairs; per node one GPU per distinct free value (same outcome)
-        rows, slots = np.nonzero(free >= task.milli)
-        key = nodes[rows].astype(np.int64) * 2048 + free[rows, slots]
-        _, first = np.unique(key, return_index=True)
-        rows, slots = rows[first], slots[first]
-        cand_nodes = nodes[rows]
-        after = free[rows].copy()
-        after[np.arange(len(rows)), slots] -= task.milli
-        tight = after[np.arange(len(rows)), slots].astype(np.float64)
-    else:
-        cand_nodes = nodes
-        rows = np.arange(len(nodes))
-        after = free.copy()
-        slots = None
-        if task.gpus:
-            # the first k entirely free GPUs of each node
-            whole = after == WHOLE
-            take = whole & (np.cumsum(whole, axis=1) <= task.gpus)
-            after[take] = 0
-        tight = np.where(after > 0, after, 0).sum(axis=1).astype(np.float64)
-        if task.gpus == 0:
-            tight = (state.cpu_free[cand_nodes] - task.cpu).astype(np.float64)
-    if policy == "random":
-        pick = int(rng.integers(len(cand_nodes)))
-    elif policy == "best-fit":
-        pick = int(np.argmin(tight))
-    elif policy == "fragmentation":
-        if mix is None or node_frag is None:
-            raise ValueError("the fragmentation policy needs the task mix and node fragmentation")
-        frag_after = mix.fragmentation(
-            after, state.cpu_free[cand_nodes] - task.cpu, state.mem_free[cand_nodes] - task.mem
-        )
-        delta = frag_after - node_frag[cand_nodes]
-        best = np.flatnonzero(delta <= delta.min() + 1e-9)
-        pick = int(best[np.argmin(tight[best])])
-    else:
-        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+    cand_nodes, slots, after, tight = _candidates(state, task, nodes)
+    pick = _pick(policy, state, task, rng, mix, node_frag, cand_nodes, after, tight)
     node = int(cand_nodes[pick])
     if task.fractional:
         used = (int(slots[pick]),)

@@ -162,58 +162,44 @@ COMPARISON_HEADER = (
 )
 
 
-def write_report(results: list[dict], path: Path) -> None:
-    """One self-contained HTML file (plotly.js inline) with every chart of every configuration."""
-    import plotly.graph_objects as go
-    import plotly.io as pio
+COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00"]  # Okabe-Ito
 
-    colours = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00"]
-    figures = []
 
-    def line_chart(title, ytitle, key, scale):
+def _colour(i: int) -> str:
+    return COLOURS[i % len(COLOURS)]
+
+
+def _line_charts(go, results: list[dict]) -> list:
+    """Samples over time, one line per configuration."""
+
+    def line_chart(title, ytitle, value):
         fig = go.Figure()
         for i, r in enumerate(results):
             s = r["series"]["samples"]
-            fig.add_trace(
-                go.Scatter(
-                    x=[x["t"] / 3600 for x in s],
-                    y=[scale(x, r) for x in s],
-                    name=r["name"],
-                    line={"color": colours[i % len(colours)]},
-                )
-            )
+            x, y = [p["t"] / 3600 for p in s], [value(p, r) for p in s]
+            fig.add_trace(go.Scatter(x=x, y=y, name=r["name"], line={"color": _colour(i)}))
         fig.update_layout(title=title, xaxis_title="hours", yaxis_title=ytitle, template="plotly_white")
         return fig
 
-    figures.append(
-        line_chart("GPUs allocated", "% of GPUs", "allocated", lambda x, r: 100 * x["allocated"] / r["gpus"])
-    )
-    figures.append(line_chart("Queue length", "pending jobs", "pending", lambda x, r: x["pending_jobs"]))
-    figures.append(line_chart("GPUs out of service", "GPUs", "down", lambda x, r: x["down_gpus"]))
-    figures.append(
-        line_chart(
-            "Inference replicas running", "replicas", "inference", lambda x, r: x.get("inference_replicas", 0)
-        )
-    )
-    figures.append(
+    return [
+        line_chart("GPUs allocated", "% of GPUs", lambda x, r: 100 * x["allocated"] / r["gpus"]),
+        line_chart("Queue length", "pending jobs", lambda x, r: x["pending_jobs"]),
+        line_chart("GPUs out of service", "GPUs", lambda x, r: x["down_gpus"]),
+        line_chart("Inference replicas running", "replicas", lambda x, r: x.get("inference_replicas", 0)),
         line_chart(
             "Busiest rack uplink (training traffic from the modelled plans)",
             "% of capacity",
-            "rack",
             lambda x, r: 100 * x.get("rack_uplink_util_max", 0),
-        )
-    )
+        ),
+    ]
+
+
+def _pending_chart(go, results: list[dict]):
     fig = go.Figure()
     for i, r in enumerate(results):
         labels = list(r["pending_time_by_size"])
-        fig.add_trace(
-            go.Bar(
-                x=labels,
-                y=[(r["pending_time_by_size"][k]["p50_s"] or 0) / 60 for k in labels],
-                name=f"{r['name']} p50",
-                marker_color=colours[i % len(colours)],
-            )
-        )
+        y = [(r["pending_time_by_size"][k]["p50_s"] or 0) / 60 for k in labels]
+        fig.add_trace(go.Bar(x=labels, y=y, name=f"{r['name']} p50", marker_color=_colour(i)))
     fig.update_layout(
         title="Pending time by job size (median)",
         xaxis_title="GPUs",
@@ -221,69 +207,71 @@ def write_report(results: list[dict], path: Path) -> None:
         barmode="group",
         template="plotly_white",
     )
-    figures.append(fig)
-    fig = go.Figure()
-    buckets = ETTR_BUCKETS
-    for b, colour in zip(buckets, colours, strict=False):
-        fig.add_trace(
-            go.Bar(
-                x=[r["name"] for r in results],
-                y=[100 * r["ettr"]["loss_share"].get(b, 0) for r in results],
-                name=b.replace("_", " "),
-                marker_color=colour,
-            )
+    return fig
+
+
+def _ettr_charts(go, results: list[dict]) -> list:
+    losses = go.Figure()
+    for b, colour in zip(ETTR_BUCKETS, COLOURS, strict=False):
+        y = [100 * r["ettr"]["loss_share"].get(b, 0) for r in results]
+        losses.add_trace(
+            go.Bar(x=[r["name"] for r in results], y=y, name=b.replace("_", " "), marker_color=colour)
         )
-    fig.update_layout(
+    losses.update_layout(
         title="Where training time is lost (GPU-weighted, training jobs of 512+ GPUs)",
         yaxis_title="% of wall time",
         barmode="stack",
         template="plotly_white",
     )
-    figures.append(fig)
-    fig = go.Figure()
+    per_job = go.Figure()
     for i, r in enumerate(results):
-        jobs = r["series"]["ettr_jobs"]
-        fig.add_trace(
-            go.Box(y=[100 * j["ettr"] for j in jobs], name=r["name"], marker_color=colours[i % len(colours)])
-        )
-    fig.update_layout(title="ETTR per training job", yaxis_title="%", template="plotly_white")
-    figures.append(fig)
+        y = [100 * j["ettr"] for j in r["series"]["ettr_jobs"]]
+        per_job.add_trace(go.Box(y=y, name=r["name"], marker_color=_colour(i)))
+    per_job.update_layout(title="ETTR per training job", yaxis_title="%", template="plotly_white")
+    return [losses, per_job]
+
+
+def _fault_charts(go, results: list[dict]) -> list:
     r0 = results[0]
-    fig = go.Figure()
-    causes = sorted({f[1] for f in r0["series"]["faults"]})
-    for i, cause in enumerate(causes):
+    faults = go.Figure()
+    for i, cause in enumerate(sorted({f[1] for f in r0["series"]["faults"]})):
         times = [f[0] / 3600 for f in r0["series"]["faults"] if f[1] == cause]
-        fig.add_trace(
+        faults.add_trace(
             go.Scatter(
                 x=times,
                 y=[cause] * len(times),
                 mode="markers",
                 name=cause,
-                marker={"color": colours[i % len(colours)], "size": 6},
+                marker={"color": _colour(i), "size": 6},
             )
         )
-    fig.update_layout(
+    faults.update_layout(
         title=f"Faults by cause ({r0['name']})",
         xaxis_title="hours",
         template="plotly_white",
         showlegend=False,
     )
-    figures.append(fig)
-    fig = go.Figure()
+    recovery = go.Figure()
     for i, r in enumerate(results):
-        fig.add_trace(
-            go.Histogram(
-                x=[x[2] for x in r["series"]["recoveries"]],
-                name=r["name"],
-                marker_color=colours[i % len(colours)],
-                opacity=0.7,
-            )
-        )
-    fig.update_layout(
+        x = [x[2] for x in r["series"]["recoveries"]]
+        recovery.add_trace(go.Histogram(x=x, name=r["name"], marker_color=_colour(i), opacity=0.7))
+    recovery.update_layout(
         title="Time to recover", xaxis_title="seconds", barmode="overlay", template="plotly_white"
     )
-    figures.append(fig)
+    return [faults, recovery]
 
+
+def write_report(results: list[dict], path: Path) -> None:
+    """One self-contained HTML file (plotly.js inline) with every chart of every configuration."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    figures = [
+        *_line_charts(go, results),
+        _pending_chart(go, results),
+        *_ettr_charts(go, results),
+        *_fault_charts(go, results),
+    ]
     table = "".join(
         "<tr>" + "".join(f"<td>{cell if cell is not None else '-'}</td>" for cell in row) + "</tr>"
         for row in comparison_rows(results)

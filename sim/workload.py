@@ -113,15 +113,31 @@ def generate(
 
     ``pretrain_share`` of the GPU-time goes to large gangs; the trace-calibrated stream fills the
     rest up to ``target_load`` (or is ``jobs`` jobs long when given)."""
+    if trace not in TRACES:
+        raise ValueError(f"trace {trace!r} is unknown; known: {', '.join(TRACES)}")
     rng = np.random.default_rng([seed, 11])
+    horizon = days * 86_400.0
+    out = _pretraining(rng, capacity, horizon, pretrain_share, elastic_share)
+    out += _stream(rng, capacity, horizon, jobs, max(0.0, target_load - pretrain_share), trace)
+    out.sort(key=lambda j: j.arrival)
+    return [
+        SimJob(i + 1, *[getattr(j, f) for f in SimJob.__dataclass_fields__ if f != "id"])
+        for i, j in enumerate(out)
+    ]
+
+
+def _chip_shares(capacity: dict[str, int]) -> tuple[list[str], np.ndarray]:
     chips = sorted(capacity)
     total = sum(capacity.values())
-    chip_p = np.array([capacity[c] / total for c in chips])
-    horizon = days * 86_400.0
-    out: list[SimJob] = []
-    # large pretraining gangs, arriving over the first half, running for days
-    budget = pretrain_share * total * horizon
-    t = 0.0
+    return chips, np.array([capacity[c] / total for c in chips])
+
+
+def _pretraining(rng, capacity, horizon: float, share: float, elastic_share: float) -> list[SimJob]:
+    """Large pretraining gangs arriving over the first half, running for days, until they use
+    ``share`` of the cluster's GPU-time."""
+    chips, chip_p = _chip_shares(capacity)
+    budget = share * sum(capacity.values()) * horizon
+    out, t = [], 0.0
     while budget > 0:
         chip = chips[int(rng.choice(len(chips), p=chip_p))]
         # gangs of 1,024-16,384 GPUs, at most half of the chip type; smaller clusters get smaller gangs
@@ -151,16 +167,18 @@ def generate(
         t += rng.exponential(horizon / 20)
         if t >= horizon:
             t = horizon * rng.random() * 0.5
-    # the trace-calibrated stream
-    if trace not in TRACES:
-        raise ValueError(f"trace {trace!r} is unknown; known: {', '.join(TRACES)}")
+    return out
+
+
+def _stream(rng, capacity, horizon: float, jobs: int | None, load: float, trace: str) -> list[SimJob]:
+    """The trace-calibrated stream: ``jobs`` jobs, or as many as use ``load`` of the GPU-time."""
+    chips, chip_p = _chip_shares(capacity)
     profile = TRACES[trace]
     probe_sizes = sample_sizes(rng, 20_000, trace)
     probe_work = runtime_quantile(rng.random(20_000))
     mean_gpu_s = float((probe_sizes * probe_work).mean())
     if jobs is None:
-        stream_budget = max(0.0, target_load - pretrain_share) * total * horizon
-        jobs = int(stream_budget / mean_gpu_s)
+        jobs = int(load * sum(capacity.values()) * horizon / mean_gpu_s)
     arrivals = np.sort(rng.random(jobs)) * horizon
     sizes = sample_sizes(rng, jobs, trace)
     work = np.maximum(runtime_quantile(rng.random(jobs)), 1.0)
@@ -168,6 +186,7 @@ def generate(
     cut = rng.random(jobs)
     job_chips = rng.choice(len(chips), size=jobs, p=chip_p)
     queues = rng.choice(["research", "dev"], size=jobs, p=[0.6, 0.4])
+    out = []
     for i in range(jobs):
         outcome = (
             "failed"
@@ -191,11 +210,7 @@ def generate(
                 parameters=size * 5e7,
             )
         )
-    out.sort(key=lambda j: j.arrival)
-    return [
-        SimJob(i + 1, *[getattr(j, f) for f in SimJob.__dataclass_fields__ if f != "id"])
-        for i, j in enumerate(out)
-    ]
+    return out
 
 
 WORKLOAD_COLUMNS = (
