@@ -39,7 +39,7 @@ def _apply(result, pending, running, now):
         running.append(by_id[a.job_id].started(a.gpus, a.chip, now, a.parts))
     resized = {r.job_id: r.gpus for r in result.resizes}
     if resized:
-        running = [replace(j, gpus=resized[j.id]) if j.id in resized else j for j in running]
+        running = [replace(j, held=resized[j.id]) if j.id in resized else j for j in running]
     return [j for j in pending if j.id not in started], running
 
 
@@ -57,7 +57,7 @@ def bench_fill(layout: Layout) -> dict:
         engine_time += dt
         starts += len(result.admissions)
         pending, running = _apply(result, pending, running, 0.0)
-        allocated = sum(len(j.gpus) for j in running)
+        allocated = sum(len(j.held) for j in running)
         if not result.admissions:
             break
     return {

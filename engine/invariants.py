@@ -31,7 +31,7 @@ def running_after(running: list[RunningJob], result: CycleResult, pending: list[
     victims = {p.job_id for p in result.preemptions}
     resized = {r.job_id: r.gpus for r in result.resizes}
     by_id = {j.id: j for j in pending}
-    after = [replace(j, gpus=resized.get(j.id, j.gpus)) for j in running if j.id not in victims]
+    after = [replace(j, held=resized.get(j.id, j.held)) for j in running if j.id not in victims]
     for a in result.admissions:
         after.append(by_id[a.job_id].started(a.gpus, a.chip, now, a.parts))
     return after
@@ -68,7 +68,7 @@ def check_cycle(
     used_before = np.zeros(topo.num_gpus, dtype=np.int32)
     for j in running:
         if j.id not in victims:
-            np.add.at(used_before, j.gpus, j.share)
+            np.add.at(used_before, j.held, j.share)
     ctx = _Context(
         layout,
         {q.name: q for q in queues},
@@ -91,7 +91,7 @@ def check_cycle(
     after = running_after(running, result, pending, now)
     used = np.zeros(topo.num_gpus, dtype=np.int32)
     for j in after:
-        np.add.at(used, j.gpus, j.share)
+        np.add.at(used, j.held, j.share)
     if (used > MILLI).any():
         problems.append(f"{int((used > MILLI).sum())} GPUs are held beyond their capacity")
     before_violations = set(build_quota_book(queues, topo.chip_names, running).violations())
@@ -129,8 +129,8 @@ def _resize_problems(ctx: _Context, r, job: RunningJob | None, victims: set[int]
     problems, topo = [], ctx.topo
     if r.job_id in victims:
         problems.append(f"job {r.job_id} was both resized and preempted")
-    low = job.min_gpus if job.min_gpus is not None else len(job.gpus)
-    high = job.max_gpus if job.max_gpus is not None else len(job.gpus)
+    low = job.min_gpus if job.min_gpus is not None else len(job.held)
+    high = job.max_gpus if job.max_gpus is not None else len(job.held)
     if not low <= len(r.gpus) <= high:
         problems.append(f"job {r.job_id} resized to {len(r.gpus)} GPUs, outside {low}-{high}")
     if len(r.added):

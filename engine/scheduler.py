@@ -128,18 +128,18 @@ class Cycle(
         self.queues = list(queues)
         self.queue_index = {q.name: i for i, q in enumerate(self.queues)}
         self.chip_index = {name: i for i, name in enumerate(self.topo.chip_names)}
-        self.running = [j for j in running if len(j.gpus)]
+        self.running = [j for j in running if len(j.held)]
         self.pending = list(pending)
         self.quota = build_quota_book(self.queues, self.topo.chip_names, self.running)
         self.schedulable = self.topo.schedulable()
         owned = np.zeros(self.topo.num_gpus, dtype=bool)
         if self.running:
-            owned[np.concatenate([j.gpus for j in self.running])] = True
+            owned[np.concatenate([j.held for j in self.running])] = True
         # thousandths used on shared GPUs; a shared GPU is never free for whole-GPU jobs
         self.gpu_used = np.zeros(self.topo.num_gpus, dtype=np.int32)
         for job in self.running:
             if job.fractional:
-                self.gpu_used[job.gpus] += job.share
+                self.gpu_used[job.held] += job.share
         self.shared = np.flatnonzero(self.gpu_used)  # GPUs with fractions on them
         shares = [j.share for j in self.pending if j.fractional]
         self.min_share = min(shares) if shares else MILLI

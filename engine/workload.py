@@ -136,7 +136,7 @@ class PendingJob:
 class RunningJob:
     id: int
     queue: str
-    gpus: np.ndarray  # GPU indices in the snapshot
+    held: np.ndarray  # the GPU indices it holds in the snapshot (a request's size is ``gpus``)
     chip: str
     priority: int = 0
     started_at: float = 0.0
@@ -155,7 +155,7 @@ class RunningJob:
 
     @property
     def demand(self) -> int:
-        return len(self.gpus) * self.share
+        return len(self.held) * self.share
 
     def demand_by_chip(self) -> tuple[tuple[str, int], ...]:
         """(chip, thousandths) this job is charged per chip type."""
@@ -168,19 +168,19 @@ class RunningJob:
         """GPUs this job can give up by shrinking (0 for a rigid job)."""
         if self.min_gpus is None:
             return 0
-        spare = len(self.gpus) - self.min_gpus
+        spare = len(self.held) - self.min_gpus
         return max(0, spare - spare % self.size_step)
 
     @property
     def growable(self) -> int:
         if self.max_gpus is None:
             return 0
-        room = self.max_gpus - len(self.gpus)
+        room = self.max_gpus - len(self.held)
         return max(0, room - room % self.size_step)
 
     def lost_work(self, now: float) -> float:
         """GPU-seconds of work lost if this job were evicted now without a save."""
-        return unsaved_s(now, self.started_at, self.last_checkpoint_at) * len(self.gpus)
+        return unsaved_s(now, self.started_at, self.last_checkpoint_at) * len(self.held)
 
 
 @dataclass(frozen=True)

@@ -334,7 +334,7 @@ def load_running() -> list[RunningJob]:
             RunningJob(
                 id=job_id,
                 queue=queue,
-                gpus=gpus,
+                held=gpus,
                 chip=chip or "",
                 priority=priority,
                 started_at=start,

@@ -86,7 +86,7 @@ def test_reclaiming_quota_shrinks_the_borrower_instead_of_evicting_it():
     (a,) = result.admissions
     assert a.job_id == 2 and len(a.gpus) == 32
     assert set(a.gpus) <= set(resize.released.tolist())
-    sizes = {j.id: len(j.gpus) for j in after}
+    sizes = {j.id: len(j.held) for j in after}
     assert sizes == {1: 96, 2: 32}
 
 

@@ -21,7 +21,7 @@ class DrainStep:
             return
         held = np.zeros(self.topo.num_nodes, dtype=bool)
         for job in self.running:
-            nodes = self.topo.gpu_node[job.gpus]
+            nodes = self.topo.gpu_node[job.held]
             due = deadlines[nodes]
             on = ~np.isnan(due)
             if not on.any() or self.now < due[on].min():
@@ -37,8 +37,8 @@ class DrainStep:
             self.victims.add(job.id)
             self._charge(job, -1)
             if job.fractional:
-                self.gpu_used[job.gpus] -= job.share
+                self.gpu_used[job.held] -= job.share
             else:  # its GPUs on other nodes are free again
-                self.pools.give(job.gpus[self.schedulable[job.gpus]])
+                self.pools.give(job.held[self.schedulable[job.held]])
             self.result.preemptions.append(Preemption(job.id, None, reason))
         self.result.drained = [int(n) for n in np.flatnonzero(draining & ~held)]

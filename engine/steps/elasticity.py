@@ -45,7 +45,7 @@ class ElasticStep:
         ]
         if not candidates:
             return False
-        candidates.sort(key=lambda vc: (vc[0].priority, -len(vc[0].gpus)))
+        candidates.sort(key=lambda vc: (vc[0].priority, -len(vc[0].held)))
         trial = self.pools.open.copy()
         chosen: list[tuple[RunningJob, str, np.ndarray]] = []
 
@@ -62,7 +62,7 @@ class ElasticStep:
                 break
             step = victim.size_step
             count = min(victim.shrinkable, -(-need // step) * step)
-            release = np.sort(victim.gpus)[len(victim.gpus) - count :]  # the tail: whole nodes first
+            release = np.sort(victim.held)[len(victim.held) - count :]  # the tail: whole nodes first
             trial.give(release[self.schedulable[release] & ~self.reserved[release]])
             self.quota.remove(self.queue_index[victim.queue], c, count * MILLI)
             chosen.append((victim, why, release))
@@ -75,11 +75,11 @@ class ElasticStep:
         for victim, why, release in chosen:
             usable = release[self.schedulable[release] & ~self.reserved[release]]
             self.pools.give(usable)
-            keep = np.setdiff1d(victim.gpus, release)
-            self._replace_running(victim, replace(victim, gpus=keep))
-            reason = f"shrunk from {len(victim.gpus)} to {len(keep)} GPUs for job {job.id} ({why})"
+            keep = np.setdiff1d(victim.held, release)
+            self._replace_running(victim, replace(victim, held=keep))
+            reason = f"shrunk from {len(victim.held)} to {len(keep)} GPUs for job {job.id} ({why})"
             self.result.resizes.append(
-                Resize(victim.id, len(victim.gpus), keep, np.empty(0, np.int64), release, reason, job.id)
+                Resize(victim.id, len(victim.held), keep, np.empty(0, np.int64), release, reason, job.id)
             )
         placed = self.pools.place(c, job.gpus, max_level)
         if placed is None:
@@ -107,7 +107,7 @@ class ElasticStep:
             if qi < 0 or c < 0 or self.queues[qi].stopped or c in self.capacity_blocked_chips:
                 continue
             level = level_limit(job.topology)
-            domain = int(self.layout.node_domain[level][self.layout.gpu_node[job.gpus[0]]])
+            domain = int(self.layout.node_domain[level][self.layout.gpu_node[job.held[0]]])
             room = int(self.pools.open.counts(level, c)[domain])
             step = job.size_step
             sizes = list(range(min(job.growable, room - room % step), 0, -step))
@@ -118,16 +118,16 @@ class ElasticStep:
             if placed is None:
                 continue
             self.quota.add(qi, c, add * MILLI)
-            gpus = np.sort(np.concatenate([job.gpus, placed[0]]))
-            self._replace_running(job, replace(job, gpus=gpus))
+            gpus = np.sort(np.concatenate([job.held, placed[0]]))
+            self._replace_running(job, replace(job, held=gpus))
             self.result.resizes.append(
                 Resize(
                     job.id,
-                    len(job.gpus),
+                    len(job.held),
                     gpus,
                     placed[0],
                     np.empty(0, np.int64),
-                    f"grew from {len(job.gpus)} to {len(gpus)} GPUs: free {job.chip} GPUs in its "
+                    f"grew from {len(job.held)} to {len(gpus)} GPUs: free {job.chip} GPUs in its "
                     f"{LEVELS[level]}",
                 )
             )

@@ -65,7 +65,7 @@ class PreemptionStep:
         lay = self.layout
         gpu_chip = self.topo.gpu_chip
         usable = [
-            v.gpus[self.schedulable[v.gpus] & ~self.reserved[v.gpus] & (gpu_chip[v.gpus] == c)]
+            v.held[self.schedulable[v.held] & ~self.reserved[v.held] & (gpu_chip[v.held] == c)]
             for v, _ in candidates
         ]
         for level in range(max_level + 1):
@@ -85,7 +85,7 @@ class PreemptionStep:
                     continue
                 cost = (
                     sum(candidates[i][0].lost_work(self.now) for i in chosen),
-                    sum(len(candidates[i][0].gpus) for i in chosen),
+                    sum(len(candidates[i][0].held) for i in chosen),
                 )
                 if best is None or cost < best[0]:
                     best = (cost, int(d), chosen)

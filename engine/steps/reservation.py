@@ -26,7 +26,7 @@ class ReservationStep:
                 key=lambda j: j.estimated_end,
             )
             gpus = [
-                j.gpus[self.schedulable[j.gpus] & (c_of[j.gpus] == c)] if j.parts else j.gpus for j in jobs
+                j.held[self.schedulable[j.held] & (c_of[j.held] == c)] if j.parts else j.held for j in jobs
             ]
             base = self._ending_cache[c] = (jobs, gpus)
         chip = self.topo.chip_names[c]
@@ -38,7 +38,7 @@ class ReservationStep:
         pairs = [(j, g) for j, g in zip(*base, strict=True) if j.id not in self.victims]
         if extra:
             c_of = self.topo.gpu_chip
-            pairs += [(j, j.gpus[c_of[j.gpus] == c]) for j in extra]
+            pairs += [(j, j.held[c_of[j.held] == c]) for j in extra]
             pairs.sort(key=lambda p: p[0].estimated_end)
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
