@@ -172,6 +172,7 @@ class Cycle(
         self.held: dict[int, tuple[int, set[int], str]] = {}
         self.first_blocked: set[int] = set()  # queues whose first blocked job was seen
         self.quota_blocked = False  # the last job scheduled was refused by quota on every chip
+        self.borrow_blocked = ""  # why the last preemption attempt was refused while borrowing
         self.result = CycleResult()
 
     def run(self) -> CycleResult:
@@ -225,14 +226,18 @@ class Cycle(
             return ""
         if job.mixed and len(chips) > 1 and self._admit_mixed(qi, job, chips, max_level):
             return ""
-        for c in chips:
-            if self.result.preemption_attempts >= self.config.max_preemption_attempts:
-                reasons.append("preemption deferred to the next cycle (attempt limit reached)")
-                break
-            if self._admit_by_shrinking(qi, job, c, max_level):
-                return ""
-            if self._admit_by_preemption(qi, job, c, max_level):
-                return ""
+        # reclaiming lent quota on any chip type comes before evicting the queue's own work
+        for own in (False, True):
+            for c in chips:
+                if self.result.preemption_attempts >= self.config.max_preemption_attempts:
+                    reasons.append("preemption deferred to the next cycle (attempt limit reached)")
+                    break
+                if self._admit_by_shrinking(qi, job, c, max_level, own):
+                    return ""
+                if self._admit_by_preemption(qi, job, c, max_level, own):
+                    return ""
+                if own and self.borrow_blocked:
+                    reasons.append(self.borrow_blocked)
         return self._try_reserve(job, capacity_blocked, max_level) or "; ".join(reasons)
 
     def _try_chips(self, qi, job, chips, max_level, reasons: list[str]) -> list[int] | None:

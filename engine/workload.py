@@ -59,6 +59,9 @@ class QueueSpec:
     head_wait_s: float | None = DEFAULT_HEAD_WAIT_S  # best effort: the bounded wait (None: unbounded)
     # its jobs may run on spare nodes when nothing else is free; fault recovery takes them back
     may_use_spares: bool = False
+    # preempting while borrowing (Kueue's borrowWithinCohort): None, the default, never; a number:
+    # a job that would borrow may preempt jobs of priority up to it that its policies allow
+    borrow_preempt_max_priority: int | None = None
 
     def __post_init__(self) -> None:
         # policies given by name become their enums; an unknown name fails here, naming the field

@@ -57,6 +57,7 @@ class QueueAdmin(admin.ModelAdmin):
         "queueing_strategy",
         "head_wait_s",
         "may_use_spares",
+        "borrow_preempt_max_priority",
         "stopped",
     ]
     list_filter = ["cohort", "stopped"]

@@ -35,6 +35,8 @@ def queue_payload(post) -> dict:
         payload["may_use_spares"] = post.get("may_use_spares") == "on"
     if "queueing_strategy" in post:
         payload["queueing_strategy"] = post["queueing_strategy"]
+    if "borrow_preempt_max_priority" in post:
+        payload["borrow_preempt_max_priority"] = post["borrow_preempt_max_priority"].strip() or None
     if "head_wait_s" in post:
         payload["head_wait_s"] = post["head_wait_s"].strip() or None
     return payload

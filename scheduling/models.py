@@ -96,6 +96,13 @@ class Queue(models.Model):
         help_text="Its jobs may run on spare nodes when nothing else is free; fault recovery takes "
         "the spares back, preempting them first",
     )
+    borrow_preempt_max_priority = models.IntegerField(
+        "preempt while borrowing up to priority",
+        null=True,
+        blank=True,
+        help_text="Empty (the default): a job that would borrow preempts nothing. A number: it may "
+        "preempt jobs its policies allow up to this priority (Kueue's borrowWithinCohort)",
+    )
     queueing_strategy = models.CharField(
         max_length=16, choices=QueueingStrategy.choices, default=QueueingStrategy.BEST_EFFORT
     )

@@ -239,6 +239,7 @@ QUEUE_AUDITED = (
     "queueing_strategy",
     "head_wait_s",
     "may_use_spares",
+    "borrow_preempt_max_priority",
     "stopped",
 )
 POLICY_AUDITED = ("name", "description", "kind", "interval_s", "triggered_success")

@@ -286,6 +286,7 @@ def load_queues() -> list[QueueSpec]:
                 queueing=q.queueing_strategy,
                 head_wait_s=float(q.head_wait_s) if q.head_wait_s is not None else None,
                 may_use_spares=q.may_use_spares,
+                borrow_preempt_max_priority=q.borrow_preempt_max_priority,
             )
         )
     return specs

@@ -118,14 +118,21 @@ def test_borrowing_and_lending_limits_hold():
         QueueSpec("c", "research", nominal={H100: 8}),
     ]
     # The cohort pool holds a's 16, b's lendable 4 and c's 8: 28 GPUs; b keeps 44 for itself.
-    result, _ = cycle(lay, queues, [], [job(1, 32), job(2, 24), job(3, 8, queue="c"), job(4, 48, queue="b")])
+    result, _ = cycle(lay, queues, [], [job(1, 32), job(2, 24)])
     assert result.pending[1] == "queue a would borrow 16 H100-SXM GPUs, above its borrowing limit of 8"
     admitted = {a.job_id: a for a in result.admissions}
     assert admitted[2].borrowed == 8  # a uses 24 of the pool's 28
     # c's own 8 are partly lent to a now: only 4 are left in the pool
-    assert result.pending[3].startswith("queue c's nominal H100-SXM quota (8) is lent to other queues")
+    _, after = cycle(lay, queues, [], [job(2, 24)])
+    again, _ = cycle(lay, queues, after, [job(3, 8, queue="c"), job(4, 48, queue="b")])
+    assert again.pending[3].startswith("queue c's nominal H100-SXM quota (8) is lent to other queues")
     # b's 44 guaranteed GPUs are its own, and the 4 it lends are still free
-    assert 4 in admitted and admitted[4].borrowed == 0
+    assert [a.job_id for a in again.admissions] == [4] and again.admissions[0].borrowed == 0
+    # in one cycle, jobs within their queue's nominal quota go first: a's borrowing job finds the
+    # pool emptied by c's and b's own work
+    together, _ = cycle(lay, queues, [], [job(2, 24), job(3, 8, queue="c"), job(4, 48, queue="b")])
+    assert sorted(a.job_id for a in together.admissions) == [3, 4]
+    assert "cohort research has 16 to lend" in together.pending[2]  # a's own 16: it needs 24
 
 
 def test_a_queue_reclaims_lent_quota_by_preempting_the_borrower():

@@ -177,7 +177,8 @@ def test_reclaim_preempts_the_borrower_and_requeues_it(
     kinds = list(victim.events.values_list("kind", "reason"))
     assert (
         "preempted",
-        f"preempted by job {owner['id']}: queue nlp reclaims H100-SXM quota lent to queue vision",
+        f"preempted by job {owner['id']}: queue nlp reclaims H100-SXM quota lent to queue vision "
+        "(borrowed quota goes back first)",
     ) in kinds
     assert kinds[-1][0] == "requeued"
     assert not Allocation.objects.filter(job=victim, active=True).exists()

@@ -36,11 +36,11 @@ class ElasticStep:
             return False
         return self._admit_placed(qi, replace(job, gpus=size, min_gpus=None), c, max_level)
 
-    def _admit_by_shrinking(self, qi: int, job: PendingJob, c: int, max_level: int) -> bool:
+    def _admit_by_shrinking(self, qi: int, job: PendingJob, c: int, max_level: int, own: bool = True) -> bool:
         """Make room by shrinking elastic jobs the policies would let this job evict."""
         candidates = [
             (v, why)
-            for v, why in self._victim_candidates(qi, job, c)
+            for v, why in self._victim_candidates(qi, job, c, own)
             if v.shrinkable and v.id not in self.resized
         ]
         if not candidates:

@@ -35,8 +35,12 @@ class OrderingStep:
                 heapq.heappush(heads, self._key(qi, jobs[position[qi]]))
 
     def _key(self, qi: int, job: PendingJob):
+        """Jobs that fit within their queue's nominal quota come before jobs that would borrow
+        (Kueue's order); then priority, the queue's fair share, submit time."""
+        usage, nominal = self.quota.usage[qi], self.quota.nominal[qi]
+        borrows = all(usage[c] + job.demand > nominal[c] for c in self._chip_options(qi, job))
         share = self.quota.share(qi, self.queues[qi].weight)
-        return (-job.priority, share, job.submitted_at, job.id, qi)
+        return (borrows, -job.priority, share, job.submitted_at, job.id, qi)
 
     # --- 1b. queueing strategy ---------------------------------------------------------------
     def _held_behind(self, qi: int, job: PendingJob) -> str:

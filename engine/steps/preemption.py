@@ -11,54 +11,74 @@ from engine.workload import PendingJob, Preemption, Reclaim, RunningJob, WithinQ
 
 class PreemptionStep:
     # --- 4. preemption -------------------------------------------------------------------
-    def _victim_candidates(self, qi: int, job: PendingJob, c: int) -> list[tuple[RunningJob, str]]:
+    def _victim_candidates(
+        self, qi: int, job: PendingJob, c: int, own: bool = True
+    ) -> list[tuple[RunningJob, str]]:
+        """Jobs ``job`` may evict on chip ``c``, in the order they go (Kueue's rules): first jobs
+        of queues borrowing from the cohort, when this queue reclaims its nominal quota; then, if
+        ``own``, its own queue's lower-priority jobs; inside each group lowest priority first, then
+        least work since the last checkpoint. A job that would still borrow after evicting its own
+        queue's work preempts nothing unless its queue allows preempting while borrowing."""
         queue = self.queues[qi]
         chip = self.topo.chip_names[c]
         cohort = self.quota.cohort_of[qi]
+        mine = []
+        if own and queue.within_queue == WithinQueue.LOWER_PRIORITY:
+            mine = [
+                v
+                for v in self.running_by_queue_chip.get((qi, c), [])
+                if v.id not in self.victims and not v.fractional and v.priority < job.priority
+            ]
+        usage, nominal = self.quota.usage[qi, c], self.quota.nominal[qi, c]
+        freeable = sum(dict(v.demand_by_chip()).get(chip, 0) for v in mine)
+        within_nominal = usage - freeable + job.demand <= nominal
+        self.borrow_blocked = ""
+        if cohort >= 0 and not within_nominal:
+            limit = queue.borrow_preempt_max_priority
+            if limit is None:
+                if mine:
+                    self.borrow_blocked = (
+                        f"job {job.id} would borrow {chip} quota even after preempting its queue's "
+                        f"lower-priority work; queue {queue.name} does not preempt while borrowing"
+                    )
+                return []
+            mine = [v for v in mine if v.priority <= limit]
         reclaiming = (
             queue.reclaim_within_cohort != Reclaim.NEVER
             and cohort >= 0
-            and self.quota.usage[qi, c] + job.demand <= self.quota.nominal[qi, c]
+            and usage < nominal
+            and within_nominal
         )
-        within = queue.within_queue == WithinQueue.LOWER_PRIORITY
-        if not reclaiming and not within:
-            return []
-        pool = []
-        if within:
-            pool += self.running_by_queue_chip.get((qi, c), [])
+        candidates = []
         if reclaiming:
             for vq in np.flatnonzero(
                 (self.quota.cohort_of == cohort) & (self.quota.usage[:, c] > self.quota.nominal[:, c])
             ):
-                if vq != qi:
-                    pool += self.running_by_queue_chip.get((int(vq), c), [])
-        candidates = []
-        for victim in pool:
-            if victim.id in self.victims or victim.fractional:  # a shared GPU frees only when all leave
-                continue
-            vq = self.queue_index.get(victim.queue, -1)
-            if vq == qi:
-                if queue.within_queue == WithinQueue.LOWER_PRIORITY and victim.priority < job.priority:
-                    candidates.append(
-                        (victim, f"preempted by higher-priority job {job.id} in queue {queue.name}")
-                    )
-            elif (
-                reclaiming
-                and vq >= 0
-                and self.quota.cohort_of[vq] == cohort
-                and self.quota.borrowed(vq, c) > 0
-                and (queue.reclaim_within_cohort == Reclaim.ANY or victim.priority < job.priority)
-            ):
-                why = (
-                    f"preempted by job {job.id}: queue {queue.name} reclaims {chip} quota "
-                    f"lent to queue {victim.queue}"
-                )
-                candidates.append((victim, why))
-        candidates.sort(key=lambda vc: (vc[0].lost_work(self.now), vc[0].priority, -vc[0].started_at))
-        return candidates
+                if vq == qi:
+                    continue
+                for victim in self.running_by_queue_chip.get((int(vq), c), []):
+                    if (
+                        victim.id in self.victims or victim.fractional
+                    ):  # a shared GPU frees only when all leave
+                        continue
+                    if queue.reclaim_within_cohort == Reclaim.ANY or victim.priority < job.priority:
+                        why = (
+                            f"preempted by job {job.id}: queue {queue.name} reclaims {chip} quota lent to "
+                            f"queue {victim.queue} (borrowed quota goes back first)"
+                        )
+                        candidates.append((0, victim, why))
+        for victim in mine:
+            why = f"preempted by higher-priority job {job.id} in queue {queue.name}"
+            if reclaiming:
+                why += " (its own lower-priority work, as borrowed quota alone was not enough)"
+            candidates.append((1, victim, why))
+        candidates.sort(key=lambda g: (g[0], g[1].priority, g[1].lost_work(self.now), -g[1].started_at))
+        return [(victim, why) for _, victim, why in candidates]
 
-    def _admit_by_preemption(self, qi: int, job: PendingJob, c: int, max_level: int) -> bool:
-        candidates = self._victim_candidates(qi, job, c)
+    def _admit_by_preemption(
+        self, qi: int, job: PendingJob, c: int, max_level: int, own: bool = True
+    ) -> bool:
+        candidates = self._victim_candidates(qi, job, c, own)
         if not candidates:
             return False
         self.result.preemption_attempts += 1
@@ -84,6 +104,7 @@ class PreemptionStep:
                 if chosen is None:
                     continue
                 cost = (
+                    sum(1 for i in chosen if candidates[i][0].queue == job.queue),  # borrowers go first
                     sum(candidates[i][0].lost_work(self.now) for i in chosen),
                     sum(len(candidates[i][0].held) for i in chosen),
                 )
@@ -107,9 +128,19 @@ class PreemptionStep:
 
         chosen: list[int] = []
         have = free_here
+        chip = self.topo.chip_names[c]
+        taken: dict[int, int] = {}  # another queue -> what its chosen victims free on this chip
         for i in order:
             if satisfied(chosen, have):
                 break
+            victim = candidates[i][0]
+            vq = self.queue_index.get(victim.queue, -1)
+            amount = dict(victim.demand_by_chip()).get(chip, 0)
+            if vq != qi:
+                # a borrower gives back what it borrowed, never its own nominal quota
+                if self.quota.usage[vq, c] - taken.get(vq, 0) <= self.quota.nominal[vq, c]:
+                    continue
+                taken[vq] = taken.get(vq, 0) + amount
             chosen.append(i)
             have += gains[i]
         if not chosen or not satisfied(chosen, have):
@@ -121,9 +152,13 @@ class PreemptionStep:
         return chosen
 
     def _quota_ok_without(self, qi, job, c, victims: list[RunningJob]) -> bool:
+        """Whether ``job`` fits the quota once ``victims`` are gone; in a cohort it must fit within
+        its queue's nominal quota unless the queue allows preempting while borrowing."""
         for v in victims:
             self._charge(v, -1)
         ok = self.quota.check(qi, c, job.demand).ok
+        if ok and self.quota.cohort_of[qi] >= 0 and self.queues[qi].borrow_preempt_max_priority is None:
+            ok = self.quota.usage[qi, c] + job.demand <= self.quota.nominal[qi, c]
         for v in victims:
             self._charge(v, +1)
         return ok

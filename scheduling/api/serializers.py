@@ -111,6 +111,7 @@ class QueueSerializer(serializers.ModelSerializer):
             "queueing_strategy",
             "head_wait_s",
             "may_use_spares",
+            "borrow_preempt_max_priority",
             "stopped",
             "default_checkpoint_policy",
             "quotas",
