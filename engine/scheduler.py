@@ -43,7 +43,9 @@ from engine.workload import (
     CycleResult,
     PendingJob,
     QueueSpec,
+    Reclaim,
     RunningJob,
+    WithinQueue,
 )
 
 
@@ -173,6 +175,7 @@ class Cycle(
         self.first_blocked: set[int] = set()  # queues whose first blocked job was seen
         self.quota_blocked = False  # the last job scheduled was refused by quota on every chip
         self.borrow_blocked = ""  # why the last preemption attempt was refused while borrowing
+        self._options: dict[tuple, list[int]] = {}  # (queue, chip types) -> chip options
         self.result = CycleResult()
 
     def run(self) -> CycleResult:
@@ -227,7 +230,12 @@ class Cycle(
         if job.mixed and len(chips) > 1 and self._admit_mixed(qi, job, chips, max_level):
             return ""
         # reclaiming lent quota on any chip type comes before evicting the queue's own work
-        for own in (False, True):
+        passes = []
+        if queue.reclaim_within_cohort != Reclaim.NEVER and self.quota.cohort_of[qi] >= 0:
+            passes.append(False)
+        if queue.within_queue == WithinQueue.LOWER_PRIORITY:
+            passes.append(True)
+        for own in passes:
             for c in chips:
                 if self.result.preemption_attempts >= self.config.max_preemption_attempts:
                     reasons.append("preemption deferred to the next cycle (attempt limit reached)")

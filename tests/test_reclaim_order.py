@@ -109,3 +109,22 @@ def test_the_preempted_reason_names_the_rule_that_chose_the_victim():
     reasons = {p.job_id: p.reason for p in result.preemptions}
     assert "borrowed quota goes back first" in reasons[11]
     assert "its own lower-priority work, as borrowed quota alone was not enough" in reasons[12]
+
+
+def test_an_operator_allows_preempting_while_borrowing_through_the_api(queues, operator_client):
+    from cluster.models import AuditRecord
+    from scheduling.store import load_queues
+
+    vision = queues["vision"]
+    response = operator_client.patch(
+        f"/api/v1/queues/{vision.pk}/", {"borrow_preempt_max_priority": 3}, format="json"
+    )
+    assert response.status_code == 200 and response.json()["borrow_preempt_max_priority"] == 3
+    spec = next(q for q in load_queues() if q.name == "vision")
+    assert spec.borrow_preempt_max_priority == 3
+    record = AuditRecord.objects.filter(object_type="queue", object_id=vision.pk).latest("at")
+    assert record.changes["borrow_preempt_max_priority"] == [None, 3]
+    bad = operator_client.patch(
+        f"/api/v1/queues/{vision.pk}/", {"borrow_preempt_max_priority": "x"}, format="json"
+    )
+    assert bad.status_code == 400 and "borrow_preempt_max_priority" in bad.json()

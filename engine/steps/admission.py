@@ -10,6 +10,15 @@ from engine.workload import MILLI, Admission, PendingJob, RunningJob
 
 class AdmissionStep:
     def _chip_options(self, qi: int, job: PendingJob) -> list[int]:
+        """The chip types a job may take, preferred first (the same for every job of a queue that
+        lists the same ones: cached for the cycle)."""
+        key = (qi, job.chip_types)
+        options = self._options.get(key)
+        if options is None:
+            options = self._options[key] = self._chip_options_of(qi, job)
+        return options
+
+    def _chip_options_of(self, qi: int, job: PendingJob) -> list[int]:
         if job.chip_types:
             return [self.chip_index[c] for c in job.chip_types if c in self.chip_index]
         q = self.queues[qi]
