@@ -113,12 +113,12 @@ def take_down(node: Node, reason: str, at: datetime | None = None, *, lemon: boo
     """A fault takes the node out of service (``lemon``: quarantined as a lemon, whatever its state
     but repair). Returns whether the node changed; a node already down or in repair stays."""
     action = "quarantine" if lemon else "fault"
-    node.refresh_from_db(fields=["state", "is_lemon"])
-    try:
-        node_action_target(action, node.state)
+    try:  # the node is re-read under its row lock there, and the transition checked
+        apply_node_action(
+            [node], action, actor=CONTROLLER, reason=reason, at=at, lemon=True if lemon else None
+        )
     except InvalidTransition:
         return False
-    apply_node_action([node], action, actor=CONTROLLER, reason=reason, at=at, lemon=True if lemon else None)
     return True
 
 

@@ -124,9 +124,10 @@ def _node_history(node: Node, fault: FaultEvent) -> list[tuple[float, str, int |
 
 
 def _take_out_of_service(
-    fault: FaultEvent, action: Action, gpu_ids: list[int], node: Node | None, now
+    fault: FaultEvent, action: Action, gpu_ids: list[int], node: Node | None, history, now
 ) -> bool:
-    """Apply the fault to the hardware; returns whether the node was quarantined as a lemon."""
+    """Apply the fault to the hardware; returns whether the node was quarantined as a lemon.
+    ``history``: the node's other faults in the lemon window (``_node_history``)."""
     text = f"{fault}: {action.value.replace('_', ' ')}"[:255]
     if action == Action.RESET_GPU:
         set_gpus(gpu_ids, state="down", health="critical")
@@ -135,7 +136,8 @@ def _take_out_of_service(
     elif action in (Action.REBOOT_NODE, Action.REPAIR_NODE) and node is not None:
         take_down(node, text, at=now)
     if node is not None:
-        recent = node_fault_counts(now - LEMON_WINDOW, [node.pk]).get(node.pk, 0)
+        times = [t for t, _, _ in history] + [fault.at.timestamp()]
+        recent = lifecycle.recent_faults(times, now.timestamp())
         if lifecycle.is_lemon(recent):
             take_down(
                 node,
@@ -302,15 +304,14 @@ def handle_fault(fault_id: int, now=None) -> dict:
             .get(pk=fault_id)
         )
         gpu_ids, node = _affected_gpus(fault)
-        again = node is not None and lifecycle.repeated(
-            _node_history(node, fault), fault.at.timestamp(), fault.source, fault.xid
-        )
+        history = _node_history(node, fault) if node is not None else []
+        again = lifecycle.repeated(history, fault.at.timestamp(), fault.source, fault.xid)
         c = classify(fault.source, fault.xid, repeated_on_node=again)
         fault.action = c.action.value
         fault.cause = c.cause
         fault.description = fault.description or c.description
         fault.detected_at = fault.at + timedelta(seconds=c.detection_s)
-        lemon = _take_out_of_service(fault, c.action, gpu_ids, node, now)
+        lemon = _take_out_of_service(fault, c.action, gpu_ids, node, history, now)
         out = lifecycle.out_of_service(c.action, lemon=lemon)  # the rule the simulator follows
         if out == "node" and node is not None:
             faulty = list(node.gpus.values_list("id", flat=True))

@@ -4,6 +4,7 @@ from django.utils.html import format_html
 
 from scheduling.choices import STATE_COLOURS
 from scheduling.models import (
+    QUEUE_SETTINGS,
     Checkpoint,
     CheckpointPolicy,
     Cohort,
@@ -47,19 +48,7 @@ class QueueQuotaInline(admin.TabularInline):
 
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin):
-    list_display = [
-        "name",
-        "cohort",
-        "priority",
-        "weight",
-        "reclaim_within_cohort",
-        "within_queue",
-        "queueing_strategy",
-        "head_wait_s",
-        "may_use_spares",
-        "borrow_preempt_max_priority",
-        "stopped",
-    ]
+    list_display = ["name", "cohort", *(f for f in QUEUE_SETTINGS if f != "description")]
     list_filter = ["cohort", "stopped"]
     search_fields = ["name"]
     inlines = [QueueQuotaInline]

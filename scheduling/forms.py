@@ -8,7 +8,8 @@ from django import forms
 
 from engine.lifecycle import OPERATOR_JOB_ACTIONS
 
-QUEUE_SETTINGS = ("description", "priority", "weight", "reclaim_within_cohort", "within_queue")
+# the settings every edit form posts; the rest are read only when the form shows them
+POSTED_SETTINGS = ("description", "priority", "weight", "reclaim_within_cohort", "within_queue")
 
 
 class JobActionForm(forms.Form):
@@ -29,7 +30,7 @@ def queue_payload(post) -> dict:
             value = post.get(f"quota-{i}-{f}", "").strip()
             quota[f] = value if value != "" else (0 if f == "nominal" else None)
         quotas.append(quota)
-    payload = {f: post.get(f, "") for f in QUEUE_SETTINGS}
+    payload = {f: post.get(f, "") for f in POSTED_SETTINGS}
     payload.update(stopped=post.get("stopped") == "on", quotas=quotas)
     if "may_use_spares_shown" in post:  # a checkbox posts nothing when cleared
         payload["may_use_spares"] = post.get("may_use_spares") == "on"

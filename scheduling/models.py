@@ -127,6 +127,21 @@ class Queue(models.Model):
         return self.name
 
 
+# A queue's own settings (quotas aside): what its API, admin, edit page and audit records show.
+QUEUE_SETTINGS = (
+    "description",
+    "priority",
+    "weight",
+    "reclaim_within_cohort",
+    "within_queue",
+    "queueing_strategy",
+    "head_wait_s",
+    "may_use_spares",
+    "borrow_preempt_max_priority",
+    "stopped",
+)
+
+
 class QueueQuota(models.Model):
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="quotas")
     chip_type = models.ForeignKey(ChipType, on_delete=models.PROTECT, related_name="quotas")

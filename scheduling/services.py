@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from cluster.audit import changes, record
 from cluster.snapshot import topology_cache
 from engine import lifecycle
 from engine.checkpoint import CheckpointKind
@@ -15,7 +16,7 @@ from engine.steptime import ModelSpec
 from scheduling.bulk import insert_with_child
 from scheduling.checkpoints import PHYSICS
 from scheduling.choices import EventKind, JobState
-from scheduling.models import Allocation, Checkpoint, Job, JobEvent, Queue
+from scheduling.models import QUEUE_SETTINGS, Allocation, Checkpoint, Job, JobEvent, Queue
 from scheduling.plans import ranking_for
 from scheduling.trigger import request_cycle
 
@@ -83,12 +84,11 @@ def submit_problem(fields: dict) -> tuple[str, str] | None:
     return problem
 
 
-def submit_job(*, now=None, checked: bool = False, **fields) -> Job:
+def submit_job(*, now=None, **fields) -> Job:
     """Submit a job: every caller (API, autoscaler, simulated fleet, management commands) goes
     through the same checks; a bad field raises SubmitError and writes nothing. ``now``: the
-    clock (default: the wall clock). ``checked``: the fields already passed submit_problem (the
-    API's validation runs it to answer 400 naming the field)."""
-    problem = None if checked else submit_problem(fields)
+    clock (default: the wall clock)."""
+    problem = submit_problem(fields)
     if problem:
         raise SubmitError(*problem)
     model = fields.get("model")
@@ -230,24 +230,12 @@ def record_checkpoint(job: Job, **fields) -> Checkpoint:
     return checkpoint
 
 
-QUEUE_AUDITED = (
-    "description",
-    "priority",
-    "weight",
-    "reclaim_within_cohort",
-    "within_queue",
-    "queueing_strategy",
-    "head_wait_s",
-    "may_use_spares",
-    "borrow_preempt_max_priority",
-    "stopped",
-)
 POLICY_AUDITED = ("name", "description", "kind", "interval_s", "triggered_success")
 
 
 def queue_audit_state(queue: Queue) -> dict:
     """What an audit record of a queue compares: its settings and each chip type's quota."""
-    state = {f: getattr(queue, f) for f in QUEUE_AUDITED}
+    state = {f: getattr(queue, f) for f in QUEUE_SETTINGS}
     for q in queue.quotas.select_related("chip_type"):
         for f in ("nominal", "borrowing_limit", "lending_limit"):
             state[f"{q.chip_type.name}.{f}"] = getattr(q, f)
@@ -262,8 +250,6 @@ def policy_audit_state(policy) -> dict:
 def save_queue(serializer, *, actor, reason: str = "") -> Queue:
     """Create or change a queue through its (validated) serializer, with its audit record; a cycle
     is asked for after the commit, since new quotas or policies may admit or preempt."""
-    from cluster.audit import changes, record
-
     creating = serializer.instance is None
     before = {} if creating else queue_audit_state(serializer.instance)
     queue = serializer.save()
@@ -277,8 +263,6 @@ def save_queue(serializer, *, actor, reason: str = "") -> Queue:
 @transaction.atomic
 def set_queue_stopped(queue: Queue, stopped: bool, *, actor, reason: str = "") -> Queue:
     """Stop a queue (it admits nothing; running work keeps running) or resume it, audited."""
-    from cluster.audit import record
-
     if queue.stopped != stopped:
         record(
             actor,
@@ -297,8 +281,6 @@ def set_queue_stopped(queue: Queue, stopped: bool, *, actor, reason: str = "") -
 @transaction.atomic
 def save_policy(serializer, *, actor, reason: str = ""):
     """Create or change a checkpoint policy through its (validated) serializer, audited."""
-    from cluster.audit import changes, record
-
     creating = serializer.instance is None
     before = policy_audit_state(serializer.instance)
     policy = serializer.save()

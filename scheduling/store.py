@@ -237,17 +237,22 @@ class Held:
         self.owned[self.gpus] = True
         self.owner = np.full(self.snapshot.num_gpus, -1, dtype=np.int64)
         self.owner[self.gpus] = self.jobs
+        self._borrowers: list[int] | None = None  # jobs on spares whose queue may borrow them
 
     def yielding(self) -> np.ndarray:
-        """Spare GPUs held by jobs of queues allowed to borrow spares: recovery may take them."""
+        """Spare GPUs held by jobs of queues allowed to borrow spares: recovery may take them.
+        Which jobs those are is read once per ``Held`` (one fault), not once per job it hits."""
         snap = self.snapshot
         on_spares = self.owned & snap.node_spare[snap.gpu_node]
         if not on_spares.any():
             return on_spares
-        borrowers = Job.objects.filter(
-            pk__in=np.unique(self.owner[on_spares]).tolist(), queue__may_use_spares=True
-        ).values_list("id", flat=True)
-        return on_spares & np.isin(self.owner, list(borrowers))
+        if self._borrowers is None:
+            self._borrowers = list(
+                Job.objects.filter(
+                    pk__in=np.unique(self.owner[on_spares]).tolist(), queue__may_use_spares=True
+                ).values_list("id", flat=True)
+            )
+        return on_spares & np.isin(self.owner, self._borrowers)
 
     def gpus_of(self, job_id: int) -> np.ndarray:
         lo, hi = np.searchsorted(self.jobs, [job_id, job_id + 1])

@@ -24,10 +24,9 @@ from scheduling.ettr import BUCKETS as ETTR_BUCKETS
 from scheduling.ettr import job_ettr
 from scheduling.forms import JobActionForm, queue_payload
 from scheduling.inference import replicas_of
-from scheduling.models import Allocation, CheckpointPolicy, InferenceService, Job, Queue
+from scheduling.models import QUEUE_SETTINGS, Allocation, CheckpointPolicy, InferenceService, Job, Queue
 from scheduling.services import (
     POLICY_AUDITED,
-    QUEUE_AUDITED,
     JobStateError,
     change_state,
     queue_audit_state,
@@ -225,7 +224,7 @@ def queue_edit(request, pk: int):
         errors = flat_errors(serializer.errors)
         form = payload
     else:
-        form = {f: getattr(queue, f) for f in QUEUE_AUDITED}
+        form = {f: getattr(queue, f) for f in QUEUE_SETTINGS}
         form["quotas"] = [
             {
                 "chip_type": q.chip_type.name,

@@ -11,6 +11,7 @@ from engine.inference import LoadProfile, replica_topology
 from engine.steptime import ModelSpec
 from scheduling.choices import STATE_COLOURS, JobKind, TopologyConstraint
 from scheduling.models import (
+    QUEUE_SETTINGS,
     Checkpoint,
     CheckpointPolicy,
     Cohort,
@@ -21,7 +22,7 @@ from scheduling.models import (
     QueueQuota,
     ServiceScale,
 )
-from scheduling.services import capacity_problem, submit_problem
+from scheduling.services import capacity_problem
 
 
 class CheckpointPolicySerializer(serializers.ModelSerializer):
@@ -102,17 +103,8 @@ class QueueSerializer(serializers.ModelSerializer):
         fields = [
             "id",
             "name",
-            "description",
             "cohort",
-            "priority",
-            "weight",
-            "reclaim_within_cohort",
-            "within_queue",
-            "queueing_strategy",
-            "head_wait_s",
-            "may_use_spares",
-            "borrow_preempt_max_priority",
-            "stopped",
+            *QUEUE_SETTINGS,
             "default_checkpoint_policy",
             "quotas",
             "usage",
@@ -295,12 +287,6 @@ class JobSerializer(serializers.ModelSerializer):
             return ModelSpec.from_dict(model).as_dict()
         except (ValueError, TypeError) as exc:
             raise serializers.ValidationError(str(exc).removeprefix("model.")) from exc
-
-    def validate(self, attrs):
-        problem = submit_problem(attrs)  # the rules every submit path follows (scheduling.services)
-        if problem:
-            raise serializers.ValidationError({problem[0]: problem[1]})
-        return attrs
 
 
 class JobDetailSerializer(JobSerializer):

@@ -7,6 +7,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -18,6 +19,7 @@ from scheduling.inference import autoscale, save_service, stop_service
 from scheduling.models import CheckpointPolicy, Cohort, InferenceService, Job, Queue
 from scheduling.services import (
     JobStateError,
+    SubmitError,
     change_state,
     record_checkpoint,
     save_policy,
@@ -107,8 +109,11 @@ class JobViewSet(
         return qs
 
     def perform_create(self, serializer):
-        # the serializer's validation ran submit_problem, the checks submit_job would run again
-        serializer.instance = submit_job(owner=self.request.user, checked=True, **serializer.validated_data)
+        # the rules every submit path follows are submit_job's: a broken one is a 400 naming the field
+        try:
+            serializer.instance = submit_job(owner=self.request.user, **serializer.validated_data)
+        except SubmitError as exc:
+            raise ValidationError({exc.field: [exc.message]}) from exc
 
     def _act(self, request, name: str):
         job = self.get_object()
