@@ -7,8 +7,21 @@ from django.contrib import admin, messages
 from django.db.models import Count, Sum
 from django.utils.html import format_html
 
+from cluster.agents import create_enrolment_token, revoke
 from cluster.choices import colour
-from cluster.models import GPU, AuditRecord, ChipType, Datacenter, DatacenterLink, Node, Pod, Rack, Region
+from cluster.models import (
+    GPU,
+    AuditRecord,
+    ChipType,
+    Datacenter,
+    DatacenterLink,
+    EnrolmentToken,
+    Node,
+    NodeCredential,
+    Pod,
+    Rack,
+    Region,
+)
 from cluster.services import apply_node_action, set_spare
 from engine.states import InvalidTransition
 
@@ -250,3 +263,42 @@ class AuditRecordAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(EnrolmentToken)
+class EnrolmentTokenAdmin(admin.ModelAdmin):
+    """Make a token with "Add": it is shown once, in the message after saving."""
+
+    list_display = ["prefix", "node", "created_by", "created_at", "expires_at", "used_at", "used_for"]
+    list_filter = ["used_at"]
+    raw_id_fields = ["node"]
+    fields = ["node"]
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def save_model(self, request, obj, form, change):
+        token, secret = create_enrolment_token(actor=request.user.username, node=obj.node)
+        obj.pk = token.pk
+        messages.warning(request, f"Enrolment token (shown only now, valid for one use): {secret}")
+
+
+@admin.register(NodeCredential)
+class NodeCredentialAdmin(admin.ModelAdmin):
+    """Node agents' credentials, stored hashed, with their last use; revoke to refuse a node at once."""
+
+    list_display = ["node", "prefix", "address", "agent_version", "last_used_at", "last_seq", "revoked_at"]
+    list_filter = ["revoked_at"]
+    search_fields = ["node__hostname", "prefix"]
+    readonly_fields = [f.name for f in NodeCredential._meta.fields if f.name != "id"]
+    exclude = ["key_hash"]
+    actions = ["revoke_selected"]
+
+    def has_add_permission(self, request) -> bool:
+        return False  # credentials come from enrolment only
+
+    @admin.action(description="Revoke the selected credentials")
+    def revoke_selected(self, request, queryset):
+        for credential in queryset.select_related("node"):
+            revoke(credential, actor=request.user.username, reason="revoked in the admin")
+        messages.success(request, f"{queryset.count()} credentials revoked")

@@ -202,3 +202,77 @@ class AuditRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.actor} {self.action} {self.object_type} {self.object_name}"
+
+
+class EnrolmentToken(models.Model):
+    """A one-time token an operator hands to a new node's agent, which trades it for a node
+    credential. Only its SHA-256 is stored; the token itself is shown once, when it is made."""
+
+    key_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12, help_text="The token's first characters, to tell tokens apart")
+    node = models.ForeignKey(
+        Node,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="enrolment_tokens",
+        help_text="The node it enrols; empty: the node named by the agent's hostname",
+    )
+    created_by = models.CharField(max_length=150)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    used_for = models.ForeignKey(
+        Node,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The node it enrolled",
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(used_at__isnull=True) | Q(used_for__isnull=False),
+                name="enrolment_token_used_for_a_node",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"enrolment token {self.prefix}…"
+
+
+class NodeCredential(models.Model):
+    """What a node's agent authenticates with: bound to one node, stored hashed, revocable. It may
+    report for its own node and read its own assignments, nothing else."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="credentials")
+    key_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12)
+    address = models.CharField(
+        max_length=255, blank=True, help_text="Where the node's peers reach it (a gang's MASTER_ADDR)"
+    )
+    agent_version = models.CharField(max_length=32, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, help_text="The agent's last accepted report")
+    last_seq = models.PositiveBigIntegerField(
+        default=0, help_text="Sequence number of the newest report accepted: older ones change nothing"
+    )
+    heartbeat_lost_at = models.DateTimeField(
+        null=True, blank=True, help_text="Set when missed reports raised a heartbeat-loss fault"
+    )
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["node_id", "-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node"], condition=Q(revoked_at__isnull=True), name="one_live_credential_per_node"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"credential {self.prefix}… of {self.node}"

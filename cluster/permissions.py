@@ -17,3 +17,35 @@ class RolePermission(BasePermission):
         if request.method in SAFE_METHODS:
             return is_viewer(user)
         return is_operator(user)
+
+
+def node_of(request):
+    """The node a request's node credential is bound to, or None for any other caller."""
+    from cluster.api.authentication import NodePrincipal
+
+    user = getattr(request, "user", None)
+    return user.node if isinstance(user, NodePrincipal) else None
+
+
+class IsNodeAgent(BasePermission):
+    """Only a node's agent, with its node credential: it reports for and reads its own node only."""
+
+    message = "Only a node's agent, with its node credential, may call this."
+
+    def has_permission(self, request, view) -> bool:
+        return node_of(request) is not None
+
+
+class NodeRunsJob(BasePermission):
+    """A node's agent, for a job that holds GPUs on its node (it reports the job's checkpoints)."""
+
+    message = "A node credential may only report for jobs running on its own node."
+
+    def has_permission(self, request, view) -> bool:
+        return node_of(request) is not None
+
+    def has_object_permission(self, request, view, obj) -> bool:
+        from scheduling.models import Allocation
+
+        node = node_of(request)
+        return node is not None and Allocation.objects.filter(job=obj, gpu__node=node, active=True).exists()

@@ -146,6 +146,13 @@ FLEET_TICK_S = env_int("MYRIAD_FLEET_TICK_S", 5, minimum=1)
 FLEET_ACCELERATE = env_int("MYRIAD_FLEET_ACCELERATE", 60, minimum=1)
 FLEET_ARRIVALS = env_bool("MYRIAD_FLEET_ARRIVALS", True)
 SAMPLE_INTERVAL_S = env_int("MYRIAD_SAMPLE_INTERVAL_S", 60, minimum=1)
+# Real nodes (cluster.agents, monitoring.ingest, scheduling.launch; README, "Real nodes")
+AGENT_HEARTBEAT_TIMEOUT_S = env_int("MYRIAD_AGENT_HEARTBEAT_TIMEOUT_S", 30, minimum=5)
+AGENT_WATCH_INTERVAL_S = env_int("MYRIAD_AGENT_WATCH_INTERVAL_S", 5, minimum=1)
+AGENT_REPORT_MAX_BYTES = env_int("MYRIAD_AGENT_REPORT_MAX_BYTES", 262_144, minimum=4096)
+LAUNCH_READY_TIMEOUT_S = env_int("MYRIAD_LAUNCH_READY_TIMEOUT_S", 300, minimum=5)
+LAUNCH_FAILURE_LIMIT = env_int("MYRIAD_LAUNCH_FAILURE_LIMIT", 5, minimum=1)
+LAUNCH_LOG_TAIL_CHARS = env_int("MYRIAD_LAUNCH_LOG_TAIL_CHARS", 8000, minimum=100)
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {
         "task": "scheduling.tasks.run_scheduling_cycle",
@@ -158,6 +165,10 @@ CELERY_BEAT_SCHEDULE = {
     "sample-cluster": {
         "task": "monitoring.tasks.sample_cluster",
         "schedule": float(SAMPLE_INTERVAL_S),
+    },
+    "watch-agents": {
+        "task": "monitoring.tasks.watch_agents",
+        "schedule": float(AGENT_WATCH_INTERVAL_S),
     },
 }
 if SIMULATED_FLEET:
@@ -175,6 +186,7 @@ REST_FRAMEWORK = {
     # Token first: its WWW-Authenticate header makes anonymous requests get 401, not 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "cluster.api.authentication.TokenAuthentication",
+        "cluster.api.authentication.NodeCredentialAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["cluster.permissions.RolePermission"],

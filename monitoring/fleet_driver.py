@@ -28,6 +28,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from cluster.agents import agent_node_ids
 from cluster.models import GPU, Node
 from cluster.services import apply_node_action
 from cluster.snapshot import topology_cache
@@ -36,6 +37,7 @@ from engine.frames import decode_frame, delta_message, encode_frame, snapshot_me
 from engine.lifecycle import checkpoint_bytes
 from engine.network import Network, traffic_per_gpu
 from engine.states import InvalidTransition
+from monitoring.ingest import latest_reports, overlay
 from monitoring.livestore import FRAME_KEY, NETWORK_KEY, STATE_KEY, live_store
 from monitoring.services import report_fault
 from scheduling.checkpoints import PHYSICS
@@ -139,7 +141,9 @@ def tick(now=None) -> dict:
         except ValueError:
             pass
     fleet.step(sim_t, _utilization(snapshot, fleet))
-    encoded = encode_frame(seq, sim_t, fleet.frame())
+    frame = fleet.frame()
+    overlay(frame, snapshot, latest_reports(store), stale_s=3 * settings.AGENT_HEARTBEAT_TIMEOUT_S)
+    encoded = encode_frame(seq, sim_t, frame)
     store.put(FRAME_KEY, encoded)
     publish_frame(previous, encoded)
     store.put(NETWORK_KEY, json.dumps(_network(snapshot, seq, sim_t)).encode())
@@ -172,11 +176,12 @@ def _faults(state: dict, fleet: Fleet, snapshot, sim_t: float) -> int:
         state["next_fault"] = list(drawn) if drawn else None
         return 0
     reported = 0
+    real = agent_node_ids()  # nodes with an agent report their own faults
     while due is not None and due[0] <= sim_t:
         _, node_index, cause = due
         _, source, xid = fleet.physics.causes[cause]
         node = Node.objects.filter(pk=int(snapshot.node_id[node_index])).first()
-        if node is not None and node.state == "ready":
+        if node is not None and node.state == "ready" and node.pk not in real:
             gpu = None
             if source == "xid":  # an XID names one GPU of the node
                 gpus = list(GPU.objects.filter(node=node).order_by("index"))
@@ -238,7 +243,7 @@ def _advance_jobs(wall: float, accelerate: float) -> tuple[int, int]:
             "queue__default_checkpoint_policy__interval_s",
         )
     )
-    for job in running:
+    for job in running.filter(command=""):  # launched jobs end by their exit codes (scheduling.launch)
         elapsed = (wall - job.started_at.timestamp()) * accelerate
         if job.estimated_duration_s and elapsed >= job.estimated_duration_s:
             change_state(job.pk, "finish", actor="simulated fleet", reason="finished (simulated)")

@@ -4,7 +4,9 @@ atomically (rename), so any process of the embedded stack can read the newest fr
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from pathlib import Path
 
 from django.conf import settings
@@ -12,6 +14,8 @@ from django.conf import settings
 FRAME_KEY = "myriad:telemetry:frame"
 STATE_KEY = "myriad:fleet:state"
 NETWORK_KEY = "myriad:network:util"
+AGENT_REPORTS_KEY = "myriad:agent:reports"  # node id -> that node's newest report (JSON)
+ASSIGNMENTS_VERSION_KEY = "myriad:agent:assignments-version"
 
 
 class FileStore:
@@ -33,7 +37,48 @@ class FileStore:
             return None
 
     def delete(self, key: str) -> None:
-        (self.folder / key.replace(":", "_")).unlink(missing_ok=True)
+        path = self.folder / key.replace(":", "_")
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+    # a hash is a folder of one file per field
+    def hset(self, key: str, field: str, data: bytes) -> None:
+        folder = self.folder / key.replace(":", "_")
+        folder.mkdir(exist_ok=True)
+        tmp = folder / f".{field}.{os.getpid()}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, folder / field)
+
+    def hget(self, key: str, field: str) -> bytes | None:
+        try:
+            return (self.folder / key.replace(":", "_") / field).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def hgetall(self, key: str) -> dict[str, bytes]:
+        folder = self.folder / key.replace(":", "_")
+        out = {}
+        if folder.is_dir():
+            for path in folder.iterdir():
+                if not path.name.startswith("."):
+                    with contextlib.suppress(FileNotFoundError):  # removed since the listing
+                        out[path.name] = path.read_bytes()
+        return out
+
+    def incr(self, key: str) -> int:
+        import fcntl
+
+        path = self.folder / key.replace(":", "_")
+        with open(path, "a+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            value = int(f.read() or 0) + 1
+            f.seek(0)
+            f.truncate()
+            f.write(str(value).encode())
+        return value
 
 
 class RedisStore:
@@ -50,6 +95,18 @@ class RedisStore:
 
     def delete(self, key: str) -> None:
         self.client.delete(key)
+
+    def hset(self, key: str, field: str, data: bytes) -> None:
+        self.client.hset(key, field, data)
+
+    def hget(self, key: str, field: str) -> bytes | None:
+        return self.client.hget(key, field)
+
+    def hgetall(self, key: str) -> dict[str, bytes]:
+        return {k.decode(): v for k, v in self.client.hgetall(key).items()}
+
+    def incr(self, key: str) -> int:
+        return int(self.client.incr(key))
 
 
 _store = None

@@ -25,6 +25,7 @@ from engine.faults import Action, classify
 from engine.recovery import plan_recovery
 from engine.workload import Preemption
 from monitoring.models import FaultEvent
+from scheduling import launch
 from scheduling.apply import apply_preemptions
 from scheduling.checkpoints import PHYSICS, policy_kind
 from scheduling.choices import EventKind, JobState
@@ -155,7 +156,9 @@ def _plan(job: Job, fault: FaultEvent, classification, faulty: np.ndarray, held:
     kind, success = policy_kind(job)
     luck = np.random.default_rng(zlib.crc32(f"{fault.pk}/{job.pk}".encode())).random()
     readable = classification.memory_readable
-    triggered_ok = luck < success if kind == CheckpointKind.TRIGGERED and readable else None
+    # on real nodes (a launched job) a save happens only when the job reports it
+    modelled = kind == CheckpointKind.TRIGGERED and readable and not job.command
+    triggered_ok = luck < success if modelled else None
     plan = plan_recovery(
         held.layout,
         held.gpus_of(job.pk),
@@ -177,7 +180,7 @@ def _plan(job: Job, fault: FaultEvent, classification, faulty: np.ndarray, held:
 def _record_fault(job: Job, fault: FaultEvent, classification, triggered_ok: bool | None) -> None:
     """The faulted event with the work lost, and the triggered save (or its failure) when the
     policy has one: a saved one becomes the job's progress."""
-    detected = fault.at + timedelta(seconds=classification.detection_s)
+    detected = fault.detected_at
     last = job.checkpoints.filter(durable=True).order_by("-at").first()
     unsaved = lifecycle.unsaved_s(
         fault.at.timestamp(),
@@ -192,7 +195,7 @@ def _record_fault(job: Job, fault: FaultEvent, classification, triggered_ok: boo
         data={
             "fault": fault.pk,
             "action": classification.action.value,
-            "detection_s": classification.detection_s,
+            "detection_s": (detected - fault.at).total_seconds(),
             "lost_s": 0.0 if triggered_ok else unsaved,
         },
     )
@@ -256,7 +259,7 @@ def _recover(
     job_gpus = held.gpus_of(job.pk)
     plan, triggered_ok = _plan(job, fault, classification, faulty, held)
     _record_fault(job, fault, classification, triggered_ok)
-    detected = fault.at + timedelta(seconds=classification.detection_s)
+    detected = fault.detected_at
     steps = {s.name: round(s.seconds, 3) for s in plan.steps}
     if plan.outcome == "requeue":
         allocations.release(now, job=job)
@@ -276,6 +279,8 @@ def _recover(
         job.allocated_gpus = len(job_gpus)  # the size before the fault, for the event
         reason = f"shrunk from {len(job_gpus)} to {len(kept)} GPUs after a fault"
         resize_job(job, held.snapshot, kept, at=detected, reason=reason, fault=fault.pk).save()
+    if job.command:  # on real nodes the recovery is measured when every rank runs again (launch)
+        return None
     JobEvent.objects.create(
         job=job,
         kind=EventKind.RECOVERED,
@@ -310,7 +315,8 @@ def handle_fault(fault_id: int, now=None) -> dict:
         fault.action = c.action.value
         fault.cause = c.cause
         fault.description = fault.description or c.description
-        fault.detected_at = fault.at + timedelta(seconds=c.detection_s)
+        if fault.detected_at is None:  # an agent's report says when it was seen; else the model
+            fault.detected_at = fault.at + timedelta(seconds=c.detection_s)
         lemon = _take_out_of_service(fault, c.action, gpu_ids, node, history, now)
         out = lifecycle.out_of_service(c.action, lemon=lemon)  # the rule the simulator follows
         if out == "node" and node is not None:
@@ -333,4 +339,5 @@ def handle_fault(fault_id: int, now=None) -> dict:
         fault.save()
         if hit or faulty:
             request_cycle()
+            launch.changed()
     return {"fault": fault_id, "action": c.action.value, "jobs_hit": len(hit)}

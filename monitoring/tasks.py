@@ -32,3 +32,14 @@ def sample_cluster() -> str:
     from monitoring.overview import take_sample
 
     return str(take_sample())
+
+
+@shared_task(ignore_result=True, time_limit=60, soft_time_limit=50)
+def watch_agents() -> dict:
+    """Heartbeat loss for silent node agents; give up starts that did not reach every node; put
+    the agents' readings in the telemetry frame when no simulated fleet writes it."""
+    from monitoring.ingest import compose_frame, watch
+
+    out = watch()
+    out["frame_gpus"] = compose_frame()
+    return out

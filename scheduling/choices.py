@@ -45,6 +45,7 @@ class EventKind(models.TextChoices):
     RECOVERED = "recovered", "Recovered"
     RESIZED = "resized", "Resized"
     PLANNED = "planned", "Planned"
+    LAUNCHED = "launched", "Running on every node"
 
 
 class TopologyConstraint(models.TextChoices):
@@ -77,6 +78,16 @@ assert tuple(CheckpointKind.values) == tuple(checkpoint.CheckpointKind)
 assert tuple(TopologyConstraint.values) == TOPOLOGY_CONSTRAINTS
 assert tuple(ReclaimPolicy.values) == RECLAIM_POLICIES
 assert tuple(WithinQueuePolicy.values) == WITHIN_QUEUE_POLICIES
+
+
+class ProcessState(models.TextChoices):
+    """A job's launcher process on one node, as the node's agent reports it."""
+
+    STARTING = "starting", "Starting"
+    RUNNING = "running", "Running"
+    EXITED = "exited", "Exited"
+    FAILED_TO_START = "failed_to_start", "Failed to start"
+
 
 STATE_COLOURS = {
     "pending": "#E69F00",

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from cluster.snapshot import topology_cache
 from engine.scheduler import SchedulerConfig, schedule
-from scheduling import store
+from scheduling import launch, store
 from scheduling.apply import apply_decisions
 from scheduling.locks import cycle_lock
 from scheduling.trigger import request_cycle
@@ -66,7 +66,7 @@ def run_cycle(
         layout = store.layouts.layout(snapshot)
         queues = store.load_queues()
         running = store.load_running()
-        pending, old_reasons, ranked = store.load_pending()
+        pending, old_reasons, ranked = store.load_pending(now)
         t1 = time.perf_counter()
         timings["load"] = (t1 - t0) * 1000
         # 2. decide
@@ -91,6 +91,8 @@ def run_cycle(
         )
         # 4. after commit
         transaction.on_commit(lambda: _publish(summary))
+        if result.admissions or result.preemptions or result.resizes:
+            launch.changed()  # agents waiting on their assignments look again
         if result.start_limited:  # the jobs past this cycle's start limit go next, at once
             request_cycle()
     log.info(

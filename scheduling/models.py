@@ -10,13 +10,14 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from cluster.models import GPU, ChipType
+from cluster.models import GPU, ChipType, Node
 from engine.workload import DEFAULT_HEAD_WAIT_S
 from scheduling.choices import (
     CheckpointKind,
     EventKind,
     JobKind,
     JobState,
+    ProcessState,
     QueueingStrategy,
     ReclaimPolicy,
     TopologyConstraint,
@@ -290,6 +291,23 @@ class Job(models.Model):
     progress_s = models.FloatField(default=0.0, help_text="Work saved at the last checkpoint, seconds")
     last_checkpoint_at = models.DateTimeField(null=True, blank=True)
     preemptions = models.PositiveIntegerField(default=0)
+    # On real nodes (scheduling.launch): what each node's agent starts, and how starts went.
+    command = models.TextField(
+        blank=True, help_text="Started once per node by its agent (sh -c); empty: not launched by agents"
+    )
+    env = models.JSONField(default=dict, blank=True, help_text="Extra environment variables for the command")
+    launched_generation = models.CharField(
+        max_length=16, blank=True, help_text="The placement every node reported running (empty: not yet)"
+    )
+    start_failures = models.PositiveSmallIntegerField(
+        default=0, help_text="Starts in a row that did not reach every node in time"
+    )
+    requeue_at = models.DateTimeField(
+        null=True, blank=True, help_text="After a failed start: not admitted again before this time"
+    )
+    checkpoint_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="An operator asked for a checkpoint now; agents signal the job"
+    )
 
     class Meta:
         ordering = ["-id"]
@@ -398,3 +416,32 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} {self.kind} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class JobProcess(models.Model):
+    """A job's launcher process on one node for one placement (its generation), as the node's
+    agent reports it: one row per job, node and placement, never per GPU or per sample."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="processes")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="processes")
+    generation = models.CharField(max_length=16, help_text="The placement this process was started for")
+    rank = models.PositiveIntegerField(help_text="NODE_RANK")
+    state = models.CharField(max_length=16, choices=ProcessState.choices, default=ProcessState.STARTING)
+    pid = models.IntegerField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    log_tail = models.TextField(blank=True, help_text="The last lines of its output")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["job_id", "generation", "rank"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "node", "generation"], name="process_one_per_job_node_generation"
+            ),
+            models.CheckConstraint(condition=Q(state__in=ProcessState.values), name="process_state_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} on {self.node_id} ({self.state})"

@@ -202,6 +202,10 @@ def change_state(job_id: int, action: str, *, actor: str = "", reason: str = "",
     JobEvent.objects.create(job=job, kind=kind, at=now, reason=text or action, data=data)
     if freed or action == "resume":
         request_cycle()
+    if freed and job.command:
+        from scheduling.launch import changed
+
+        changed()  # its agents stop it
     return job
 
 

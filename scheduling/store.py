@@ -13,6 +13,7 @@ from datetime import datetime
 
 import numpy as np
 from django.db import connection, transaction
+from django.utils import timezone
 
 from cluster.snapshot import topology_cache
 from engine.placement import Layout
@@ -357,7 +358,7 @@ def load_running() -> list[RunningJob]:
     return running
 
 
-def load_pending() -> tuple[list[PendingJob], dict[int, str], dict[int, str]]:
+def load_pending(now: datetime | None = None) -> tuple[list[PendingJob], dict[int, str], dict[int, str]]:
     """Pending jobs in one plain query (10,000 of them are normal on a busy cluster); submit times
     come back as epoch seconds so no row needs a datetime object. Returns the jobs, their current
     reasons, and the chip ranking to show in the reason of jobs whose chip types were ranked."""
@@ -373,8 +374,8 @@ def load_pending() -> tuple[list[PendingJob], dict[int, str], dict[int, str]]:
             f"SELECT j.id, q.name, j.gpus, j.priority, j.chip_types{as_text}, j.topology, {epoch}, "
             f"j.estimated_duration_s, j.pending_reason, j.min_gpus, j.size_step, j.share, j.mixed_chips, "
             f"j.chip_ranking{as_text} FROM {job} j JOIN {queue} q ON q.id = j.queue_id "
-            f"WHERE j.state = %s",
-            [JobState.PENDING.value],
+            f"WHERE j.state = %s AND (j.requeue_at IS NULL OR j.requeue_at <= %s)",
+            [JobState.PENDING.value, connection.ops.adapt_datetimefield_value(now or timezone.now())],
         )
         rows = cursor.fetchall()
     pending, reasons, ranked = [], {}, {}

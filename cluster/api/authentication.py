@@ -84,3 +84,51 @@ class TokenAuthentication(authentication.TokenAuthentication):
         token = Token(key=key, user=user, created=created)
         token._state.adding, token._state.db = False, connection.alias
         return (user, token)
+
+
+class NodePrincipal:
+    """The caller behind a node credential: it has no role, so every endpoint that checks roles
+    answers 403; the agent endpoints check for this principal and its node instead."""
+
+    is_authenticated = True
+    is_active = True
+    is_staff = False
+    is_superuser = False
+    is_anonymous = False
+    pk = id = None
+
+    def __init__(self, credential):
+        self.credential = credential
+        self.node = credential.node
+        self.username = f"node:{credential.node.hostname}"
+        self._myriad_groups: set[str] = set()
+
+    def __str__(self) -> str:
+        return self.username
+
+
+class NodeCredentialAuthentication(authentication.BaseAuthentication):
+    """``Authorization: Node <credential>``: a node's agent, bound to its node."""
+
+    keyword = "Node"
+
+    def authenticate(self, request):
+        parts = authentication.get_authorization_header(request).split()
+        if not parts or parts[0].lower() != self.keyword.lower().encode():
+            return None
+        if len(parts) != 2:
+            raise exceptions.AuthenticationFailed("Invalid node credential header: Node <credential>.")
+        from cluster.agents import credential_for
+
+        credential = credential_for(parts[1].decode(errors="replace"))
+        if credential is None:
+            raise exceptions.AuthenticationFailed("Unknown node credential.")
+        if credential.revoked_at is not None:
+            raise exceptions.AuthenticationFailed(
+                f"This node credential was revoked at {credential.revoked_at:%Y-%m-%d %H:%M:%S} UTC; "
+                "enrol the node again."
+            )
+        return (NodePrincipal(credential), credential)
+
+    def authenticate_header(self, request) -> str:
+        return self.keyword

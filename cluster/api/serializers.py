@@ -5,7 +5,18 @@ from rest_framework import serializers
 
 from cluster.builder import gpu_identity
 from cluster.choices import colour
-from cluster.models import GPU, ChipType, Datacenter, DatacenterLink, Node, Pod, Rack, Region
+from cluster.models import (
+    GPU,
+    ChipType,
+    Datacenter,
+    DatacenterLink,
+    EnrolmentToken,
+    Node,
+    NodeCredential,
+    Pod,
+    Rack,
+    Region,
+)
 from cluster.services import set_spare
 
 
@@ -221,3 +232,58 @@ class GPUSerializer(serializers.ModelSerializer):
 
     def get_health_colour(self, gpu: GPU) -> str:
         return colour(gpu.health)
+
+
+class EnrolmentTokenSerializer(serializers.ModelSerializer):
+    node = serializers.SlugRelatedField(
+        slug_field="hostname",
+        queryset=Node.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="The node it enrols; empty: the node named by the agent's hostname",
+    )
+    ttl_s = serializers.IntegerField(
+        write_only=True,
+        required=False,
+        default=24 * 3600,
+        min_value=60,
+        max_value=30 * 24 * 3600,
+        help_text="Seconds until it expires",
+    )
+    used_for = serializers.CharField(source="used_for.hostname", read_only=True, allow_null=True)
+
+    class Meta:
+        model = EnrolmentToken
+        fields = [
+            "id",
+            "prefix",
+            "node",
+            "ttl_s",
+            "created_by",
+            "created_at",
+            "expires_at",
+            "used_at",
+            "used_for",
+        ]
+        read_only_fields = ["prefix", "created_by", "created_at", "expires_at", "used_at"]
+
+
+class NodeCredentialSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.hostname", read_only=True)
+
+    class Meta:
+        model = NodeCredential
+        fields = [
+            "id",
+            "node",
+            "prefix",
+            "address",
+            "agent_version",
+            "created_at",
+            "last_used_at",
+            "last_seq",
+            "heartbeat_lost_at",
+            "revoked_at",
+            "revoked_by",
+        ]
+        read_only_fields = fields

@@ -11,5 +11,7 @@ routes = [
     ("racks", views.RackViewSet),
     ("nodes", views.NodeViewSet),
     ("gpus", views.GPUViewSet),
+    ("enrolment-tokens", views.EnrolmentTokenViewSet),
+    ("node-credentials", views.NodeCredentialViewSet),
 ]
 urlpatterns = []

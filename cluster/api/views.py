@@ -10,8 +10,20 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from cluster import filtersets
+from cluster.agents import create_enrolment_token, revoke
 from cluster.api import serializers as s
-from cluster.models import GPU, ChipType, Datacenter, DatacenterLink, Node, Pod, Rack, Region
+from cluster.models import (
+    GPU,
+    ChipType,
+    Datacenter,
+    DatacenterLink,
+    EnrolmentToken,
+    Node,
+    NodeCredential,
+    Pod,
+    Rack,
+    Region,
+)
 from cluster.services import apply_node_action
 
 
@@ -170,3 +182,43 @@ class GPUViewSet(
     filterset_class = filtersets.GPUFilterSet
     ordering_fields = ["id", "index", "state", "health"]
     search_fields = ["uuid", "serial", "node__hostname"]
+
+
+class EnrolmentTokenViewSet(
+    mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
+    """One-time tokens a new node's agent trades for its credential. The token itself is in the
+    answer to the create only; the database keeps its digest."""
+
+    queryset = EnrolmentToken.objects.select_related("node", "used_for").order_by("-created_at", "-id")
+    serializer_class = s.EnrolmentTokenSerializer
+    ordering_fields = ["created_at", "expires_at"]
+
+    def create(self, request, *args, **kwargs):
+        body = self.get_serializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        token, secret = create_enrolment_token(
+            actor=request.user.username,
+            node=body.validated_data.get("node"),
+            ttl_s=body.validated_data["ttl_s"],
+        )
+        return Response({**self.get_serializer(token).data, "token": secret}, status=status.HTTP_201_CREATED)
+
+
+class NodeCredentialViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Node agents' credentials with their last use; revoke one to refuse its node at once."""
+
+    queryset = NodeCredential.objects.select_related("node").order_by("node_id", "-created_at")
+    serializer_class = s.NodeCredentialSerializer
+    filterset_fields = ["node", "revoked_at"]
+    ordering_fields = ["created_at", "last_used_at"]
+
+    @extend_schema(request=s.NodeActionSerializer, responses=s.NodeCredentialSerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request, pk=None):
+        """Revoke the credential: the node's agent is refused from its next request on."""
+        credential = self.get_object()
+        body = s.NodeActionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        revoke(credential, actor=request.user.username, reason=body.validated_data["reason"])
+        return Response(self.get_serializer(credential).data)

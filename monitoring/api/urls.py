@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from monitoring.api import views
+from monitoring.api import agent, views
 
 routes = [
     ("faults", views.FaultEventViewSet),
@@ -14,4 +14,7 @@ urlpatterns = [
     path("telemetry/layout/", views.TelemetryLayoutView.as_view(), name="telemetry-layout"),
     path("telemetry/network/", views.NetworkView.as_view(), name="telemetry-network"),
     path("telemetry/frame/", views.TelemetryFrameView.as_view(), name="telemetry-frame"),
+    path("agent/enrol/", agent.EnrolView.as_view(), name="agent-enrol"),
+    path("agent/report/", agent.ReportView.as_view(), name="agent-report"),
+    path("agent/assignments/", agent.AssignmentsView.as_view(), name="agent-assignments"),
 ]

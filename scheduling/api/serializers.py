@@ -10,6 +10,7 @@ from cluster.snapshot import topology_cache
 from engine.inference import LoadProfile, replica_topology
 from engine.steptime import ModelSpec
 from scheduling.choices import STATE_COLOURS, JobKind, TopologyConstraint
+from scheduling.launch import LAUNCH_VARIABLES
 from scheduling.models import (
     QUEUE_SETTINGS,
     Checkpoint,
@@ -209,6 +210,20 @@ class JobSerializer(serializers.ModelSerializer):
     checkpoint_policy = serializers.SlugRelatedField(
         slug_field="name", queryset=CheckpointPolicy.objects.all(), allow_null=True, required=False
     )
+    command = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=8192,
+        help_text="On real nodes: the command each node's agent starts once (sh -c), with the launch "
+        "environment (MASTER_ADDR, WORLD_SIZE, NODE_RANK, CUDA_VISIBLE_DEVICES, ...)",
+    )
+    env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, max_length=4096),
+        required=False,
+        default=dict,
+        help_text="Extra environment variables for the command",
+    )
 
     class Meta:
         model = Job
@@ -242,8 +257,16 @@ class JobSerializer(serializers.ModelSerializer):
             "placement",
             "progress_s",
             "preemptions",
+            "command",
+            "env",
+            "launched_generation",
+            "start_failures",
+            "requeue_at",
         ]
         read_only_fields = [
+            "launched_generation",
+            "start_failures",
+            "requeue_at",
             "state",
             "pending_reason",
             "submitted_at",
@@ -280,6 +303,25 @@ class JobSerializer(serializers.ModelSerializer):
     def validate_chip_types(self, chips):
         return validate_chip_names(chips)
 
+    def validate_env(self, env):
+        import re
+
+        if len(env) > 200:
+            raise serializers.ValidationError(f"{len(env)} variables; at most 200")
+        for name in env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", name):
+                raise serializers.ValidationError(f"{name!r} is not a variable name")
+            if name in LAUNCH_VARIABLES:
+                raise serializers.ValidationError(
+                    f"{name} is set by the platform for each node; leave it out"
+                )
+        return env
+
+    def validate(self, attrs):
+        if attrs.get("env") and not attrs.get("command"):
+            raise serializers.ValidationError({"env": ["an environment needs a command to run"]})
+        return attrs
+
     def validate_model(self, model):
         if not model:
             return {}
@@ -296,10 +338,13 @@ class JobDetailSerializer(JobSerializer):
     checkpoint_recommendation = serializers.SerializerMethodField()
     recent_checkpoints = serializers.SerializerMethodField()
     size_history = serializers.SerializerMethodField()
+    processes = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
         fields = [
             *JobSerializer.Meta.fields,
+            "checkpoint_requested_at",
+            "processes",
             "size_history",
             "events",
             "gpu_ids",
@@ -317,6 +362,24 @@ class JobDetailSerializer(JobSerializer):
         from scheduling.checkpoints import recommendation
 
         return recommendation(job)
+
+    def get_processes(self, job: Job) -> list[dict]:
+        """Its launcher processes on real nodes, newest placement first, with their log tails."""
+        rows = job.processes.select_related("node").order_by("-updated_at", "rank")[:64]
+        return [
+            {
+                "node": p.node.hostname,
+                "rank": p.rank,
+                "generation": p.generation,
+                "state": p.state,
+                "pid": p.pid,
+                "exit_code": p.exit_code,
+                "started_at": p.started_at,
+                "ended_at": p.ended_at,
+                "log_tail": p.log_tail,
+            }
+            for p in rows
+        ]
 
     def get_recent_checkpoints(self, job: Job) -> list[dict]:
         return CheckpointSerializer(job.checkpoints.all()[:20], many=True).data

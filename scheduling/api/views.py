@@ -11,11 +11,13 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from cluster.permissions import NodeRunsJob, RolePermission
 from scheduling import filtersets
 from scheduling.api import serializers as s
 from scheduling.choices import ACTIVE_STATES
 from scheduling.ettr import cluster_ettr
 from scheduling.inference import autoscale, save_service, stop_service
+from scheduling.launch import request_checkpoint
 from scheduling.models import CheckpointPolicy, Cohort, InferenceService, Job, Queue
 from scheduling.services import (
     JobStateError,
@@ -128,9 +130,15 @@ class JobViewSet(
         return Response(s.JobDetailSerializer(job, context=self.get_serializer_context()).data)
 
     @extend_schema(request=s.CheckpointSerializer, responses=s.CheckpointSerializer)
-    @action(detail=True, methods=["post"], url_path="checkpoints")
+    @action(
+        detail=True,
+        methods=["post"],
+        url_path="checkpoints",
+        permission_classes=[RolePermission | NodeRunsJob],
+    )
     def report_checkpoint(self, request, pk=None):
-        """A running job's nodes report a saved checkpoint (the node agent calls this)."""
+        """A running job's nodes report a saved checkpoint (the node agent calls this with its
+        node credential, for a job on its node; operators may too)."""
         job = self.get_object()
         if job.state != "running":
             return Response(
@@ -141,6 +149,22 @@ class JobViewSet(
         body.is_valid(raise_exception=True)
         checkpoint = record_checkpoint(job, **body.validated_data)
         return Response(s.CheckpointSerializer(checkpoint).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.JobActionSerializer, responses=s.JobDetailSerializer)
+    @action(detail=True, methods=["post"], url_path="request-checkpoint")
+    def request_checkpoint(self, request, pk=None):
+        """Ask a running job on real nodes to save now: each node's agent sends it the checkpoint
+        signal (SIGUSR1 by default) and the job reports the checkpoint when saved."""
+        job = self.get_object()
+        body = s.JobActionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            job = request_checkpoint(
+                job.pk, actor=request.user.username, reason=body.validated_data["reason"]
+            )
+        except JobStateError as exc:
+            return Response({"state": [str(exc)]}, status=status.HTTP_409_CONFLICT)
+        return Response(s.JobDetailSerializer(job, context=self.get_serializer_context()).data)
 
     @extend_schema(request=s.JobActionSerializer, responses=s.JobDetailSerializer)
     @action(detail=True, methods=["post"])

@@ -1,0 +1,136 @@
+"""The node agent's endpoints: enrol, report, assignments. A node credential reaches only these
+(and the checkpoint report of a job on its node); every other endpoint answers it 403."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import ParseError
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from cluster.agents import EnrolmentError, enrol
+from cluster.permissions import IsNodeAgent, node_of
+from monitoring.ingest import ReportError, ingest, parse_report
+from monitoring.livestore import ASSIGNMENTS_VERSION_KEY, live_store
+from scheduling.launch import assignments
+
+MAX_WAIT_S = 25.0
+
+
+class EnrolSerializer(serializers.Serializer):
+    token = serializers.CharField(max_length=200)
+    hostname = serializers.CharField(max_length=128)
+    address = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
+    gpus = serializers.IntegerField(min_value=0, max_value=72, required=False, allow_null=True)
+    agent_version = serializers.CharField(max_length=32, required=False, allow_blank=True, default="")
+
+
+class EnrolView(APIView):
+    """Trade a one-time enrolment token for this node's credential (shown once)."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(request=EnrolSerializer, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request):
+        body = EnrolSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        try:
+            credential, secret = enrol(
+                data["token"],
+                hostname=data["hostname"],
+                address=data["address"],
+                agent_version=data["agent_version"],
+                gpus=data.get("gpus"),
+            )
+        except EnrolmentError as exc:
+            code = status.HTTP_403_FORBIDDEN if exc.field == "token" else status.HTTP_400_BAD_REQUEST
+            return Response({exc.field: [exc.message]}, status=code)
+        node = credential.node
+        return Response(
+            {"node": node.pk, "hostname": node.hostname, "gpus": node.gpus_per_node, "credential": secret},
+            status=status.HTTP_201_CREATED,
+        )
+
+
+def _body(request) -> dict:
+    """The JSON body, refused with 413 past AGENT_REPORT_MAX_BYTES before it is parsed."""
+    size = int(request.META.get("CONTENT_LENGTH") or 0)
+    limit = settings.AGENT_REPORT_MAX_BYTES
+    if size > limit:
+        raise _TooLarge(size, limit)
+    try:
+        return json.loads(request.body or b"null")
+    except ValueError as exc:
+        raise ParseError(f"body: not JSON ({exc})") from exc
+
+
+class _TooLarge(Exception):
+    def __init__(self, size: int, limit: int):
+        self.size, self.limit = size, limit
+
+
+class ReportView(APIView):
+    """A node's batched report: readings of its GPUs, XIDs, and its job processes' states."""
+
+    permission_classes = [IsNodeAgent]
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request):
+        node = node_of(request)
+        try:
+            body = _body(request)
+        except _TooLarge as exc:
+            return Response(
+                {"body": [f"the report is {exc.size} bytes; the limit is {exc.limit}"]},
+                status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+            )
+        try:
+            report = parse_report(body, node)
+        except ReportError as exc:
+            return Response({exc.field: [exc.message]}, status=status.HTTP_400_BAD_REQUEST)
+        return Response(ingest(request.auth, report))
+
+
+class AssignmentsView(APIView):
+    """What this node must run. With ``version`` (the last one seen) the answer waits up to
+    ``wait`` seconds (at most 25) for a change: a long poll."""
+
+    permission_classes = [IsNodeAgent]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("version", int, required=False),
+            OpenApiParameter("wait", float, required=False),
+        ],
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def get(self, request):
+        node = node_of(request)
+        try:
+            seen = int(request.query_params.get("version", -1))
+            wait = min(max(float(request.query_params.get("wait", 0)), 0.0), MAX_WAIT_S)
+        except ValueError:
+            return Response(
+                {"version": ["version is a whole number and wait a number of seconds"]}, status=400
+            )
+        store = live_store()
+        deadline = time.monotonic() + wait
+        version = _version(store)
+        while version == seen and time.monotonic() < deadline:
+            time.sleep(0.2)
+            version = _version(store)
+        return Response({"version": version, "node": node.hostname, "assignments": assignments(node)})
+
+
+def _version(store) -> int:
+    raw = store.get(ASSIGNMENTS_VERSION_KEY)
+    return int(raw or 0)
