@@ -34,18 +34,3 @@ class IsNodeAgent(BasePermission):
 
     def has_permission(self, request, view) -> bool:
         return node_of(request) is not None
-
-
-class NodeRunsJob(BasePermission):
-    """A node's agent, for a job that holds GPUs on its node (it reports the job's checkpoints)."""
-
-    message = "A node credential may only report for jobs running on its own node."
-
-    def has_permission(self, request, view) -> bool:
-        return node_of(request) is not None
-
-    def has_object_permission(self, request, view, obj) -> bool:
-        from scheduling.models import Allocation
-
-        node = node_of(request)
-        return node is not None and Allocation.objects.filter(job=obj, gpu__node=node, active=True).exists()

@@ -6,6 +6,8 @@ class MonitoringConfig(AppConfig):
 
     def ready(self) -> None:
         from cluster.signals import nodes_changed
-        from monitoring.receivers import clear_faults_of_returned_nodes
+        from monitoring.receivers import clear_faults_of_returned_nodes, measure_recovery
+        from scheduling.launch import job_launched
 
         nodes_changed.connect(clear_faults_of_returned_nodes, dispatch_uid="monitoring.node-return")
+        job_launched.connect(measure_recovery, dispatch_uid="monitoring.measure-recovery")

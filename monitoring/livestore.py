@@ -15,7 +15,6 @@ FRAME_KEY = "myriad:telemetry:frame"
 STATE_KEY = "myriad:fleet:state"
 NETWORK_KEY = "myriad:network:util"
 AGENT_REPORTS_KEY = "myriad:agent:reports"  # node id -> that node's newest report (JSON)
-ASSIGNMENTS_VERSION_KEY = "myriad:agent:assignments-version"
 
 
 class FileStore:
@@ -67,19 +66,6 @@ class FileStore:
                         out[path.name] = path.read_bytes()
         return out
 
-    def incr(self, key: str) -> int:
-        import fcntl
-
-        path = self.folder / key.replace(":", "_")
-        with open(path, "a+b") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            f.seek(0)
-            value = int(f.read() or 0) + 1
-            f.seek(0)
-            f.truncate()
-            f.write(str(value).encode())
-        return value
-
 
 class RedisStore:
     def __init__(self, url: str):
@@ -104,9 +90,6 @@ class RedisStore:
 
     def hgetall(self, key: str) -> dict[str, bytes]:
         return {k.decode(): v for k, v in self.client.hgetall(key).items()}
-
-    def incr(self, key: str) -> int:
-        return int(self.client.incr(key))
 
 
 _store = None

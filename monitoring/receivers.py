@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from django.db.models import Q
+from django.db.models import Max, Q
 
 from monitoring.models import FaultEvent
+from scheduling.choices import EventKind
+from scheduling.models import JobEvent, JobProcess
 
 
 def clear_faults_of_returned_nodes(sender, nodes, action: str, at, **kwargs) -> None:
@@ -13,3 +15,47 @@ def clear_faults_of_returned_nodes(sender, nodes, action: str, at, **kwargs) -> 
         FaultEvent.objects.filter(Q(node__in=nodes) | Q(gpu__node__in=nodes), cleared_at__isnull=True).update(
             cleared_at=at
         )
+
+
+def measure_recovery(sender, job, placement, at, **kwargs) -> None:
+    """The job's open fault gets its measured steps: detected, processes stopped, placed again,
+    every rank running; its recovered event carries them (ETTR reads restart_s)."""
+    p, now = placement, at
+    fault = (
+        FaultEvent.objects.filter(job=job, recovery_s__isnull=True, at__lte=p.since)
+        .exclude(data__has_key="measured")
+        .order_by("-at")
+        .first()
+    )
+    if fault is None:
+        return
+    detected = fault.detected_at or fault.at
+    stopped = (
+        JobProcess.objects.filter(job=job, ended_at__gte=fault.at).exclude(generation=p.generation)
+    ).aggregate(t=Max("ended_at"))["t"]
+    steps = {
+        "detected_s": (detected - fault.at).total_seconds(),
+        "processes_stopped_s": (stopped - fault.at).total_seconds() if stopped else None,
+        "placed_s": (p.since - fault.at).total_seconds(),
+        "running_s": (now - fault.at).total_seconds(),
+    }
+    steps = {k: round(v, 3) if v is not None else None for k, v in steps.items()}
+    fault.recovery_s = steps["running_s"]
+    fault.data = {**fault.data, "measured": steps}
+    fault.save(update_fields=["recovery_s", "data"])
+    # from the fault's detection, or from the new placement when the job waited for one (ETTR
+    # counts that wait as waiting, from the requeue to the admission)
+    restart = (now - max(detected, p.since)).total_seconds()
+    JobEvent.objects.create(
+        job=job,
+        kind=EventKind.RECOVERED,
+        at=now,
+        reason=f"running again on every node {steps['running_s']:.1f} s after {fault} (measured)",
+        data={
+            "fault": fault.pk,
+            "measured": True,
+            "steps": steps,
+            "restart_s": round(restart, 3),
+            "recovery_s": steps["running_s"],
+        },
+    )

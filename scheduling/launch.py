@@ -17,16 +17,20 @@ After a fault the recovery's steps are measured from these reports, not modelled
 
 from __future__ import annotations
 
+import fcntl
+import re
 import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max
+from django.dispatch import Signal
 from django.utils import timezone
 
 from cluster.models import GPU, Node, NodeCredential
+from scheduling import trigger
 from scheduling.choices import ACTIVE_STATES, EventKind, JobState, ProcessState
 from scheduling.locks import cycle_lock
 from scheduling.models import Allocation, Job, JobEvent, JobProcess
@@ -34,6 +38,9 @@ from scheduling.services import change_state, requeue
 from scheduling.store import allocations
 from scheduling.trigger import request_cycle
 
+VERSION_KEY = "myriad:agent:assignments-version"
+# sent when every node of a launched job runs its current placement: job, placement, at
+job_launched = Signal()
 BACKOFF_BASE_S = 60.0
 BACKOFF_MAX_S = 3600.0
 # variables the platform sets for every launch; a job's own env may not override them
@@ -169,12 +176,49 @@ def assignments(node: Node) -> list[dict]:
 
 def changed() -> None:
     """Tell waiting agents that assignments may have changed (after the current commit)."""
-    from monitoring.livestore import ASSIGNMENTS_VERSION_KEY, live_store
+    transaction.on_commit(_bump_version)
 
-    transaction.on_commit(lambda: live_store().incr(ASSIGNMENTS_VERSION_KEY))
+
+def _version_path() -> Path:
+    return Path(settings.DATA_DIR) / "assignments.version"
+
+
+def _bump_version() -> None:
+    if settings.REDIS_URL:
+        trigger._redis().incr(VERSION_KEY)
+        return
+    with open(_version_path(), "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        value = int(f.read() or 0) + 1
+        f.seek(0)
+        f.truncate()
+        f.write(str(value).encode())
+
+
+def assignments_version() -> int:
+    """A number that grows whenever any node's assignments may have changed (agents long-poll it)."""
+    if settings.REDIS_URL:
+        return int(trigger._redis().get(VERSION_KEY) or 0)
+    try:
+        return int(_version_path().read_bytes() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
 
 
 @transaction.atomic
+def env_problem(env: dict) -> str | None:
+    """Why a job's extra environment cannot be used, or None."""
+    if len(env) > 200:
+        return f"{len(env)} variables; at most 200"
+    for name in env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", name):
+            return f"{name!r} is not a variable name"
+        if name in LAUNCH_VARIABLES:
+            return f"{name} is set by the platform for each node; leave it out"
+    return None
+
+
 def request_checkpoint(job_id: int, *, actor: str, reason: str = "") -> Job:
     """Ask a running launched job to save now; its agents signal it (audited)."""
     from cluster.audit import record
@@ -295,52 +339,7 @@ def _launched(p: Placement, now: datetime) -> None:
         reason=f"running on all {len(p.nodes)} nodes, {waited:.1f} s after placement",
         data={"generation": p.generation, "nodes": len(p.nodes), "start_s": round(waited, 3)},
     )
-    _measure_recovery(job, p, now)
-
-
-def _measure_recovery(job: Job, p: Placement, now: datetime) -> None:
-    """The job's open fault gets its measured steps: detected, processes stopped, placed again,
-    every rank running; its recovered event carries them (ETTR reads restart_s)."""
-    from monitoring.models import FaultEvent
-
-    fault = (
-        FaultEvent.objects.filter(job=job, recovery_s__isnull=True, at__lte=p.since)
-        .exclude(data__has_key="measured")
-        .order_by("-at")
-        .first()
-    )
-    if fault is None:
-        return
-    detected = fault.detected_at or fault.at
-    stopped = (
-        JobProcess.objects.filter(job=job, ended_at__gte=fault.at).exclude(generation=p.generation)
-    ).aggregate(t=Max("ended_at"))["t"]
-    steps = {
-        "detected_s": (detected - fault.at).total_seconds(),
-        "processes_stopped_s": (stopped - fault.at).total_seconds() if stopped else None,
-        "placed_s": (p.since - fault.at).total_seconds(),
-        "running_s": (now - fault.at).total_seconds(),
-    }
-    steps = {k: round(v, 3) if v is not None else None for k, v in steps.items()}
-    fault.recovery_s = steps["running_s"]
-    fault.data = {**fault.data, "measured": steps}
-    fault.save(update_fields=["recovery_s", "data"])
-    # from the fault's detection, or from the new placement when the job waited for one (ETTR
-    # counts that wait as waiting, from the requeue to the admission)
-    restart = (now - max(detected, p.since)).total_seconds()
-    JobEvent.objects.create(
-        job=job,
-        kind=EventKind.RECOVERED,
-        at=now,
-        reason=f"running again on every node {steps['running_s']:.1f} s after {fault} (measured)",
-        data={
-            "fault": fault.pk,
-            "measured": True,
-            "steps": steps,
-            "restart_s": round(restart, 3),
-            "recovery_s": steps["running_s"],
-        },
-    )
+    job_launched.send(sender=Job, job=job, placement=p, at=now)  # monitoring measures a recovery
 
 
 # --- starts that did not reach every node ------------------------------------------------------

@@ -15,6 +15,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models.expressions import Col
 from django.utils.translation import gettext_lazy as _
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.authtoken.models import Token
 
@@ -132,3 +133,18 @@ class NodeCredentialAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request) -> str:
         return self.keyword
+
+
+class NodeCredentialScheme(OpenApiAuthenticationExtension):
+    """How the API description names a node agent's credential."""
+
+    target_class = NodeCredentialAuthentication
+    name = "nodeCredential"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "apiKey",
+            "in": "header",
+            "name": "Authorization",
+            "description": "A node agent's credential: `Node <credential>`",
+        }

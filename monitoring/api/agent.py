@@ -18,8 +18,7 @@ from rest_framework.views import APIView
 from cluster.agents import EnrolmentError, enrol
 from cluster.permissions import IsNodeAgent, node_of
 from monitoring.ingest import ReportError, ingest, parse_report
-from monitoring.livestore import ASSIGNMENTS_VERSION_KEY, live_store
-from scheduling.launch import assignments
+from scheduling.launch import assignments, assignments_version
 
 MAX_WAIT_S = 25.0
 
@@ -122,15 +121,9 @@ class AssignmentsView(APIView):
             return Response(
                 {"version": ["version is a whole number and wait a number of seconds"]}, status=400
             )
-        store = live_store()
         deadline = time.monotonic() + wait
-        version = _version(store)
+        version = assignments_version()
         while version == seen and time.monotonic() < deadline:
             time.sleep(0.2)
-            version = _version(store)
+            version = assignments_version()
         return Response({"version": version, "node": node.hostname, "assignments": assignments(node)})
-
-
-def _version(store) -> int:
-    raw = store.get(ASSIGNMENTS_VERSION_KEY)
-    return int(raw or 0)

@@ -10,7 +10,7 @@ from cluster.snapshot import topology_cache
 from engine.inference import LoadProfile, replica_topology
 from engine.steptime import ModelSpec
 from scheduling.choices import STATE_COLOURS, JobKind, TopologyConstraint
-from scheduling.launch import LAUNCH_VARIABLES
+from scheduling.launch import env_problem
 from scheduling.models import (
     QUEUE_SETTINGS,
     Checkpoint,
@@ -304,17 +304,9 @@ class JobSerializer(serializers.ModelSerializer):
         return validate_chip_names(chips)
 
     def validate_env(self, env):
-        import re
-
-        if len(env) > 200:
-            raise serializers.ValidationError(f"{len(env)} variables; at most 200")
-        for name in env:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", name):
-                raise serializers.ValidationError(f"{name!r} is not a variable name")
-            if name in LAUNCH_VARIABLES:
-                raise serializers.ValidationError(
-                    f"{name} is set by the platform for each node; leave it out"
-                )
+        problem = env_problem(env)
+        if problem:
+            raise serializers.ValidationError(problem)
         return env
 
     def validate(self, attrs):

@@ -8,17 +8,18 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
+from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from cluster.permissions import NodeRunsJob, RolePermission
+from cluster.permissions import RolePermission, node_of
 from scheduling import filtersets
 from scheduling.api import serializers as s
 from scheduling.choices import ACTIVE_STATES
 from scheduling.ettr import cluster_ettr
 from scheduling.inference import autoscale, save_service, stop_service
 from scheduling.launch import request_checkpoint
-from scheduling.models import CheckpointPolicy, Cohort, InferenceService, Job, Queue
+from scheduling.models import Allocation, CheckpointPolicy, Cohort, InferenceService, Job, Queue
 from scheduling.services import (
     JobStateError,
     SubmitError,
@@ -89,6 +90,19 @@ class QueueViewSet(viewsets.ModelViewSet):
     def resume(self, request, pk=None):
         """Admit from this queue again."""
         return self._set_stopped(False)
+
+
+class NodeRunsJob(BasePermission):
+    """A node's agent, for a job that holds GPUs on its node (it reports the job's checkpoints)."""
+
+    message = "A node credential may only report for jobs running on its own node."
+
+    def has_permission(self, request, view) -> bool:
+        return node_of(request) is not None
+
+    def has_object_permission(self, request, view, obj) -> bool:
+        node = node_of(request)
+        return node is not None and Allocation.objects.filter(job=obj, gpu__node=node, active=True).exists()
 
 
 class JobViewSet(
