@@ -260,6 +260,7 @@ class NodeCredential(models.Model):
     last_seq = models.PositiveBigIntegerField(
         default=0, help_text="Sequence number of the newest report accepted: older ones change nothing"
     )
+    reports_accepted = models.PositiveBigIntegerField(default=0)
     heartbeat_lost_at = models.DateTimeField(
         null=True, blank=True, help_text="Set when missed reports raised a heartbeat-loss fault"
     )

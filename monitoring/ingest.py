@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 import numpy as np
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from cluster.models import Node, NodeCredential
@@ -181,6 +182,7 @@ def ingest(credential: NodeCredential, report: dict, now: datetime | None = None
             pk=credential.pk, revoked_at__isnull=True, last_seq__lt=report["seq"]
         ).update(
             last_seq=report["seq"],
+            reports_accepted=F("reports_accepted") + 1,
             last_used_at=now,
             heartbeat_lost_at=None,
             agent_version=report["agent_version"],

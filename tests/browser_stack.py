@@ -66,6 +66,8 @@ class Stack:
     env: dict
     process: subprocess.Popen
     tokens: dict = field(default_factory=dict)
+    port: int = 0
+    log: Path | None = None
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -74,6 +76,11 @@ class Stack:
                 self.process.wait(20)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
+
+    def start(self) -> None:
+        """Start the server processes again on the same port and database (after ``stop``)."""
+        self.process = _serve(self.env, self.port, self.log)
+        _wait_up(self)
 
 
 def manage(env: dict, *args: str) -> str:
@@ -85,6 +92,32 @@ def manage(env: dict, *args: str) -> str:
     return out.stdout
 
 
+def _serve(env: dict, port: int, log: Path) -> subprocess.Popen:
+    logfile = open(log, "ab")  # noqa: SIM115 - the stack's output, kept for failures
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "runstack", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=env,
+        stdout=logfile,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _wait_up(stack: Stack) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if stack.process.poll() is not None:
+            raise RuntimeError(f"runstack exited with {stack.process.returncode}; see {stack.log}")
+        try:
+            urllib.request.urlopen(f"{stack.url}/accounts/login/", timeout=2)
+            return
+        except OSError:
+            time.sleep(0.5)
+    stack.stop()
+    raise RuntimeError("the stack did not answer within 90 s")
+
+
 def start_stack(
     data_dir: Path,
     cluster: str = "demo",
@@ -92,7 +125,10 @@ def start_stack(
     fleet_tick_s: int = 1,
     simulated_fleet: bool = True,
     log: Path | None = None,
+    extra_env: dict | None = None,
+    name: str = "browser",
 ) -> Stack:
+    """``name`` keeps each kind of stack's PostgreSQL database apart."""
     env = {**os.environ, "MYRIAD_DATA_DIR": str(data_dir), "MYRIAD_DEBUG": "1"}
     env.update(
         MYRIAD_SIMULATED_FLEET="1" if simulated_fleet else "0",
@@ -100,8 +136,9 @@ def start_stack(
         MYRIAD_SAMPLE_INTERVAL_S="5",
         MYRIAD_CYCLE_INTERVAL_S="2",
     )
+    env.update(extra_env or {})
     if env.get("MYRIAD_DATABASE_URL"):
-        env["MYRIAD_DATABASE_URL"] = _postgres_copy(env["MYRIAD_DATABASE_URL"], "browser")
+        env["MYRIAD_DATABASE_URL"] = _postgres_copy(env["MYRIAD_DATABASE_URL"], name)
     if env.get("MYRIAD_REDIS_URL"):
         env["MYRIAD_REDIS_URL"] = _redis_other_db(env["MYRIAD_REDIS_URL"])
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -113,24 +150,14 @@ def start_stack(
         out = manage(env, "create_login", role, "--role", role, "--password", password)
         tokens[role] = re.search(r"api_token=(\w+)", out).group(1)
     port = _free_port()
-    logfile = open(log or data_dir / "stack.log", "wb")  # noqa: SIM115 - the stack's output, kept for failures
-    process = subprocess.Popen(
-        [sys.executable, "manage.py", "runstack", f"127.0.0.1:{port}"],
-        cwd=ROOT,
+    log = log or data_dir / "stack.log"
+    stack = Stack(
+        url=f"http://127.0.0.1:{port}",
         env=env,
-        stdout=logfile,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+        process=_serve(env, port, log),
+        tokens=tokens,
+        port=port,
+        log=log,
     )
-    stack = Stack(url=f"http://127.0.0.1:{port}", env=env, process=process, tokens=tokens)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"runstack exited with {process.returncode}; see {logfile.name}")
-        try:
-            urllib.request.urlopen(f"{stack.url}/accounts/login/", timeout=2)
-            return stack
-        except OSError:
-            time.sleep(0.5)
-    stack.stop()
-    raise RuntimeError("the stack did not answer within 90 s")
+    _wait_up(stack)
+    return stack

@@ -282,6 +282,7 @@ class NodeCredentialSerializer(serializers.ModelSerializer):
             "created_at",
             "last_used_at",
             "last_seq",
+            "reports_accepted",
             "heartbeat_lost_at",
             "revoked_at",
             "revoked_by",

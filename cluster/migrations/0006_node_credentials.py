@@ -40,6 +40,7 @@ class Migration(migrations.Migration):
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('last_used_at', models.DateTimeField(blank=True, help_text="The agent's last accepted report", null=True)),
                 ('last_seq', models.PositiveBigIntegerField(default=0, help_text='Sequence number of the newest report accepted: older ones change nothing')),
+                ('reports_accepted', models.PositiveBigIntegerField(default=0)),
                 ('heartbeat_lost_at', models.DateTimeField(blank=True, help_text='Set when missed reports raised a heartbeat-loss fault', null=True)),
                 ('revoked_at', models.DateTimeField(blank=True, null=True)),
                 ('revoked_by', models.CharField(blank=True, max_length=150)),

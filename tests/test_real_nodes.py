@@ -1,0 +1,387 @@
+"""Real nodes end to end: a running stack (``manage.py runstack``: ASGI server, Celery worker and
+beat; on the embedded default or PostgreSQL + Redis) and four ``myriad-agent`` processes with
+the fake NVML, each enrolled with a one-time token. Jobs are real commands started by the agents;
+the tests follow them through the API as an operator would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.browser_stack import ROOT, start_stack
+
+GPUS_PER_NODE = 2
+TOPOLOGY = {
+    "regions": [
+        {
+            "name": "lab",
+            "datacenters": [
+                {
+                    "name": "dc1",
+                    "pods": [
+                        {
+                            "name": "p1",
+                            "chip_type": "H100-SXM",
+                            "racks": 1,
+                            "nodes_per_rack": 4,
+                            "gpus_per_node": GPUS_PER_NODE,
+                        }
+                    ],
+                }
+            ],
+        }
+    ]
+}
+LAUNCH_VARIABLES = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "NODE_RANK",
+    "NNODES",
+    "LOCAL_WORLD_SIZE",
+    "CUDA_VISIBLE_DEVICES",
+    "MYRIAD_JOB_ID",
+    "MYRIAD_CHECKPOINT_DIR",
+)
+# a job: prints its launch environment, writes its pid, then sleeps SLEEP seconds and exits CODE
+JOB = (
+    f'{sys.executable} -c "import os, time; '
+    f"print(' '.join(k + '=' + os.environ.get(k, '-') for k in {list(LAUNCH_VARIABLES)!r}), flush=True); "
+    "d = os.environ['MYRIAD_CHECKPOINT_DIR']; "
+    "open(os.path.join(d, 'pid-' + os.environ['NODE_RANK'] + '-' + os.environ['MYRIAD_GENERATION']), 'w')"
+    ".write(str(os.getpid())); "
+    "time.sleep(float(os.environ['SLEEP'])); print('bye', flush=True); "
+    "raise SystemExit(int(os.environ['CODE']))\""
+)
+
+
+class Api:
+    def __init__(self, url: str, token: str):
+        self.url, self.token = url, token
+
+    def call(self, method: str, path: str, body=None):
+        req = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode() if body is not None else None, method=method
+        )
+        req.add_header("Authorization", f"Token {self.token}")
+        req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
+    def get(self, path: str):
+        status, body = self.call("GET", path)
+        assert status == 200, (path, status, body)
+        return body
+
+
+class Agent:
+    def __init__(self, hostname: str, folder: Path, server: str, token: str):
+        self.hostname, self.folder = hostname, folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.state = folder / "nvml.json"
+        self.state.write_text(json.dumps({"gpus": GPUS_PER_NODE, "util": 30, "uuid": f"GPU-{hostname}"}))
+        self.log = open(folder / "agent.log", "ab")  # noqa: SIM115 - kept for failures
+        args = [
+            sys.executable,
+            "-m",
+            "myriad_agent",
+            "--server",
+            server,
+            "--token",
+            token,
+            "--hostname",
+            hostname,
+            "--address",
+            "127.0.0.1",
+            "--work-dir",
+            str(folder / "work"),
+            "--period",
+            "1",
+            "--grace",
+            "3",
+            "--retry-max",
+            "2",
+            "--nvml",
+            f"fake:{self.state}",
+        ]
+        self.process = subprocess.Popen(
+            args, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def inject_xid(self, gpu: int, xid: int) -> None:
+        with open(f"{self.state}.xids", "a") as f:
+            f.write(json.dumps({"gpu": gpu, "xid": xid}) + "\n")
+
+    def pids(self, job: int) -> dict[str, int]:
+        folder = self.folder / "work" / "checkpoints" / str(job)
+        return {p.name: int(p.read_text()) for p in folder.glob("pid-*")} if folder.exists() else {}
+
+    def seq(self) -> int:
+        return json.loads((self.folder / "work" / "state.json").read_text())["seq"]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(what: str, check, timeout: float = 60.0, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("real-nodes")
+    topology = folder / "topology.json"
+    topology.write_text(json.dumps(TOPOLOGY))
+    stack = start_stack(
+        folder / "stack",
+        str(topology),
+        simulated_fleet=False,
+        name="agents",
+        extra_env={
+            "MYRIAD_AGENT_WATCH_INTERVAL_S": "1",
+            "MYRIAD_LAUNCH_READY_TIMEOUT_S": "60",
+            "MYRIAD_CYCLE_INTERVAL_S": "1",
+        },
+    )
+    api = Api(stack.url, stack.tokens["operator"])
+    agents = {}
+    try:
+        for node in api.get("/api/v1/nodes/?ordering=id")["results"]:
+            status, made = api.call("POST", "/api/v1/enrolment-tokens/", {"node": node["hostname"]})
+            assert status == 201, made
+            agents[node["hostname"]] = Agent(
+                node["hostname"], folder / node["hostname"], stack.url, made["token"]
+            )
+        wait_for(
+            "every agent's first report",
+            lambda: (
+                all(c["last_seq"] > 0 for c in api.get("/api/v1/node-credentials/")["results"])
+                and len(api.get("/api/v1/node-credentials/")["results"]) == len(agents)
+            ),
+        )
+        yield stack, api, agents
+    finally:
+        for agent in agents.values():
+            agent.stop()
+        stack.stop()
+
+
+def submit(api: Api, sleep: float, code: int = 0, gpus: int = 2 * GPUS_PER_NODE, **extra) -> dict:
+    body = {
+        "queue": "pretrain",
+        "gpus": gpus,
+        "chip_types": ["H100-SXM"],
+        "topology": "pod",
+        "command": JOB,
+        "env": {"SLEEP": str(sleep), "CODE": str(code)},
+        **extra,
+    }
+    status, job = api.call("POST", "/api/v1/jobs/", body)
+    assert status == 201, job
+    return job
+
+
+def job_state(api: Api, job: dict, *states: str):
+    def check():
+        detail = api.get(f"/api/v1/jobs/{job['id']}/")
+        return detail if detail["state"] in states else None
+
+    return check
+
+
+def launched(api: Api, job: dict, times: int = 1):
+    def check():
+        detail = api.get(f"/api/v1/jobs/{job['id']}/")
+        events = [e for e in detail["events"] if e["kind"] == "launched"]
+        return detail if len(events) >= times and detail["state"] == "running" else None
+
+    return check
+
+
+def test_a_two_node_job_runs_as_real_processes_with_the_launch_environment(cluster):
+    _, api, agents = cluster
+    job = submit(api, sleep=2)
+    detail = wait_for("the job to finish", job_state(api, job, "finished", "failed"), timeout=90)
+    assert detail["state"] == "finished", detail["pending_reason"]
+    procs = sorted(detail["processes"], key=lambda p: p["rank"])
+    assert [(p["rank"], p["state"], p["exit_code"]) for p in procs] == [(0, "exited", 0), (1, "exited", 0)]
+    master_port = None
+    for p in procs:
+        printed = dict(kv.split("=", 1) for kv in p["log_tail"].splitlines()[0].split())
+        assert printed["MASTER_ADDR"] == "127.0.0.1" and printed["WORLD_SIZE"] == str(2 * GPUS_PER_NODE)
+        assert printed["RANK"] == printed["NODE_RANK"] == str(p["rank"]) and printed["NNODES"] == "2"
+        assert printed["LOCAL_WORLD_SIZE"] == str(GPUS_PER_NODE) and printed["CUDA_VISIBLE_DEVICES"] == "0,1"
+        assert printed["MYRIAD_JOB_ID"] == str(job["id"])
+        node_folder = agents[p["node"]].folder
+        assert printed["MYRIAD_CHECKPOINT_DIR"] == str(node_folder / "work" / "checkpoints" / str(job["id"]))
+        assert 20000 <= int(printed["MASTER_PORT"]) < 40000 and master_port in (None, printed["MASTER_PORT"])
+        master_port = printed["MASTER_PORT"]
+        assert p["log_tail"].rstrip().endswith("bye")
+    kinds = [e["kind"] for e in detail["events"]]
+    assert kinds.index("admitted") < kinds.index("launched") < kinds.index("finished")
+
+
+def test_a_failing_command_fails_the_job_with_its_exit_code(cluster):
+    _, api, _ = cluster
+    job = submit(api, sleep=0.5, code=7, gpus=GPUS_PER_NODE, topology="node")
+    detail = wait_for("the job to fail", job_state(api, job, "failed", "finished"), timeout=60)
+    assert detail["state"] == "failed"
+    reason = next(e["reason"] for e in detail["events"] if e["kind"] == "failed")
+    assert "exit code 7" in reason and "bye" in reason
+
+
+def test_cancel_and_preemption_kill_the_real_processes(cluster):
+    _, api, agents = cluster
+    job = submit(api, sleep=600)
+    detail = wait_for("every rank running", launched(api, job), timeout=60)
+    pids = wait_for(
+        "both pid files",
+        lambda: (
+            [pid for a in agents.values() for pid in a.pids(job["id"]).values()]
+            if sum(len(a.pids(job["id"])) for a in agents.values()) == 2
+            else None
+        ),
+    )
+    assert all(alive(pid) for pid in pids)
+    status, _ = api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {"reason": "test"})
+    assert status == 200
+    wait_for("the processes to end", lambda: not any(alive(pid) for pid in pids), timeout=30)
+
+    # a drain preempts the job: its processes end and it runs again on other nodes
+    job = submit(api, sleep=600)
+    detail = wait_for("every rank running", launched(api, job), timeout=60)
+    first = {p["node"] for p in detail["processes"] if p["state"] == "running"}
+    pids = wait_for(
+        "both pid files",
+        lambda: (
+            [pid for h in first for pid in agents[h].pids(job["id"]).values()]
+            if sum(len(agents[h].pids(job["id"])) for h in first) == 2
+            else None
+        ),
+    )
+    drained = sorted(first)[0]
+    node_id = next(n["id"] for n in api.get("/api/v1/nodes/")["results"] if n["hostname"] == drained)
+    status, _ = api.call("POST", f"/api/v1/nodes/{node_id}/drain/", {"reason": "maintenance"})
+    assert status == 200
+    wait_for("the old processes to end", lambda: not any(alive(pid) for pid in pids), timeout=30)
+    detail = wait_for("the job running again", launched(api, job, times=2), timeout=90)
+    assert any(e["kind"] == "preempted" for e in detail["events"])
+    now_on = {p["node"] for p in detail["processes"] if p["state"] == "running"}
+    assert drained not in now_on and len(now_on) == 2
+    status, _ = api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
+    api.call("POST", f"/api/v1/nodes/{node_id}/uncordon/", {})
+    wait_for(
+        "the node back",
+        lambda: (
+            next(n for n in api.get("/api/v1/nodes/")["results"] if n["id"] == node_id)["state"] == "ready"
+        ),
+        timeout=30,
+    )
+
+
+def test_an_xid_from_nvml_takes_the_node_out_and_the_job_moves_with_measured_recovery(cluster):
+    _, api, agents = cluster
+    job = submit(api, sleep=600)
+    detail = wait_for("every rank running", launched(api, job), timeout=60)
+    victim = sorted(p["node"] for p in detail["processes"] if p["state"] == "running")[1]
+    agents[victim].inject_xid(gpu=1, xid=79)
+    fault = wait_for(
+        "the XID fault",
+        lambda: next((f for f in api.get("/api/v1/faults/")["results"] if f["source"] == "xid"), None),
+        timeout=30,
+    )
+    assert fault["xid"] == 79 and fault["action"] == "reboot_node"
+    node = next(n for n in api.get("/api/v1/nodes/")["results"] if n["hostname"] == victim)
+    assert node["state"] == "down"
+    detail = wait_for("the job running again elsewhere", launched(api, job, times=2), timeout=90)
+    running_on = {p["node"] for p in detail["processes"] if p["state"] == "running"}
+    assert victim not in running_on and len(running_on) == 2
+    fault = wait_for(
+        "the measured recovery",
+        lambda: (f := api.get(f"/api/v1/faults/{fault['id']}/"))["recovery_s"] and f,
+        timeout=30,
+    )
+    recovered = next(e for e in detail["events"] if e["kind"] == "recovered")
+    assert recovered["data"]["measured"] is True
+    assert 0 < fault["recovery_s"] < 90
+    api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
+
+
+def test_the_work_runs_on_through_a_20_s_outage_and_no_report_is_lost_or_doubled(cluster):
+    stack, api, agents = cluster
+    job = submit(api, sleep=600, gpus=GPUS_PER_NODE, topology="node")
+    detail = wait_for("the job running", launched(api, job), timeout=60)
+    host = next(p["node"] for p in detail["processes"] if p["state"] == "running")
+    pid = wait_for("its pid", lambda: next(iter(agents[host].pids(job["id"]).values()), None))
+    stack.stop()
+    time.sleep(20)
+    assert alive(pid)  # the work runs on while the control plane is away
+    stack.start()
+    wait_for(
+        "the agents to catch up",
+        lambda: all(
+            c["last_seq"] >= agents[c["node"]].seq() - 1
+            for c in api.get("/api/v1/node-credentials/")["results"]
+            if c["node"] in agents and agents[c["node"]].process.poll() is None
+        ),
+        timeout=60,
+    )
+    detail = api.get(f"/api/v1/jobs/{job['id']}/")
+    assert detail["state"] == "running" and alive(pid)
+    assert [e["kind"] for e in detail["events"]].count("launched") == 1  # never restarted
+    assert not [f for f in api.get("/api/v1/faults/")["results"] if f["source"] == "heartbeat_loss"]
+    # stop one agent (it sends its last report): every report it made was accepted exactly once
+    agent = agents[host]
+    agent.stop()
+    assert agent.process.returncode == 0
+    wait_for("the job's processes to end", lambda: not alive(pid), timeout=15)
+    credential = next(c for c in api.get("/api/v1/node-credentials/")["results"] if c["node"] == host)
+    assert credential["last_seq"] == agent.seq() == credential["reports_accepted"]
+    log = (agent.folder / "agent.log").read_text()
+    assert "buffered, retrying" in log  # it did buffer through the outage
+
+
+def test_a_revoked_node_is_refused_and_its_agent_stops(cluster):
+    _, api, agents = cluster
+    running = [a for a in agents.values() if a.process.poll() is None]
+    agent = running[0]
+    credential = next(
+        c for c in api.get("/api/v1/node-credentials/")["results"] if c["node"] == agent.hostname
+    )
+    status, _ = api.call("POST", f"/api/v1/node-credentials/{credential['id']}/revoke/", {"reason": "test"})
+    assert status == 200
+    wait_for("the agent to exit", lambda: agent.process.poll() is not None, timeout=30)
+    assert agent.process.returncode == 3
+    assert "refuses this node's credential" in (agent.folder / "agent.log").read_text()
