@@ -69,7 +69,7 @@ def enrol(
     now = timezone.now()
     with transaction.atomic():
         token = (
-            EnrolmentToken.objects.select_for_update()
+            EnrolmentToken.objects.select_for_update(of=("self",))
             .select_related("node")
             .filter(key_hash=digest(token_secret or ""))
             .first()

@@ -8,9 +8,10 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = {"engine", "sim", "cluster", "scheduling", "monitoring", "config", "bench", "tests"}
+OURS = {"engine", "sim", "cluster", "scheduling", "monitoring", "config", "bench", "tests", "myriad_agent"}
 # who may import whom (a package may always import itself)
 ALLOWED = {
+    "myriad_agent": set(),  # the node agent is installed alone on GPU nodes
     "engine": set(),
     "sim": {"engine"},
     "cluster": {"engine"},
