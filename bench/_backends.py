@@ -44,7 +44,11 @@ def _redis_available() -> bool:
 
 
 def run_per_backend(
-    module: str, extra_args: list[str] | None = None, *, redis_with_postgres: bool = False
+    module: str,
+    extra_args: list[str] | None = None,
+    *,
+    redis_with_postgres: bool = False,
+    show_stderr: bool = False,
 ) -> dict[str, dict]:
     """Run ``python -m module --child`` per backend; each child prints one JSON line last.
     ``redis_with_postgres``: the PostgreSQL run also uses Redis (Celery broker, cycle marker,
@@ -66,6 +70,8 @@ def run_per_backend(
                 capture_output=True,
                 text=True,
             )
+            if show_stderr and out.stderr:
+                sys.stderr.write(f"({name}) {out.stderr[-2000:]}")
             if out.returncode != 0:
                 sys.stderr.write(out.stdout + out.stderr)
                 raise SystemExit(f"benchmark child for {name} failed")

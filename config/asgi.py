@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels (used by the live dashboard)."""
+"""ASGI entry point: HTTP through Django (the node agents' reports on a shorter path), websockets
+through Channels (used by the live dashboard)."""
 
 import os
 
@@ -12,10 +13,11 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from config.routing import websocket_urlpatterns  # noqa: E402
+from monitoring.agent_asgi import AgentReports  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": AgentReports(django_asgi_app),  # the node agents' reports skip Django's request cycle
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -142,7 +142,8 @@ def tick(now=None) -> dict:
             pass
     fleet.step(sim_t, _utilization(snapshot, fleet))
     frame = fleet.frame()
-    overlay(frame, snapshot, latest_reports(store), stale_s=3 * settings.AGENT_HEARTBEAT_TIMEOUT_S)
+    real = latest_reports(agent_node_ids(), store)  # nodes with an agent show its readings
+    overlay(frame, snapshot, real, stale_s=3 * settings.AGENT_HEARTBEAT_TIMEOUT_S)
     encoded = encode_frame(seq, sim_t, frame)
     store.put(FRAME_KEY, encoded)
     publish_frame(previous, encoded)

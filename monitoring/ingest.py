@@ -12,216 +12,111 @@ gets a ``heartbeat_loss`` fault (``watch``).
 
 from __future__ import annotations
 
-import json
-import math
+import contextlib
 import time
 from datetime import datetime, timedelta
 
 import numpy as np
+import orjson
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F
+from django.db import connection, transaction
 from django.utils import timezone
 
+from cluster.agents import agent_node_ids
 from cluster.models import Node, NodeCredential
-from monitoring.livestore import AGENT_REPORTS_KEY, live_store
+from monitoring.livestore import AGENT_REPORT_PREFIX, live_store
+from monitoring.reports import forget, revoked
 from monitoring.services import report_fault
 from scheduling import launch
-from scheduling.choices import ProcessState
 
-# per-GPU readings: name -> (lowest, highest); all optional, numbers
-READINGS = {
-    "util": (0, 100),
-    "memory_used_mib": (0, 1 << 24),
-    "memory_total_mib": (0, 1 << 24),
-    "temperature_c": (0, 200),
-    "power_w": (0, 10_000),
-    "power_limit_w": (0, 10_000),
-    "sm_clock_mhz": (0, 10_000),
-    "ecc_corrected_volatile": (0, 1 << 62),
-    "ecc_uncorrected_volatile": (0, 1 << 62),
-    "ecc_corrected_aggregate": (0, 1 << 62),
-    "ecc_uncorrected_aggregate": (0, 1 << 62),
-    "retired_pages": (0, 1 << 31),
-    "remapped_rows_correctable": (0, 1 << 31),
-    "remapped_rows_uncorrectable": (0, 1 << 31),
-    "nvlink_crc_errors": (0, 1 << 62),
-    "nvlink_replay_errors": (0, 1 << 62),
-    "nvlink_recovery_errors": (0, 1 << 62),
-    "pcie_replays": (0, 1 << 62),
-}
-FLAGS = ("retired_pages_pending", "remap_pending", "remap_failure", "lost")
-MAX_XIDS = 256
-MAX_PROCESSES = 64
+_ACCEPT = (
+    "UPDATE {table} SET last_seq = %s, reports_accepted = reports_accepted + 1, last_used_at = %s, "
+    "heartbeat_lost_at = NULL, agent_version = %s WHERE id = %s AND revoked_at IS NULL AND last_seq < %s"
+)
 
 
-class ReportError(ValueError):
-    """A report refused as a whole; ``field`` names what is wrong (nothing was written)."""
+def _accept(identity, report: dict, now: datetime) -> bool:
+    """The report's sequence number becomes the credential's newest, if it is newer and the
+    credential is still live: one statement, so concurrent duplicates cannot both pass. It runs
+    on the driver's cursor (a prepared statement on PostgreSQL): it is most of a report's cost."""
+    sql = _ACCEPT.format(table=NodeCredential._meta.db_table)
+    params = [
+        report["seq"],
+        connection.ops.adapt_datetimefield_value(now),
+        report["agent_version"],
+        identity.credential_id,
+        report["seq"],
+    ]
+    connection.ensure_connection()
+    if connection.vendor == "postgresql":
+        import psycopg
 
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field, self.message = field, message
-
-
-def _number(value, where: str, lo: float, hi: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ReportError(where, f"must be a number, not {value!r}"[:200])
-    if not lo <= value <= hi:
-        raise ReportError(where, f"{value} is outside {lo}..{hi}")
-    return value
-
-
-def _int(value, where: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ReportError(where, f"must be a whole number, not {value!r}"[:200])
-    if not lo <= value <= hi:
-        raise ReportError(where, f"{value} is outside {lo}..{hi}")
-    return value
-
-
-def _list(body: dict, name: str, limit: int) -> list:
-    value = body.get(name, [])
-    if not isinstance(value, list):
-        raise ReportError(name, "must be a list")
-    if len(value) > limit:
-        raise ReportError(name, f"{len(value)} entries; at most {limit} in one report")
-    for i, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise ReportError(f"{name}[{i}]", "must be an object")
-    return value
+        with psycopg.Cursor(connection.connection) as cursor:
+            cursor.execute(sql, params, prepare=True)
+            return cursor.rowcount == 1
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == 1
 
 
-def parse_report(body, node: Node) -> dict:
-    """The report, checked against the node; ReportError names the first bad field."""
-    if not isinstance(body, dict):
-        raise ReportError("body", "a report is a JSON object")
-    unknown = set(body) - {"seq", "sent_at", "agent_version", "gpus", "xids", "processes", "dropped"}
-    if unknown:
-        raise ReportError(sorted(unknown)[0], "unknown field")
-    seq = _int(body.get("seq"), "seq", 1, (1 << 63) - 1)
-    n = node.gpus_per_node
-    gpus, seen = [], set()
-    for i, g in enumerate(_list(body, "gpus", n)):
-        index = _int(g.get("index"), f"gpus[{i}].index", 0, n - 1)
-        if index in seen:
-            raise ReportError(f"gpus[{i}].index", f"GPU {index} appears twice")
-        seen.add(index)
-        reading = {"index": index}
-        for key, value in g.items():
-            if key in READINGS:
-                if value is not None:
-                    reading[key] = _number(value, f"gpus[{i}].{key}", *READINGS[key])
-            elif key in FLAGS:
-                reading[key] = bool(value)
-            elif key == "uuid":
-                reading[key] = str(value)[:64]
-            elif key != "index":
-                raise ReportError(f"gpus[{i}].{key}", "unknown reading")
-        gpus.append(reading)
-    xids = []
-    for i, x in enumerate(_list(body, "xids", MAX_XIDS)):
-        xids.append(
-            {
-                "gpu": _int(x.get("gpu"), f"xids[{i}].gpu", 0, n - 1),
-                "xid": _int(x.get("xid"), f"xids[{i}].xid", 1, 100_000),
-                "at": _number(x.get("at"), f"xids[{i}].at", 0, 1e11),
-            }
-        )
-    processes = [_process(p, i) for i, p in enumerate(_list(body, "processes", MAX_PROCESSES))]
-    known = set(launch.Job.objects.filter(pk__in={p["job"] for p in processes}).values_list("pk", flat=True))
-    for i, p in enumerate(processes):
-        if p["job"] not in known:
-            raise ReportError(f"processes[{i}].job", f"no job {p['job']}")
-    dropped = _int(body.get("dropped", 0), "dropped", 0, 1 << 62)
-    return {
-        "seq": seq,
-        "gpus": gpus,
-        "xids": xids,
-        "processes": processes,
-        "dropped": dropped,
-        "agent_version": str(body.get("agent_version", ""))[:32],
-    }
+def _not_accepted(identity, report: dict) -> dict:
+    last, revoked_at = (
+        NodeCredential.objects.filter(pk=identity.credential_id).values_list("last_seq", "revoked_at").get()
+    )
+    if revoked_at is not None:
+        forget(identity)
+        raise revoked()
+    return {"accepted": False, "seq": report["seq"], "reason": f"not newer than report {last}"}
 
 
-def _process(p: dict, i: int) -> dict:
-    where = f"processes[{i}]"
-    state = p.get("state")
-    if state not in ProcessState.values:
-        raise ReportError(f"{where}.state", f"{state!r} is not one of {', '.join(ProcessState.values)}"[:200])
-    generation = p.get("generation")
-    if not isinstance(generation, str) or not 1 <= len(generation) <= 16:
-        raise ReportError(f"{where}.generation", "must be the assignment's generation (1 to 16 characters)")
-    out = {
-        "job": _int(p.get("job"), f"{where}.job", 1, (1 << 63) - 1),
-        "generation": generation,
-        "state": state,
-    }
-    if p.get("pid") is not None:
-        out["pid"] = _int(p["pid"], f"{where}.pid", 1, 1 << 31)
-    if p.get("exit_code") is not None:
-        out["exit_code"] = _int(p["exit_code"], f"{where}.exit_code", -255, 255)
-    if state == ProcessState.EXITED and "exit_code" not in out:
-        raise ReportError(f"{where}.exit_code", "an exited process needs its exit code")
-    for key in ("started_at", "ended_at"):
-        if p.get(key) is not None:
-            out[key] = _number(p[key], f"{where}.{key}", 0, 1e11)
-    if p.get("log_tail") is not None:
-        if not isinstance(p["log_tail"], str):
-            raise ReportError(f"{where}.log_tail", "must be text")
-        out["log_tail"] = p["log_tail"]
-    return out
-
-
-def ingest(credential: NodeCredential, report: dict, now: datetime | None = None) -> dict:
-    """Apply a checked report; a duplicate or older sequence number changes nothing."""
+def ingest(identity, report: dict, now: datetime | None = None) -> dict:
+    """Apply a checked report; a duplicate or older sequence number changes nothing. A report
+    with readings only (nearly all of them) is one update and one live-store write that returns
+    the node's previous readings; XIDs, process states and health changes since those readings
+    are applied in one transaction."""
     now = now or timezone.now()
-    node = credential.node
     store = live_store()
-    with transaction.atomic():
-        fresh = NodeCredential.objects.filter(
-            pk=credential.pk, revoked_at__isnull=True, last_seq__lt=report["seq"]
-        ).update(
-            last_seq=report["seq"],
-            reports_accepted=F("reports_accepted") + 1,
-            last_used_at=now,
-            heartbeat_lost_at=None,
-            agent_version=report["agent_version"],
-        )
-        if not fresh:
-            last = NodeCredential.objects.filter(pk=credential.pk).values_list("last_seq", flat=True).first()
-            return {"accepted": False, "seq": report["seq"], "reason": f"not newer than report {last}"}
-        previous = store.hget(AGENT_REPORTS_KEY, str(node.pk))
-        faults = _faults(node, report, json.loads(previous) if previous else None, now)
-        launch.record_processes(node, report["processes"], now)
-        entry = json.dumps(
-            {"t": now.timestamp(), "seq": report["seq"], "gpus": report["gpus"], "dropped": report["dropped"]}
-        ).encode()
-        transaction.on_commit(lambda: store.hset(AGENT_REPORTS_KEY, str(node.pk), entry))
+    entry = orjson.dumps(
+        {"t": now.timestamp(), "seq": report["seq"], "gpus": report["gpus"], "dropped": report["dropped"]}
+    )
+    heavy = bool(report["xids"] or report["processes"])
+    with transaction.atomic() if heavy else contextlib.nullcontext():
+        if not _accept(identity, report, now):
+            return _not_accepted(identity, report)
+        previous = store.swap(AGENT_REPORT_PREFIX + str(identity.node_id), entry)
+        health = _health(report, orjson.loads(previous) if previous else None)
+        if not (heavy or health):
+            return {"accepted": True, "seq": report["seq"], "faults": 0}
+        with transaction.atomic():
+            node = Node.objects.get(pk=identity.node_id)
+            faults = _faults(node, report, health, now)
+            launch.record_processes(node, report["processes"], now)
     return {"accepted": True, "seq": report["seq"], "faults": faults}
 
 
-def _faults(node: Node, report: dict, previous: dict | None, now: datetime) -> int:
-    """FaultEvents for the report's XIDs and for health changes since the node's last report."""
-    found = []
-    for x in report["xids"]:
-        found.append(({"source": "xid", "xid": x["xid"]}, x["gpu"], _at(x["at"], now), f"XID {x['xid']}"))
+def _health(report: dict, previous: dict | None) -> list[tuple[int, str]]:
+    """(GPU index, problem) for each health change since the node's last report."""
     before = {g["index"]: g for g in (previous or {}).get("gpus", [])}
+    found = []
     for g in report["gpus"]:
         old = before.get(g["index"], {})
-        problem = None
+        ecc, old_ecc = g.get("ecc_uncorrected_volatile", 0), old.get("ecc_uncorrected_volatile")
         if g.get("lost") and not old.get("lost"):
-            problem = "NVML lost the GPU (fallen off the bus or not responding)"
-        elif g.get("ecc_uncorrected_volatile", 0) > old.get(
-            "ecc_uncorrected_volatile", g.get("ecc_uncorrected_volatile", 0)
-        ):
-            problem = (
-                f"uncorrectable ECC errors rose from {old['ecc_uncorrected_volatile']:.0f} "
-                f"to {g['ecc_uncorrected_volatile']:.0f}"
-            )
+            found.append((g["index"], "NVML lost the GPU (fallen off the bus or not responding)"))
+        elif old_ecc is not None and ecc > old_ecc:
+            found.append((g["index"], f"uncorrectable ECC errors rose from {old_ecc:.0f} to {ecc:.0f}"))
         elif g.get("remap_failure") and not old.get("remap_failure"):
-            problem = "a row remap failed: the GPU needs a reset"
-        if problem:
-            found.append(({"source": "health_check"}, g["index"], now, problem))
+            found.append((g["index"], "a row remap failed: the GPU needs a reset"))
+    return found
+
+
+def _faults(node: Node, report: dict, health: list, now: datetime) -> int:
+    """FaultEvents for the report's XIDs and health changes, for the production fault task."""
+    found = [
+        ({"source": "xid", "xid": x["xid"]}, x["gpu"], _at(x["at"], now), f"XID {x['xid']}")
+        for x in report["xids"]
+    ]
+    found += [({"source": "health_check"}, index, now, problem) for index, problem in health]
     if not found:
         return 0
     gpu_ids = launch.gpu_ids_by_index(node)
@@ -244,16 +139,22 @@ def _at(epoch: float, now: datetime) -> datetime:
 # --- the dashboard's frame and the heartbeat ---------------------------------------------------
 
 
-def latest_reports(store=None) -> dict[int, dict]:
-    """Node id -> its newest report entry."""
+def latest_reports(node_ids, store=None) -> dict[int, dict]:
+    """Node id -> its newest report entry, for the nodes that have one."""
     store = store or live_store()
+    ids = [int(n) for n in node_ids]
     out = {}
-    for key, raw in store.hgetall(AGENT_REPORTS_KEY).items():
-        try:
-            out[int(key)] = json.loads(raw)
-        except (ValueError, TypeError):
-            continue
+    for node_id, raw in zip(ids, store.get_many([AGENT_REPORT_PREFIX + str(n) for n in ids]), strict=True):
+        if raw:
+            try:
+                out[node_id] = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue
     return out
+
+
+def clear_reports() -> None:
+    live_store().delete_prefix(AGENT_REPORT_PREFIX)
 
 
 def overlay(frame: dict[str, np.ndarray], snapshot, reports: dict[int, dict], stale_s: float) -> int:
@@ -336,10 +237,10 @@ def compose_frame() -> int:
     from monitoring.livestore import FRAME_KEY
 
     store = live_store()
-    reports = latest_reports(store)
+    snapshot = topology_cache.current()
+    reports = latest_reports(agent_node_ids(), store)
     if not reports:
         return 0
-    snapshot = topology_cache.current()
     frame = {m: np.zeros(snapshot.num_gpus, dtype=np.uint8) for m in FRAME_METRICS}
     frame["health"] = snapshot.gpu_health.astype(np.uint8)
     written = overlay(frame, snapshot, reports, stale_s=3 * settings.AGENT_HEARTBEAT_TIMEOUT_S)

@@ -4,9 +4,8 @@ atomically (rename), so any process of the embedded stack can read the newest fr
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
+import threading
 from pathlib import Path
 
 from django.conf import settings
@@ -14,7 +13,7 @@ from django.conf import settings
 FRAME_KEY = "myriad:telemetry:frame"
 STATE_KEY = "myriad:fleet:state"
 NETWORK_KEY = "myriad:network:util"
-AGENT_REPORTS_KEY = "myriad:agent:reports"  # node id -> that node's newest report (JSON)
+AGENT_REPORT_PREFIX = "myriad:agent:report:"  # + node id: that node's newest report (JSON)
 
 
 class FileStore:
@@ -36,35 +35,36 @@ class FileStore:
             return None
 
     def delete(self, key: str) -> None:
-        path = self.folder / key.replace(":", "_")
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        (self.folder / key.replace(":", "_")).unlink(missing_ok=True)
 
-    # a hash is a folder of one file per field
-    def hset(self, key: str, field: str, data: bytes) -> None:
-        folder = self.folder / key.replace(":", "_")
-        folder.mkdir(exist_ok=True)
-        tmp = folder / f".{field}.{os.getpid()}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, folder / field)
-
-    def hget(self, key: str, field: str) -> bytes | None:
+    def swap(self, key: str, data: bytes) -> bytes | None:
+        """Write ``data``, returning what was there (one writer per key: a node's reports)."""
+        path = os.path.join(self.folder, key.replace(":", "_"))
         try:
-            return (self.folder / key.replace(":", "_") / field).read_bytes()
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            return None
+            old = None
+        else:
+            try:
+                old = os.read(fd, 1 << 20)
+            finally:
+                os.close(fd)
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        return old
 
-    def hgetall(self, key: str) -> dict[str, bytes]:
-        folder = self.folder / key.replace(":", "_")
-        out = {}
-        if folder.is_dir():
-            for path in folder.iterdir():
-                if not path.name.startswith("."):
-                    with contextlib.suppress(FileNotFoundError):  # removed since the listing
-                        out[path.name] = path.read_bytes()
-        return out
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        return [self.get(k) for k in keys]
+
+    def delete_prefix(self, prefix: str) -> None:
+        start = prefix.replace(":", "_")
+        for path in self.folder.glob(start + "*"):
+            path.unlink(missing_ok=True)
 
 
 class RedisStore:
@@ -82,14 +82,18 @@ class RedisStore:
     def delete(self, key: str) -> None:
         self.client.delete(key)
 
-    def hset(self, key: str, field: str, data: bytes) -> None:
-        self.client.hset(key, field, data)
+    def swap(self, key: str, data: bytes) -> bytes | None:
+        return self.client.set(key, data, get=True)  # one round trip: write and read back the old
 
-    def hget(self, key: str, field: str) -> bytes | None:
-        return self.client.hget(key, field)
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for i in range(0, len(keys), 5000):
+            out += self.client.mget(keys[i : i + 5000])
+        return out
 
-    def hgetall(self, key: str) -> dict[str, bytes]:
-        return {k.decode(): v for k, v in self.client.hgetall(key).items()}
+    def delete_prefix(self, prefix: str) -> None:
+        for key in self.client.scan_iter(match=prefix + "*", count=1000):
+            self.client.delete(key)
 
 
 _store = None

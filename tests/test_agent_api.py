@@ -15,7 +15,7 @@ from rest_framework.test import APIClient
 from cluster.agents import create_enrolment_token, enrol
 from cluster.models import AuditRecord, EnrolmentToken, Node, NodeCredential
 from monitoring import ingest
-from monitoring.livestore import AGENT_REPORTS_KEY, live_store, reset_store
+from monitoring.livestore import live_store, reset_store
 from monitoring.models import FaultEvent
 from scheduling.cycle import run_cycle
 from scheduling.models import Job, JobEvent, JobProcess
@@ -27,9 +27,9 @@ ASSIGNMENTS = "/api/v1/agent/assignments/"
 @pytest.fixture(autouse=True)
 def clean_reports():
     reset_store()
-    live_store().delete(AGENT_REPORTS_KEY)
+    ingest.clear_reports()
     yield
-    live_store().delete(AGENT_REPORTS_KEY)
+    ingest.clear_reports()
 
 
 def _agent(node: Node) -> tuple[APIClient, NodeCredential]:
@@ -175,7 +175,7 @@ def test_bad_reports_get_a_clear_4xx_naming_the_problem_and_write_nothing(
     assert huge.status_code == 413 and "limit is 262144" in huge.json()["body"][0]
     credential.refresh_from_db()
     assert credential.last_seq == 0 and credential.last_used_at is None
-    assert not FaultEvent.objects.exists() and ingest.latest_reports() == {}
+    assert not FaultEvent.objects.exists() and ingest.latest_reports([node.pk]) == {}
 
 
 def test_readings_reach_the_live_store_and_a_repeated_sequence_number_changes_nothing(
@@ -184,7 +184,7 @@ def test_readings_reach_the_live_store_and_a_repeated_sequence_number_changes_no
     client, credential = _agent(node)
     first = _report(client, 5, django_capture_on_commit_callbacks, gpus=_gpus())
     assert first.json() == {"accepted": True, "seq": 5, "faults": 0}
-    stored = ingest.latest_reports()[node.pk]
+    stored = ingest.latest_reports([node.pk])[node.pk]
     assert stored["seq"] == 5 and stored["gpus"][3]["util"] == 90
     again = _report(
         client,
@@ -195,7 +195,9 @@ def test_readings_reach_the_live_store_and_a_repeated_sequence_number_changes_no
     )
     older = _report(client, 4, django_capture_on_commit_callbacks, gpus=_gpus(util=10))
     assert again.json()["accepted"] is False and older.json()["accepted"] is False
-    assert ingest.latest_reports()[node.pk]["gpus"][3]["util"] == 90 and not FaultEvent.objects.exists()
+    assert (
+        ingest.latest_reports([node.pk])[node.pk]["gpus"][3]["util"] == 90 and not FaultEvent.objects.exists()
+    )
     credential.refresh_from_db()
     assert credential.last_seq == 5
 

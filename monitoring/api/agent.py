@@ -3,21 +3,18 @@
 
 from __future__ import annotations
 
-import json
 import time
 
-from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import ParseError
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from cluster.agents import EnrolmentError, enrol
 from cluster.permissions import IsNodeAgent, node_of
-from monitoring.ingest import ReportError, ingest, parse_report
+from monitoring.reports import handle_report
 from scheduling.launch import assignments, assignments_version
 
 MAX_WAIT_S = 25.0
@@ -60,43 +57,17 @@ class EnrolView(APIView):
         )
 
 
-def _body(request) -> dict:
-    """The JSON body, refused with 413 past AGENT_REPORT_MAX_BYTES before it is parsed."""
-    size = int(request.META.get("CONTENT_LENGTH") or 0)
-    limit = settings.AGENT_REPORT_MAX_BYTES
-    if size > limit:
-        raise _TooLarge(size, limit)
-    try:
-        return json.loads(request.body or b"null")
-    except ValueError as exc:
-        raise ParseError(f"body: not JSON ({exc})") from exc
-
-
-class _TooLarge(Exception):
-    def __init__(self, size: int, limit: int):
-        self.size, self.limit = size, limit
-
-
 class ReportView(APIView):
-    """A node's batched report: readings of its GPUs, XIDs, and its job processes' states."""
+    """A node's batched report: readings of its GPUs, XIDs, and its job processes' states. The
+    ASGI server answers this path itself with the same function (monitoring.agent_asgi)."""
 
     permission_classes = [IsNodeAgent]
+    parser_classes: list = []  # the body is read raw: its size is checked before it is parsed
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})
     def post(self, request):
-        node = node_of(request)
-        try:
-            body = _body(request)
-        except _TooLarge as exc:
-            return Response(
-                {"body": [f"the report is {exc.size} bytes; the limit is {exc.limit}"]},
-                status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
-            )
-        try:
-            report = parse_report(body, node)
-        except ReportError as exc:
-            return Response({exc.field: [exc.message]}, status=status.HTTP_400_BAD_REQUEST)
-        return Response(ingest(request.auth, report))
+        code, answer = handle_report(request.META.get("HTTP_AUTHORIZATION", ""), request.body)
+        return Response(answer, status=code)
 
 
 class AssignmentsView(APIView):

@@ -1,0 +1,381 @@
+"""Node reports over HTTP: the agents of a 100k-GPU cluster reporting every 10 s.
+
+    python -m bench.ingest [--cluster 100k] [--rate 1250] [--seconds 20] [--servers 1]
+
+Per backend (SQLite with the embedded stores; PostgreSQL with Redis), in a fresh database: the
+cluster is built, every node gets a credential, and the ASGI server (daphne, as in production,
+``--servers`` processes behind one port with SO_REUSEPORT when more than one) serves
+``POST /api/v1/agent/report/`` on loopback. The load generator (asyncio, keep-alive connections,
+this process) sends real-sized reports (8 GPUs, every reading an agent sends) for random nodes at
+a fixed rate: each report's latency counts from the moment it was due, so a server that falls
+behind shows it (no coordinated omission). Then the same connections send as fast as answers
+come, for the most the server takes. Target: 1,250 reports/s (12,500 nodes every 10 s) with
+p99 < 100 ms. The last line is the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from bench._backends import print_table, run_per_backend, setup_django
+
+TARGET_RATE = 1250
+TARGET_P99_MS = 100.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _credentials() -> list[tuple[int, str]]:
+    """A credential for every node, written in bulk (enrolment one by one is tested elsewhere)."""
+    from cluster.agents import CREDENTIAL_PREFIX, digest
+    from cluster.models import Node, NodeCredential
+
+    rows, keys = [], []
+    for node_id, hostname in Node.objects.values_list("id", "hostname"):
+        secret = f"{CREDENTIAL_PREFIX}bench-{node_id:06d}-{os.urandom(8).hex()}"
+        rows.append(
+            NodeCredential(node_id=node_id, key_hash=digest(secret), prefix=secret[9:15], address=hostname)
+        )
+        keys.append((node_id, secret))
+    NodeCredential.objects.bulk_create(rows, batch_size=2000)
+    return keys
+
+
+def report_body(seq: int, rng: random.Random) -> bytes:
+    """A report as an agent of an 8-GPU node sends it."""
+    gpus = []
+    for i in range(8):
+        util = rng.randint(0, 100)
+        gpus.append(
+            {
+                "index": i,
+                "uuid": f"GPU-{rng.getrandbits(32):08x}-{i}",
+                "util": util,
+                "memory_used_mib": 800.0 * util,
+                "memory_total_mib": 81559.0,
+                "temperature_c": 35 + util * 0.4,
+                "power_w": 90 + util * 6.1,
+                "power_limit_w": 700.0,
+                "sm_clock_mhz": 1980,
+                "ecc_corrected_volatile": 0,
+                "ecc_uncorrected_volatile": 0,
+                "ecc_corrected_aggregate": 12,
+                "ecc_uncorrected_aggregate": 0,
+                "retired_pages": 0,
+                "retired_pages_pending": False,
+                "remapped_rows_correctable": 0,
+                "remapped_rows_uncorrectable": 0,
+                "remap_pending": False,
+                "remap_failure": False,
+                "nvlink_crc_errors": 0,
+                "nvlink_replay_errors": 0,
+                "nvlink_recovery_errors": 0,
+                "pcie_replays": 0,
+            }
+        )
+    return json.dumps(
+        {
+            "seq": seq,
+            "sent_at": time.time(),
+            "agent_version": "bench",
+            "gpus": gpus,
+            "xids": [],
+            "processes": [],
+        }
+    ).encode()
+
+
+class Bodies:
+    """Reports made ahead (the load generator shares the machine's two cores with the server):
+    64 sets of readings, each a prefix waiting only for its sequence number."""
+
+    def __init__(self, rng: random.Random, variants: int = 64):
+        self.parts = []
+        for _ in range(variants):
+            body = report_body(123456789, rng)
+            head, tail = body.split(b"123456789", 1)
+            self.parts.append((head, tail))
+        self.rng = rng
+
+    def make(self, seq: int) -> bytes:
+        head, tail = self.parts[self.rng.randrange(len(self.parts))]
+        return head + str(seq).encode() + tail
+
+
+class Connection:
+    def __init__(self, port: int):
+        self.port = port
+        self.reader = self.writer = None
+
+    async def post(self, credential: str, body: bytes) -> int:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        head = (
+            f"POST /api/v1/agent/report/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Node {credential}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        self.writer.write(head + body)
+        status_line = await self.reader.readline()
+        if not status_line:  # the server closed the connection without an answer
+            self.writer.close()
+            self.writer = None
+            raise ConnectionError("closed without an answer")
+        length, closing, chunked = 0, False, False
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            name, value = name.lower(), value.strip().lower()
+            if name == "content-length":
+                length = int(value)
+            elif name == "connection" and value == "close":
+                closing = True
+            elif name == "transfer-encoding" and value == "chunked":
+                chunked = True
+        if chunked:
+            while (size := int((await self.reader.readline()).strip() or b"0", 16)) > 0:
+                await self.reader.readexactly(size + 2)
+            await self.reader.readline()
+        else:
+            await self.reader.readexactly(length)
+        if closing:
+            self.writer.close()
+            self.writer = None
+        parts = status_line.split()
+        if len(parts) < 2:
+            raise RuntimeError(f"unexpected answer line {status_line!r}")
+        return int(parts[1])
+
+
+async def _load(port: int, keys, rate: float | None, seconds: float, connections: int, seqs: dict) -> dict:
+    """Reports at ``rate`` per second (None: as fast as answers come) for ``seconds``."""
+    rng = random.Random(20261201)
+    bodies = Bodies(rng)
+    pool = asyncio.Queue()
+    for _ in range(connections):
+        pool.put_nowait(Connection(port))
+    latencies, statuses = [], {}
+    start = time.perf_counter()
+    tasks = []
+
+    order = list(range(len(keys)))
+    rng.shuffle(order)
+    turn = iter(range(1 << 62))
+
+    async def one(due: float) -> None:
+        # nodes in turn, as agents report: one report of a node in flight at a time
+        node_id, secret = keys[order[next(turn) % len(order)]]
+        seqs[node_id] = seqs.get(node_id, 0) + 1
+        body = bodies.make(seqs[node_id])
+        conn = await pool.get()
+        try:
+            code = await conn.post(secret, body)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            conn.writer, code = None, 0
+        pool.put_nowait(conn)
+        latencies.append(time.perf_counter() - due)
+        statuses[code] = statuses.get(code, 0) + 1
+
+    if rate:
+        n = int(rate * seconds)
+        for i in range(n):
+            due = start + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(due)))
+        await asyncio.gather(*tasks)
+    else:
+
+        async def worker() -> None:
+            while time.perf_counter() - start < seconds:
+                await one(time.perf_counter())
+
+        await asyncio.gather(*(worker() for _ in range(connections)))
+    elapsed = time.perf_counter() - start
+    lat = np.array(latencies) * 1000
+    return {
+        "offered_per_s": rate,
+        "reports_per_s": round(len(lat) / elapsed, 1),
+        "p50_ms": round(float(np.percentile(lat, 50)), 1),
+        "p99_ms": round(float(np.percentile(lat, 99)), 1),
+        "max_ms": round(float(lat.max()), 1),
+        "ok": statuses.get(200, 0),
+        "errors": sum(v for k, v in statuses.items() if k != 200),
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+    }
+
+
+def _serve(port: int, servers: int, server: str) -> list[subprocess.Popen]:
+    """``servers`` processes of the ASGI server sharing one listening socket (passed by file
+    descriptor, as a process manager or systemd socket activation does); the kernel spreads
+    connections over them."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(1024)
+    fd = listener.fileno()
+    if server == "daphne":
+        command = [sys.executable, "-m", "daphne", "--fd", str(fd), "config.asgi:application"]
+    else:
+        command = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--fd",
+            str(fd),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+            "config.asgi:application",
+        ]
+    log = open(os.path.join(os.environ["MYRIAD_DATA_DIR"], "server.log"), "ab")  # noqa: SIM115
+    procs = [
+        subprocess.Popen(
+            command,
+            env={**os.environ, "MYRIAD_LOG_LEVEL": "WARNING"},
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            pass_fds=(fd,),
+            start_new_session=True,
+        )
+        for _ in range(servers)
+    ]
+    listener.close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return procs
+        except OSError:
+            time.sleep(0.3)
+    raise SystemExit("the server did not start")
+
+
+def child(args) -> None:
+    setup_django()
+    from django.core.management import call_command
+
+    from cluster.models import NodeCredential
+
+    t0 = time.perf_counter()
+    call_command("build_cluster", args.cluster, verbosity=0)
+    keys = _credentials()
+    setup_s = time.perf_counter() - t0
+    port = _free_port()
+    procs = _serve(port, args.servers, args.server)
+    seqs: dict[int, int] = {}
+    try:
+        asyncio.run(_load(port, keys, 200, 3, args.connections, seqs))  # warm up every process
+        steady = asyncio.run(_load(port, keys, args.rate, args.seconds, args.connections, seqs))
+        most = asyncio.run(_load(port, keys, None, 10, args.connections, seqs))
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            p.wait(20)
+    accepted = sum(NodeCredential.objects.values_list("reports_accepted", flat=True))
+    with open(os.path.join(os.environ["MYRIAD_DATA_DIR"], "server.log"), "rb") as f:
+        errors = [line for line in f.read().decode(errors="replace").splitlines() if "Error" in line]
+    if errors:
+        print("server errors:", *errors[:5], sep="\n", file=sys.stderr)
+    sent = sum(seqs.values())
+    print(
+        json.dumps(
+            {
+                "nodes": len(keys),
+                "setup_s": round(setup_s, 1),
+                "steady": steady,
+                "most": most,
+                "reports_sent": sent,
+                "reports_accepted": accepted,
+            }
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--child", action="store_true")
+    parser.add_argument("--cluster", default="100k")
+    parser.add_argument("--rate", type=float, default=TARGET_RATE)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--servers", type=int, default=1)
+    parser.add_argument("--server", choices=["daphne", "uvicorn"], default="daphne")
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    extra = [
+        "--cluster",
+        args.cluster,
+        "--rate",
+        str(args.rate),
+        "--seconds",
+        str(args.seconds),
+        "--connections",
+        str(args.connections),
+        "--servers",
+        str(args.servers),
+    ]
+    results = run_per_backend("bench.ingest", extra, redis_with_postgres=True, show_stderr=True)
+    rows = []
+    for backend, r in results.items():
+        for phase in ("steady", "most"):
+            f = r[phase]
+            rows.append(
+                (
+                    backend,
+                    "fixed rate" if phase == "steady" else "as fast as answered",
+                    f"{f['offered_per_s']:.0f}" if f["offered_per_s"] else "-",
+                    f["reports_per_s"],
+                    f["p50_ms"],
+                    f["p99_ms"],
+                    f["max_ms"],
+                    f["errors"],
+                )
+            )
+    print_table(
+        f"Node reports over HTTP loopback ({args.cluster}, {args.servers} server process(es), "
+        f"{args.connections} connections; target {TARGET_RATE}/s with p99 < {TARGET_P99_MS:.0f} ms)",
+        rows,
+        ("backend", "load", "offered/s", "reports/s", "p50 ms", "p99 ms", "max ms", "errors"),
+    )
+    main_backend = results.get("postgresql") or results["sqlite"]
+    figures = {
+        "benchmark": "ingest",
+        "cluster": args.cluster,
+        "servers": args.servers,
+        "reports_per_s": main_backend["steady"]["reports_per_s"],
+        "p99_ms": main_backend["steady"]["p99_ms"],
+        "max_reports_per_s": main_backend["most"]["reports_per_s"],
+        "backends": {
+            b: {
+                "reports_per_s": r["steady"]["reports_per_s"],
+                "p99_ms": r["steady"]["p99_ms"],
+                "max_reports_per_s": r["most"]["reports_per_s"],
+                "accepted": r["reports_accepted"],
+                "sent": r["reports_sent"],
+            }
+            for b, r in results.items()
+        },
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
