@@ -167,7 +167,7 @@ async def _load(port: int, keys, rate: float | None, seconds: float, connections
     pool = asyncio.Queue()
     for _ in range(connections):
         pool.put_nowait(Connection(port))
-    latencies, statuses = [], {}
+    latencies, lags, statuses = [], [], {}
     start = time.perf_counter()
     tasks = []
 
@@ -181,6 +181,7 @@ async def _load(port: int, keys, rate: float | None, seconds: float, connections
         seqs[node_id] = seqs.get(node_id, 0) + 1
         body = bodies.make(seqs[node_id])
         conn = await pool.get()
+        lags.append(time.perf_counter() - due)  # the load generator's own delay before sending
         try:
             code = await conn.post(secret, body)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -216,6 +217,7 @@ async def _load(port: int, keys, rate: float | None, seconds: float, connections
         "ok": statuses.get(200, 0),
         "errors": sum(v for k, v in statuses.items() if k != 200),
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "send_lag_p99_ms": round(float(np.percentile(np.array(lags) * 1000, 99)), 1),
     }
 
 

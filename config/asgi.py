@@ -1,6 +1,7 @@
 """ASGI entry point: HTTP through Django (the node agents' reports on a shorter path), websockets
 through Channels (used by the live dashboard)."""
 
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -14,6 +15,10 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from config.routing import websocket_urlpatterns  # noqa: E402
 from monitoring.agent_asgi import AgentReports  # noqa: E402
+
+# Everything loaded so far lives as long as the process: keep it out of the cyclic collector's
+# passes, which otherwise walk it again and again and stall requests (the agents' reports).
+gc.freeze()
 
 application = ProtocolTypeRouter(
     {

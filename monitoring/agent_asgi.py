@@ -1,7 +1,11 @@
-"""The agents' report path served straight from ASGI: ``POST /api/v1/agent/report/`` runs
-``monitoring.reports.handle_report`` on a small pool of threads that keep their database
-connections, skipping Django's middleware and per-request connection set-up; every other request
-goes to Django. A body over AGENT_REPORT_MAX_BYTES is refused before it is read in full."""
+"""The agents' report path served straight from ASGI: ``POST /api/v1/agent/report/`` skips
+Django's middleware and per-request connection set-up; every other request goes to Django. A
+body over AGENT_REPORT_MAX_BYTES is refused before it is read in full.
+
+Reports are checked on the event loop when the credential is already known; reports of readings
+only (nearly all) wait at most one batch and are applied together (``ingest_many``: one statement
+and one live-store round trip per batch) on a small pool of threads that keep their database
+connections; the rest (a new credential, XIDs, process states) run one by one on that pool."""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from django.conf import settings
 from django.db import DatabaseError, connection
 
+from monitoring.reports import answer, prepare
+
 REPORT_PATH = "/api/v1/agent/report/"
 
 
@@ -19,6 +25,8 @@ class AgentReports:
     def __init__(self, app):
         self.app = app
         self.pool = ThreadPoolExecutor(settings.AGENT_INGEST_THREADS, thread_name_prefix="agent-reports")
+        self.waiting: list = []  # (identity, report, future) for the next batch
+        self.flushing = False
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] != REPORT_PATH:
@@ -46,21 +54,57 @@ class AgentReports:
                 return await _answer(send, 413, {"body": [f"the report is over the limit of {limit} bytes"]})
         authorization = headers.get(b"authorization", b"").decode("latin-1")
         loop = asyncio.get_running_loop()
-        code, answer = await loop.run_in_executor(self.pool, _handle, authorization, body)
+        step = prepare(authorization, body, db=False)
+        if step is None:
+            step = await loop.run_in_executor(self.pool, _guarded, prepare, authorization, body)
+        if step[0] == "answer":
+            code, answer = step[1], step[2]
+        else:
+            code, answer = await self._batched(loop, step[1], step[2])
         extra = [(b"www-authenticate", b"Node")] if code == 401 else []
         return await _answer(send, code, answer, extra)
 
+    async def _batched(self, loop, identity, report) -> tuple[int, dict]:
+        done = loop.create_future()
+        self.waiting.append((identity, report, done))
+        if not self.flushing:
+            self.flushing = True
+            loop.create_task(self._flush(loop))
+        return await done
 
-def _handle(authorization: str, body: bytes) -> tuple[int, dict]:
-    from monitoring.reports import handle_report
+    async def _flush(self, loop) -> None:
+        """One batch at a time: the reports that arrive while one is applied form the next."""
+        try:
+            while self.waiting:
+                await asyncio.sleep(0)  # reports already read join this batch
+                batch, self.waiting = self.waiting[:MAX_BATCH], self.waiting[MAX_BATCH:]
+                pairs = [(identity, report) for identity, report, _ in batch]
+                step = await loop.run_in_executor(self.pool, _guarded, _apply, pairs)
+                for i, (_, _, done) in enumerate(batch):
+                    done.set_result(step[1][i] if step[0] == "answers" else (step[1], step[2]))
+        finally:
+            self.flushing = False
 
+
+MAX_BATCH = 500
+
+
+def _apply(pairs) -> tuple:
+    from monitoring.ingest import ingest_many
+
+    return ("answers", [answer(a) for a in ingest_many(pairs)])
+
+
+def _guarded(fn, *args) -> tuple:
     try:
-        return handle_report(authorization, body)
+        return fn(*args)
     except DatabaseError as exc:  # a lost connection: the next report opens a new one
         connection.close()
-        return 503, {
-            "detail": f"the database did not answer ({exc.__class__.__name__}); send the report again"
-        }
+        return (
+            "answer",
+            503,
+            {"detail": f"the database did not answer ({exc.__class__.__name__}); send it again"},
+        )
 
 
 async def _answer(send, code: int, payload: dict, extra: list | None = None) -> None:

@@ -12,7 +12,6 @@ gets a ``heartbeat_loss`` fault (``watch``).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from datetime import datetime, timedelta
 
@@ -29,69 +28,107 @@ from monitoring.reports import forget, revoked
 from monitoring.services import report_fault
 from scheduling import launch
 
-_ACCEPT = (
-    "UPDATE {table} SET last_seq = %s, reports_accepted = reports_accepted + 1, last_used_at = %s, "
-    "heartbeat_lost_at = NULL, agent_version = %s WHERE id = %s AND revoked_at IS NULL AND last_seq < %s"
-)
 
-
-def _accept(identity, report: dict, now: datetime) -> bool:
-    """The report's sequence number becomes the credential's newest, if it is newer and the
-    credential is still live: one statement, so concurrent duplicates cannot both pass. It runs
-    on the driver's cursor (a prepared statement on PostgreSQL): it is most of a report's cost."""
-    sql = _ACCEPT.format(table=NodeCredential._meta.db_table)
+def _accept(batch: list[tuple], now: datetime) -> set[int]:
+    """The credentials whose report in ``batch`` ((identity, report) pairs, one per credential)
+    became their newest: newer than the last accepted and the credential still live. One
+    statement for the whole batch, so concurrent duplicates cannot both pass and a thousand
+    reports a second cost a few statements, not a thousand."""
+    table = NodeCredential._meta.db_table
+    values = ", ".join(["(CAST(%s AS BIGINT), CAST(%s AS BIGINT), %s)"] * len(batch))
+    sql = (
+        f"WITH v(id, seq, version) AS (VALUES {values}) "
+        f"UPDATE {table} SET last_seq = v.seq, reports_accepted = {table}.reports_accepted + 1, "
+        f"last_used_at = %s, heartbeat_lost_at = NULL, agent_version = v.version FROM v "
+        f"WHERE {table}.id = v.id AND {table}.revoked_at IS NULL AND {table}.last_seq < v.seq "
+        f"RETURNING {table}.id"
+    )
     params = [
-        report["seq"],
-        connection.ops.adapt_datetimefield_value(now),
-        report["agent_version"],
-        identity.credential_id,
-        report["seq"],
+        x
+        for identity, report in batch
+        for x in (identity.credential_id, report["seq"], report["agent_version"])
     ]
+    params.append(connection.ops.adapt_datetimefield_value(now))
     connection.ensure_connection()
-    if connection.vendor == "postgresql":
+    if connection.vendor == "postgresql":  # the driver's own cursor: server-side parameters
         import psycopg
 
         with psycopg.Cursor(connection.connection) as cursor:
-            cursor.execute(sql, params, prepare=True)
-            return cursor.rowcount == 1
+            cursor.execute(sql, params)
+            return {row[0] for row in cursor.fetchall()}
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.rowcount == 1
+        return {row[0] for row in cursor.fetchall()}
 
 
 def _not_accepted(identity, report: dict) -> dict:
-    last, revoked_at = (
-        NodeCredential.objects.filter(pk=identity.credential_id).values_list("last_seq", "revoked_at").get()
+    row = (
+        NodeCredential.objects.filter(pk=identity.credential_id).values_list("last_seq", "revoked_at").first()
     )
+    if row is None:  # the node was removed from the inventory
+        forget(identity)
+        return {"detail": "Unknown node credential.", "status": 401}
+    last, revoked_at = row
     if revoked_at is not None:
         forget(identity)
-        raise revoked()
+        return revoked().payload | {"status": 401}
     return {"accepted": False, "seq": report["seq"], "reason": f"not newer than report {last}"}
 
 
-def ingest(identity, report: dict, now: datetime | None = None) -> dict:
-    """Apply a checked report; a duplicate or older sequence number changes nothing. A report
-    with readings only (nearly all of them) is one update and one live-store write that returns
-    the node's previous readings; XIDs, process states and health changes since those readings
-    are applied in one transaction."""
-    now = now or timezone.now()
-    store = live_store()
-    entry = orjson.dumps(
+def _entry(report: dict, now: datetime) -> bytes:
+    return orjson.dumps(
         {"t": now.timestamp(), "seq": report["seq"], "gpus": report["gpus"], "dropped": report["dropped"]}
     )
-    heavy = bool(report["xids"] or report["processes"])
-    with transaction.atomic() if heavy else contextlib.nullcontext():
-        if not _accept(identity, report, now):
+
+
+def ingest(identity, report: dict, now: datetime | None = None) -> dict:
+    """Apply one checked report: readings only go through ``ingest_many``; XIDs and process
+    states are applied in one transaction with the report's acceptance."""
+    now = now or timezone.now()
+    if not (report["xids"] or report["processes"]):
+        return ingest_many([(identity, report)], now)[0]
+    with transaction.atomic():
+        if identity.credential_id not in _accept([(identity, report)], now):
             return _not_accepted(identity, report)
-        previous = store.swap(AGENT_REPORT_PREFIX + str(identity.node_id), entry)
+        previous = live_store().swap(AGENT_REPORT_PREFIX + str(identity.node_id), _entry(report, now))
         health = _health(report, orjson.loads(previous) if previous else None)
-        if not (heavy or health):
-            return {"accepted": True, "seq": report["seq"], "faults": 0}
-        with transaction.atomic():
-            node = Node.objects.get(pk=identity.node_id)
-            faults = _faults(node, report, health, now)
-            launch.record_processes(node, report["processes"], now)
+        node = Node.objects.get(pk=identity.node_id)
+        faults = _faults(node, report, health, now)
+        launch.record_processes(node, report["processes"], now)
     return {"accepted": True, "seq": report["seq"], "faults": faults}
+
+
+def ingest_many(batch: list[tuple], now: datetime | None = None) -> list[dict]:
+    """Apply checked reports that carry readings only ((identity, report) pairs): one statement
+    accepts them, one live-store round trip writes their readings and returns each node's
+    previous ones, and a health change since those (rare) becomes a fault. A duplicate or older
+    sequence number changes nothing. Answers in the order given."""
+    now = now or timezone.now()
+    newest: dict[int, int] = {}  # a credential twice in one batch: only its newest report can pass
+    for i, (identity, report) in enumerate(batch):
+        j = newest.get(identity.credential_id)
+        if j is None or batch[j][1]["seq"] < report["seq"]:
+            newest[identity.credential_id] = i
+    accepted = _accept([batch[i] for i in newest.values()], now)
+    passed = [i for i in newest.values() if batch[i][0].credential_id in accepted]
+    store = live_store()
+    previous = store.swap_many(
+        [AGENT_REPORT_PREFIX + str(batch[i][0].node_id) for i in passed],
+        [_entry(batch[i][1], now) for i in passed],
+    )
+    answers: list[dict | None] = [None] * len(batch)
+    for i, old in zip(passed, previous, strict=True):
+        identity, report = batch[i]
+        health = _health(report, orjson.loads(old) if old else None)
+        faults = 0
+        if health:
+            with transaction.atomic():
+                faults = _faults(Node.objects.get(pk=identity.node_id), report, health, now)
+        answers[i] = {"accepted": True, "seq": report["seq"], "faults": faults}
+    for i, answer in enumerate(answers):
+        if answer is None:
+            answers[i] = _not_accepted(*batch[i])
+    return answers
 
 
 def _health(report: dict, previous: dict | None) -> list[tuple[int, str]]:

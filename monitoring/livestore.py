@@ -58,6 +58,9 @@ class FileStore:
         os.replace(tmp, path)
         return old
 
+    def swap_many(self, keys: list[str], values: list[bytes]) -> list[bytes | None]:
+        return [self.swap(k, v) for k, v in zip(keys, values, strict=True)]
+
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         return [self.get(k) for k in keys]
 
@@ -84,6 +87,15 @@ class RedisStore:
 
     def swap(self, key: str, data: bytes) -> bytes | None:
         return self.client.set(key, data, get=True)  # one round trip: write and read back the old
+
+    def swap_many(self, keys: list[str], values: list[bytes]) -> list[bytes | None]:
+        """Write each key, returning the old values: one round trip (a pipeline)."""
+        if not keys:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for key, value in zip(keys, values, strict=True):
+            pipe.set(key, value, get=True)
+        return pipe.execute()
 
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         out: list[bytes | None] = []

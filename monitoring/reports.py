@@ -98,23 +98,25 @@ def parse_report(body, gpus_per_node: int) -> dict:
         if index in seen:
             raise ReportError(f"gpus[{i}].index", f"GPU {index} appears twice")
         seen.add(index)
-        reading = {"index": index}
+        clean = True  # nearly always: the reading is kept as sent, no copy made
         for key, value in g.items():
             bounds = READINGS.get(key)
             if bounds is not None:
                 # the common case without a call per reading (1,250 reports of 8 GPUs a second);
                 # NaN and infinities fail the comparison and get the full check's message
                 if type(value) in _NUMBER_TYPES and bounds[0] <= value <= bounds[1]:
-                    reading[key] = value
-                elif value is not None:
-                    reading[key] = _number(value, f"gpus[{i}].{key}", *bounds)
+                    continue
+                if value is None:
+                    clean = False
+                else:
+                    _number(value, f"gpus[{i}].{key}", *bounds)
             elif key in FLAGS:
-                reading[key] = bool(value)
+                clean = clean and type(value) is bool
             elif key == "uuid":
-                reading[key] = str(value)[:64]
+                clean = clean and type(value) is str and len(value) <= 64
             elif key != "index":
                 raise ReportError(f"gpus[{i}].{key}", "unknown reading")
-        gpus.append(reading)
+        gpus.append(g if clean else _normalized(g))
     xids = []
     for i, x in enumerate(_list(body, "xids", MAX_XIDS)):
         xids.append(
@@ -139,6 +141,19 @@ def parse_report(body, gpus_per_node: int) -> dict:
         "dropped": dropped,
         "agent_version": str(body.get("agent_version", ""))[:32],
     }
+
+
+def _normalized(g: dict) -> dict:
+    """A checked reading with empty values left out, flags as booleans, the UUID as short text."""
+    out = {}
+    for key, value in g.items():
+        if key in FLAGS:
+            out[key] = bool(value)
+        elif key == "uuid":
+            out[key] = str(value)[:64]
+        elif value is not None:
+            out[key] = value
+    return out
 
 
 def _process(p: dict, i: int) -> dict:
@@ -191,8 +206,9 @@ NOT_A_NODE = "Only a node's agent, with its node credential, may call this."
 _identities: dict[str, Identity] = {}
 
 
-def identity_for(authorization: str) -> Identity:
-    """The live credential named by an ``Authorization: Node <credential>`` header."""
+def identity_for(authorization: str, db: bool = True) -> Identity | None:
+    """The live credential named by an ``Authorization: Node <credential>`` header; with
+    ``db=False`` None when reading it would need the database (not cached yet)."""
     scheme, _, secret = authorization.strip().partition(" ")
     if not scheme:
         raise Refused(401, {"detail": "Authentication credentials were not provided."})
@@ -203,22 +219,32 @@ def identity_for(authorization: str) -> Identity:
         raise Refused(401, {"detail": "Unknown node credential."})
     key = digest(secret)
     found = _identities.get(key)
-    if found is not None:
+    if found is not None or not db:
         return found
+    if not _identities:  # a process's first report: every live credential in one query
+        for row in _read_identities("c.revoked_at IS NULL", []):
+            _identities[row[0]] = Identity(*row[1:5])
+        found = _identities.get(key)
+        if found is not None:
+            return found
+    row = next(iter(_read_identities("c.key_hash = %s", [key])), None)
+    if row is None:
+        raise Refused(401, {"detail": "Unknown node credential."})
+    if row[5]:
+        raise revoked()
+    found = _identities[key] = Identity(*row[1:5])
+    return found
+
+
+def _read_identities(where: str, params: list) -> list[tuple]:
     c, n = NodeCredential._meta.db_table, Node._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT c.id, c.node_id, n.hostname, n.gpus_per_node, c.revoked_at IS NOT NULL "
-            f"FROM {c} c JOIN {n} n ON n.id = c.node_id WHERE c.key_hash = %s",
-            [key],
+            f"SELECT c.key_hash, c.id, c.node_id, n.hostname, n.gpus_per_node, c.revoked_at IS NOT NULL "
+            f"FROM {c} c JOIN {n} n ON n.id = c.node_id WHERE {where}",
+            params,
         )
-        row = cursor.fetchone()
-    if row is None:
-        raise Refused(401, {"detail": "Unknown node credential."})
-    if row[4]:
-        raise revoked()
-    found = _identities[key] = Identity(*row[:4])
-    return found
+        return cursor.fetchall()
 
 
 def forget(identity: Identity) -> None:
@@ -246,11 +272,36 @@ def handle_report(authorization: str, raw: bytes) -> tuple[int, dict]:
     """(status, answer) for one report: 200 with whether it was accepted, or the refusal."""
     from monitoring.ingest import ingest
 
+    step = prepare(authorization, raw)
+    if step[0] == "answer":
+        return step[1], step[2]
+    return answer(ingest(step[1], step[2]))
+
+
+def prepare(authorization: str, raw: bytes, db: bool = True) -> tuple:
+    """A report checked: ("answer", status, body) when it is refused or (``db``) applied whole,
+    ("readings", identity, report) when it carries readings only, for ``ingest_many``. With
+    ``db=False`` (the server's event loop) None when going on would need the database."""
+    from monitoring.ingest import ingest
+
     try:
-        identity = identity_for(authorization)
-        report = parse_report(decode_body(raw), identity.gpus_per_node)
-        return 200, ingest(identity, report)
+        identity = identity_for(authorization, db)
+        if identity is None:
+            return None
+        body = decode_body(raw)
+        if not db and isinstance(body, dict) and (body.get("xids") or body.get("processes")):
+            return None
+        report = parse_report(body, identity.gpus_per_node)
+        if report["xids"] or report["processes"]:
+            return ("answer", *answer(ingest(identity, report)))
+        return ("readings", identity, report)
     except ReportError as exc:
-        return 400, {exc.field: [exc.message]}
+        return ("answer", 400, {exc.field: [exc.message]})
     except Refused as exc:
-        return exc.status, exc.payload
+        return ("answer", exc.status, exc.payload)
+
+
+def answer(result: dict) -> tuple[int, dict]:
+    """(status, body) for an ingest result: a credential revoked since it was read is a 401."""
+    status = result.pop("status", 200)
+    return status, result
