@@ -246,8 +246,9 @@ def test_xids_and_health_changes_become_faults_handled_by_the_fault_task(
 
 
 @pytest.fixture
-def launched(queues, operator_client, django_capture_on_commit_callbacks):
-    """A 16-GPU job with a command, placed on two nodes, both enrolled."""
+def launched(queues, operator_client, eager_celery, django_capture_on_commit_callbacks):
+    """A 16-GPU job with a command, placed on two nodes, both enrolled (cycles the job's end or
+    requeue asks for run inline)."""
     answer = operator_client.post(
         "/api/v1/jobs/",
         {
