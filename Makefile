@@ -41,3 +41,4 @@ bench: $(VENV)/.installed
 	$(PY) -m bench.simulate
 	$(PY) -m bench.live_tick
 	$(PY) -m bench.dashboard
+	$(PY) -m bench.ingest

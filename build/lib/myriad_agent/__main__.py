@@ -1,0 +1,3 @@
+from myriad_agent.cli import main
+
+raise SystemExit(main())

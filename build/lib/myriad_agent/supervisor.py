@@ -1,0 +1,157 @@
+"""Job processes on this node: one launcher process per assigned job (``sh -c command``) in its
+own process group, its output kept to a log file and a bounded tail, stopped with SIGTERM to the
+group and SIGKILL after the grace period."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Process:
+    job: int
+    generation: str
+    popen: subprocess.Popen | None
+    log: Path
+    report_file: Path
+    started_at: float
+    state: str = "running"  # running, exited, failed_to_start
+    exit_code: int | None = None
+    ended_at: float | None = None
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200))
+    stop_deadline: float | None = None  # when SIGKILL follows the SIGTERM already sent
+    signalled_checkpoint: float | None = None
+    acknowledged: bool = False  # its final state reached the control plane
+    checkpoint_offset: int = 0
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.job, self.generation)
+
+    def as_report(self, tail_chars: int = 8000) -> dict:
+        out = {
+            "job": self.job,
+            "generation": self.generation,
+            "state": self.state,
+            "started_at": self.started_at,
+            "log_tail": "".join(self.tail)[-tail_chars:],
+        }
+        if self.popen is not None:
+            out["pid"] = self.popen.pid
+        if self.exit_code is not None:
+            out["exit_code"] = self.exit_code
+        if self.ended_at is not None:
+            out["ended_at"] = self.ended_at
+        return out
+
+
+class Supervisor:
+    def __init__(self, work_dir: Path, checkpoint_root: Path, tail_lines: int = 200):
+        self.work_dir, self.checkpoint_root, self.tail_lines = work_dir, checkpoint_root, tail_lines
+        self.processes: dict[tuple[int, str], Process] = {}
+        self.lock = threading.RLock()
+        self.changed = threading.Event()  # a process started or ended: report soon
+
+    def start(self, assignment: dict, base_env: dict | None = None) -> Process:
+        job, generation = assignment["job"], assignment["generation"]
+        folder = self.work_dir / "jobs" / f"{job}-{generation}"
+        folder.mkdir(parents=True, exist_ok=True)
+        checkpoints = self.checkpoint_root / str(job)
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        env = {**(base_env if base_env is not None else os.environ), **assignment["env"]}
+        env["MYRIAD_CHECKPOINT_DIR"] = str(checkpoints)
+        env["MYRIAD_CHECKPOINT_REPORT"] = str(folder / "checkpoints.jsonl")
+        log = folder / "output.log"
+        proc = Process(job, generation, None, log, folder / "checkpoints.jsonl", time.time())
+        proc.tail = collections.deque(maxlen=self.tail_lines)
+        try:
+            out = open(log, "ab")  # noqa: SIM115 - handed to the reader thread, closed there
+            proc.popen = subprocess.Popen(
+                ["/bin/sh", "-c", assignment["command"]],
+                env=env,
+                cwd=folder,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: signals reach every child
+            )
+        except OSError as exc:
+            proc.state, proc.ended_at = "failed_to_start", time.time()
+            proc.tail.append(f"could not start: {exc}\n")
+        else:
+            threading.Thread(target=self._read, args=(proc, out), daemon=True, name=f"job-{job}").start()
+        with self.lock:
+            self.processes[proc.key] = proc
+        self.changed.set()
+        return proc
+
+    def _read(self, proc: Process, out) -> None:
+        with out:
+            for line in iter(proc.popen.stdout.readline, b""):
+                out.write(line)
+                out.flush()
+                proc.tail.append(line.decode(errors="replace"))
+        proc.popen.stdout.close()
+
+    def poll(self) -> None:
+        """Collect exits and send SIGKILL where the grace period ran out."""
+        now = time.time()
+        with self.lock:
+            for proc in self.processes.values():
+                if proc.state != "running":
+                    continue
+                code = proc.popen.poll()
+                if code is not None:
+                    proc.state, proc.exit_code, proc.ended_at = "exited", code, now
+                    self.changed.set()
+                elif proc.stop_deadline is not None and now >= proc.stop_deadline:
+                    _signal_group(proc.popen, signal.SIGKILL)
+
+    def stop(self, proc: Process, grace_s: float) -> None:
+        """SIGTERM to the process group now, SIGKILL after ``grace_s`` if it is still there."""
+        if proc.state != "running" or proc.stop_deadline is not None:
+            return
+        _signal_group(proc.popen, signal.SIGTERM)
+        proc.stop_deadline = time.time() + grace_s
+
+    def signal(self, proc: Process, sig: int) -> None:
+        if proc.state == "running":
+            _signal_group(proc.popen, sig)
+
+    def running(self) -> list[Process]:
+        with self.lock:
+            return [p for p in self.processes.values() if p.state == "running"]
+
+    def to_report(self) -> list[Process]:
+        """Processes whose state the control plane must hear: running ones, and ended ones until
+        a report carrying their end is accepted."""
+        with self.lock:
+            return [p for p in self.processes.values() if p.state == "running" or not p.acknowledged]
+
+    def forget_acknowledged(self, keys) -> None:
+        with self.lock:
+            for key in keys:
+                proc = self.processes.get(key)
+                if proc is not None and proc.state != "running":
+                    proc.acknowledged = True
+
+    def stop_all(self, grace_s: float) -> None:
+        for proc in self.running():
+            self.stop(proc, grace_s)
+        deadline = time.time() + grace_s + 5
+        while self.running() and time.time() < deadline:
+            self.poll()
+            time.sleep(0.1)
+
+
+def _signal_group(popen: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # already gone
+        os.killpg(popen.pid, sig)
