@@ -1,3 +1,0 @@
-from myriad_agent.cli import main
-
-raise SystemExit(main())
