@@ -60,6 +60,17 @@ def _redis_other_db(url: str) -> str:
     return f"{m.group(1)}/{other}"
 
 
+def stop_group(process: subprocess.Popen, wait_s: float = 20) -> None:
+    """SIGTERM to a process started in its own session, SIGKILL if it is still there after ``wait_s``."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(5)
+
+
 @dataclass
 class Stack:
     url: str
@@ -70,12 +81,7 @@ class Stack:
     log: Path | None = None
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
+        stop_group(self.process)
 
     def start(self) -> None:
         """Start the server processes again on the same port and database (after ``stop``)."""

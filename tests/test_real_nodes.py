@@ -6,8 +6,6 @@ the tests follow them through the API as an operator would."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser_stack import ROOT, start_stack
+from tests.browser_stack import ROOT, start_stack, stop_group
 
 GPUS_PER_NODE = 2
 TOPOLOGY = {
@@ -133,12 +131,7 @@ class Agent:
         return json.loads((self.folder / "work" / "state.json").read_text())["seq"]
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
+        stop_group(self.process)
 
 
 def alive(pid: int) -> bool:
