@@ -223,6 +223,15 @@ def launched(api: Api, job: dict, times: int = 1):
     return check
 
 
+def current_nodes(detail: dict) -> set[str]:
+    """The nodes running the job's current placement (an older one may still be ending)."""
+    return {
+        p["node"]
+        for p in detail["processes"]
+        if p["state"] == "running" and p["generation"] == detail["launched_generation"]
+    }
+
+
 def test_a_two_node_job_runs_as_real_processes_with_the_launch_environment(cluster):
     _, api, agents = cluster
     job = submit(api, sleep=2)
@@ -291,7 +300,7 @@ def test_cancel_and_preemption_kill_the_real_processes(cluster):
     wait_for("the old processes to end", lambda: not any(alive(pid) for pid in pids), timeout=30)
     detail = wait_for("the job running again", launched(api, job, times=2), timeout=90)
     assert any(e["kind"] == "preempted" for e in detail["events"])
-    now_on = {p["node"] for p in detail["processes"] if p["state"] == "running"}
+    now_on = current_nodes(detail)
     assert drained not in now_on and len(now_on) == 2
     status, _ = api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
     api.call("POST", f"/api/v1/nodes/{node_id}/uncordon/", {})
@@ -319,8 +328,16 @@ def test_an_xid_from_nvml_takes_the_node_out_and_the_job_moves_with_measured_rec
     node = next(n for n in api.get("/api/v1/nodes/")["results"] if n["hostname"] == victim)
     assert node["state"] == "down"
     detail = wait_for("the job running again elsewhere", launched(api, job, times=2), timeout=90)
-    running_on = {p["node"] for p in detail["processes"] if p["state"] == "running"}
-    assert victim not in running_on and len(running_on) == 2
+    assert victim not in current_nodes(detail) and len(current_nodes(detail)) == 2
+    wait_for(  # and its process on the node taken out ends
+        "the old process on the faulty node to end",
+        lambda: all(
+            p["state"] != "running"
+            for p in api.get(f"/api/v1/jobs/{job['id']}/")["processes"]
+            if p["node"] == victim
+        ),
+        timeout=30,
+    )
     fault = wait_for(
         "the measured recovery",
         lambda: (f := api.get(f"/api/v1/faults/{fault['id']}/"))["recovery_s"] and f,
