@@ -1,10 +1,10 @@
 """Node reports over HTTP: the agents of a 100k-GPU cluster reporting every 10 s.
 
-    python -m bench.ingest [--cluster 100k] [--rate 1250] [--seconds 20] [--servers 1]
+    python -m bench.ingest [--cluster 100k] [--rate 1250] [--seconds 20] [--servers 2]
 
 Per backend (SQLite with the embedded stores; PostgreSQL with Redis), in a fresh database: the
 cluster is built, every node gets a credential, and the ASGI server (daphne, as in production,
-``--servers`` processes behind one port with SO_REUSEPORT when more than one) serves
+``--servers`` processes sharing one listening socket) serves
 ``POST /api/v1/agent/report/`` on loopback. The load generator (asyncio, keep-alive connections,
 this process) sends real-sized reports (8 GPUs, every reading an agent sends) for the nodes in
 turn at a fixed rate: each report's latency counts from the moment it was due, so a server that
@@ -227,29 +227,15 @@ async def _load(port: int, keys, rate: float | None, seconds: float, connections
     }
 
 
-def _serve(port: int, servers: int, server: str) -> list[subprocess.Popen]:
-    """``servers`` processes of the ASGI server sharing one listening socket (passed by file
-    descriptor, as a process manager or systemd socket activation does); the kernel spreads
-    connections over them."""
+def _serve(port: int, servers: int) -> list[subprocess.Popen]:
+    """``servers`` daphne processes sharing one listening socket (passed by file descriptor, as a
+    process manager or systemd socket activation does); the kernel spreads connections over them."""
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
     listener.listen(1024)
     fd = listener.fileno()
-    if server == "daphne":
-        command = [sys.executable, "-m", "daphne", "--fd", str(fd), "config.asgi:application"]
-    else:
-        command = [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "--fd",
-            str(fd),
-            "--no-access-log",
-            "--log-level",
-            "warning",
-            "config.asgi:application",
-        ]
+    command = [sys.executable, "-m", "daphne", "--fd", str(fd), "config.asgi:application"]
     log = open(os.path.join(os.environ["MYRIAD_DATA_DIR"], "server.log"), "ab")  # noqa: SIM115
     procs = [
         subprocess.Popen(
@@ -284,7 +270,7 @@ def child(args) -> None:
     keys = _credentials()
     setup_s = time.perf_counter() - t0
     port = _free_port()
-    procs = _serve(port, args.servers, args.server)
+    procs = _serve(port, args.servers)
     seqs: dict[int, int] = {}
     # the generator's own pauses would count as the server's latency: no collector passes
     # while it sends (what it allocates is freed by reference counting)
@@ -327,8 +313,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=TARGET_RATE)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--connections", type=int, default=64)
-    parser.add_argument("--servers", type=int, default=1)
-    parser.add_argument("--server", choices=["daphne", "uvicorn"], default="daphne")
+    parser.add_argument("--servers", type=int, default=2)
     args = parser.parse_args()
     if args.child:
         child(args)
