@@ -131,7 +131,7 @@ class Agent:
     def _report(self) -> dict:
         self.seq += 1
         _write_private(self.state_file, {"seq": self.seq})
-        processes = self.supervisor.to_report()
+        processes = self.supervisor.to_report(time.time())
         return {
             "seq": self.seq,
             "sent_at": time.time(),
@@ -168,9 +168,7 @@ class Agent:
             self.buffer.pop()
             self.sent += 1
             self.backoff.reset()
-            self.supervisor.forget_acknowledged(
-                (p["job"], p["generation"]) for p in report["processes"] if p["state"] != "running"
-            )
+            self.supervisor.accepted(report["processes"], report["sent_at"])
         return True
 
     def _poll_assignments(self) -> None:
@@ -201,6 +199,7 @@ class Agent:
             desired = self.assignments
         if desired is None:
             return
+        self.supervisor.forget(desired)  # ended, heard of, no longer assigned
         for proc in self.supervisor.running():
             if proc.key not in desired:
                 log.info(

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+TAIL_EVERY_S = 60.0  # a running process's output tail is refreshed this often
+
 
 @dataclass
 class Process:
@@ -29,7 +31,8 @@ class Process:
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200))
     stop_deadline: float | None = None  # when SIGKILL follows the SIGTERM already sent
     signalled_checkpoint: float | None = None
-    acknowledged: bool = False  # its final state reached the control plane
+    reported: str | None = None  # the state the control plane has accepted from us
+    reported_tail_at: float = 0.0  # when its output tail was last sent
     checkpoint_offset: int = 0
 
     @property
@@ -130,18 +133,35 @@ class Supervisor:
         with self.lock:
             return [p for p in self.processes.values() if p.state == "running"]
 
-    def to_report(self) -> list[Process]:
-        """Processes whose state the control plane must hear: running ones, and ended ones until
-        a report carrying their end is accepted."""
+    def to_report(self, now: float, tail_every_s: float = TAIL_EVERY_S) -> list[Process]:
+        """Processes the control plane must hear about: each one whose state it has not accepted
+        yet (started, ended), and a running one whose output tail was last sent ``tail_every_s``
+        ago. Unchanged processes stay out, so nearly every report carries readings only."""
         with self.lock:
-            return [p for p in self.processes.values() if p.state == "running" or not p.acknowledged]
+            return [
+                p
+                for p in self.processes.values()
+                if p.state != p.reported
+                or (p.state == "running" and now - p.reported_tail_at >= tail_every_s)
+            ]
 
-    def forget_acknowledged(self, keys) -> None:
+    def accepted(self, sent: list[dict], at: float) -> None:
+        """A report carrying these process states was accepted."""
         with self.lock:
-            for key in keys:
-                proc = self.processes.get(key)
-                if proc is not None and proc.state != "running":
-                    proc.acknowledged = True
+            for entry in sent:
+                proc = self.processes.get((entry["job"], entry["generation"]))
+                if proc is not None:
+                    proc.reported = entry["state"]
+                    proc.reported_tail_at = at
+
+    def forget(self, keep) -> None:
+        """Drop ended processes the control plane has heard about and that are not in ``keep``."""
+        with self.lock:
+            for key in [
+                k for k, p in self.processes.items() if p.state != "running" and p.reported == p.state
+            ]:
+                if key not in keep:
+                    del self.processes[key]
 
     def stop_all(self, grace_s: float) -> None:
         for proc in self.running():

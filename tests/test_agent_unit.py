@@ -222,3 +222,27 @@ def test_stop_sends_sigterm_then_sigkill_after_the_grace_period(tmp_path):
         time.sleep(0.05)
     assert polite.exit_code == -signal.SIGTERM
     assert stubborn.exit_code == -signal.SIGKILL and time.monotonic() - started >= 1.0
+
+
+def test_a_process_is_reported_when_its_state_changes_not_in_every_report(tmp_path):
+    supervisor = Supervisor(tmp_path, tmp_path / "ckpt")
+    proc = supervisor.start(_assignment(4, "sleep 0.3"))
+    now = time.time()
+    first = [p.as_report() for p in supervisor.to_report(now)]
+    assert [(p["job"], p["state"]) for p in first] == [(4, "running")]
+    supervisor.accepted(first, now)
+    assert supervisor.to_report(now + 1) == []  # running, already heard of: readings only
+    assert supervisor.to_report(now + 61) == [proc]  # its output tail is refreshed now and then
+    deadline = time.monotonic() + 10
+    while proc.state == "running" and time.monotonic() < deadline:
+        supervisor.poll()
+        time.sleep(0.05)
+    ended = [p.as_report() for p in supervisor.to_report(now + 2)]
+    assert [(p["state"], p["exit_code"]) for p in ended] == [
+        ("exited", 0)
+    ]  # until a report carrying it is accepted
+    supervisor.forget(keep={proc.key})
+    assert proc.key in supervisor.processes  # still assigned: not started again
+    supervisor.accepted(ended, now + 2)
+    supervisor.forget(keep=set())
+    assert supervisor.to_report(now + 3) == [] and proc.key not in supervisor.processes
