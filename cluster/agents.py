@@ -25,6 +25,10 @@ DEFAULT_TOKEN_TTL_S = 24 * 3600
 MAX_TOKEN_TTL_S = 30 * 24 * 3600
 
 
+UNKNOWN_CREDENTIAL = "Unknown node credential."
+REVOKED_CREDENTIAL = "This node credential was revoked; enrol the node again."
+
+
 class EnrolmentError(ValueError):
     """A refused enrolment; ``field`` names what is wrong."""
 

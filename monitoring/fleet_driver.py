@@ -37,7 +37,7 @@ from engine.frames import decode_frame, delta_message, encode_frame, snapshot_me
 from engine.lifecycle import checkpoint_bytes
 from engine.network import Network, traffic_per_gpu
 from engine.states import InvalidTransition
-from monitoring.ingest import latest_reports, overlay
+from monitoring.ingest import overlay_agents
 from monitoring.livestore import FRAME_KEY, NETWORK_KEY, STATE_KEY, live_store
 from monitoring.services import report_fault
 from scheduling.checkpoints import PHYSICS
@@ -142,8 +142,7 @@ def tick(now=None) -> dict:
             pass
     fleet.step(sim_t, _utilization(snapshot, fleet))
     frame = fleet.frame()
-    real = latest_reports(agent_node_ids(), store)  # nodes with an agent show its readings
-    overlay(frame, snapshot, real, stale_s=3 * settings.AGENT_HEARTBEAT_TIMEOUT_S)
+    overlay_agents(frame, snapshot, store)  # nodes with an agent show its readings
     encoded = encode_frame(seq, sim_t, frame)
     store.put(FRAME_KEY, encoded)
     publish_frame(previous, encoded)

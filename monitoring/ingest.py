@@ -12,6 +12,7 @@ gets a ``heartbeat_loss`` fault (``watch``).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from datetime import datetime, timedelta
 
@@ -21,12 +22,14 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from cluster.agents import agent_node_ids
+from cluster.agents import UNKNOWN_CREDENTIAL, agent_node_ids
 from cluster.models import Node, NodeCredential
 from monitoring.livestore import AGENT_REPORT_PREFIX, live_store
 from monitoring.reports import forget, revoked
 from monitoring.services import report_fault
 from scheduling import launch
+
+_UP_SINCE = timezone.now()  # nodes are judged silent only once this process has been up as long
 
 
 def _accept(batch: list[tuple], now: datetime) -> set[int]:
@@ -67,7 +70,7 @@ def _not_accepted(identity, report: dict) -> dict:
     )
     if row is None:  # the node was removed from the inventory
         forget(identity)
-        return {"detail": "Unknown node credential.", "status": 401}
+        return {"detail": UNKNOWN_CREDENTIAL, "status": 401}
     last, revoked_at = row
     if revoked_at is not None:
         forget(identity)
@@ -82,27 +85,18 @@ def _entry(report: dict, now: datetime) -> bytes:
 
 
 def ingest(identity, report: dict, now: datetime | None = None) -> dict:
-    """Apply one checked report: readings only go through ``ingest_many``; XIDs and process
-    states are applied in one transaction with the report's acceptance."""
-    now = now or timezone.now()
-    if not (report["xids"] or report["processes"]):
+    """Apply one checked report; one with XIDs or process states is accepted in the same
+    transaction as what they cause."""
+    heavy = bool(report["xids"] or report["processes"])
+    with transaction.atomic() if heavy else contextlib.nullcontext():
         return ingest_many([(identity, report)], now)[0]
-    with transaction.atomic():
-        if identity.credential_id not in _accept([(identity, report)], now):
-            return _not_accepted(identity, report)
-        previous = live_store().swap(AGENT_REPORT_PREFIX + str(identity.node_id), _entry(report, now))
-        health = _health(report, orjson.loads(previous) if previous else None)
-        node = Node.objects.get(pk=identity.node_id)
-        faults = _faults(node, report, health, now)
-        launch.record_processes(node, report["processes"], now)
-    return {"accepted": True, "seq": report["seq"], "faults": faults}
 
 
 def ingest_many(batch: list[tuple], now: datetime | None = None) -> list[dict]:
-    """Apply checked reports that carry readings only ((identity, report) pairs): one statement
-    accepts them, one live-store round trip writes their readings and returns each node's
-    previous ones, and a health change since those (rare) becomes a fault. A duplicate or older
-    sequence number changes nothing. Answers in the order given."""
+    """Apply checked reports ((identity, report) pairs): one statement accepts them, one
+    live-store round trip writes their readings and returns each node's previous ones; XIDs,
+    process states and health changes since those readings (rare) are applied report by report.
+    A duplicate or older sequence number changes nothing. Answers in the order given."""
     now = now or timezone.now()
     newest: dict[int, int] = {}  # a credential twice in one batch: only its newest report can pass
     for i, (identity, report) in enumerate(batch):
@@ -121,9 +115,11 @@ def ingest_many(batch: list[tuple], now: datetime | None = None) -> list[dict]:
         identity, report = batch[i]
         health = _health(report, orjson.loads(old) if old else None)
         faults = 0
-        if health:
+        if health or report["xids"] or report["processes"]:
             with transaction.atomic():
-                faults = _faults(Node.objects.get(pk=identity.node_id), report, health, now)
+                node = Node.objects.get(pk=identity.node_id)
+                faults = _faults(node, report, health, now)
+                launch.record_processes(node, report["processes"], now)
         answers[i] = {"accepted": True, "seq": report["seq"], "faults": faults}
     for i, answer in enumerate(answers):
         if answer is None:
@@ -150,7 +146,7 @@ def _health(report: dict, previous: dict | None) -> list[tuple[int, str]]:
 def _faults(node: Node, report: dict, health: list, now: datetime) -> int:
     """FaultEvents for the report's XIDs and health changes, for the production fault task."""
     found = [
-        ({"source": "xid", "xid": x["xid"]}, x["gpu"], _at(x["at"], now), f"XID {x['xid']}")
+        ({"source": "xid", "xid": x["xid"]}, x["gpu"], launch.agent_time(x["at"], now), f"XID {x['xid']}")
         for x in report["xids"]
     ]
     found += [({"source": "health_check"}, index, now, problem) for index, problem in health]
@@ -167,10 +163,6 @@ def _faults(node: Node, report: dict, health: list, now: datetime) -> int:
             **fields,
         )
     return len(found)
-
-
-def _at(epoch: float, now: datetime) -> datetime:
-    return min(datetime.fromtimestamp(epoch, tz=now.tzinfo), now)
 
 
 # --- the dashboard's frame and the heartbeat ---------------------------------------------------
@@ -196,31 +188,46 @@ def clear_reports() -> None:
 
 def overlay(frame: dict[str, np.ndarray], snapshot, reports: dict[int, dict], stale_s: float) -> int:
     """Put the agents' newest readings into ``frame`` (arrays over the snapshot's GPUs); readings
-    older than ``stale_s`` show as idle. Returns the GPUs written."""
+    older than ``stale_s`` show as idle. One pass over the readings, then array writes: a
+    100k-GPU frame never loops over the snapshot per node. Returns the GPUs written."""
     if not reports:
         return 0
     now = time.time()
     node_index = {int(n): i for i, n in enumerate(snapshot.node_id)}
-    written = 0
+    slots = int(snapshot.gpu_slot.max()) + 1 if snapshot.num_gpus else 0
+    where = np.full((len(snapshot.node_id), slots), -1, dtype=np.int64)  # (node, slot) -> GPU index
+    where[snapshot.gpu_node, snapshot.gpu_slot] = np.arange(snapshot.num_gpus)
+    at, util, memory, temperature, power = [], [], [], [], []
     for node_id, entry in reports.items():
         ni = node_index.get(node_id)
         if ni is None:
             continue
-        gpus = np.flatnonzero(snapshot.gpu_node == ni)
-        slot = {int(snapshot.gpu_slot[g]): g for g in gpus}
         fresh = now - entry.get("t", 0) <= stale_s
         for g in entry.get("gpus", []):
-            i = slot.get(g["index"])
-            if i is None:
+            if g["index"] >= slots:
                 continue
             total = g.get("memory_total_mib") or 0
             limit = g.get("power_limit_w") or 0
-            frame["util"][i] = round(g.get("util", 0)) if fresh else 0
-            frame["memory"][i] = round(100 * g.get("memory_used_mib", 0) / total) if fresh and total else 0
-            frame["temperature"][i] = min(255, round(g.get("temperature_c", 0)))
-            frame["power"][i] = min(100, round(100 * g.get("power_w", 0) / limit)) if fresh and limit else 0
-            written += 1
-    return written
+            at.append((ni, g["index"]))
+            util.append(round(g.get("util", 0)) if fresh else 0)
+            memory.append(round(100 * g.get("memory_used_mib", 0) / total) if fresh and total else 0)
+            temperature.append(min(255, round(g.get("temperature_c", 0))))
+            power.append(min(100, round(100 * g.get("power_w", 0) / limit)) if fresh and limit else 0)
+    if not at:
+        return 0
+    pairs = np.array(at, dtype=np.int64)
+    gpus = where[pairs[:, 0], pairs[:, 1]]
+    known = gpus >= 0
+    for name, values in (("util", util), ("memory", memory), ("temperature", temperature), ("power", power)):
+        frame[name][gpus[known]] = np.asarray(values, dtype=np.uint8)[known]
+    return int(known.sum())
+
+
+def overlay_agents(frame: dict[str, np.ndarray], snapshot, store=None) -> int:
+    """The readings of every node with an agent put into ``frame`` (the simulated fleet's tick
+    and ``compose_frame`` both write frames this way)."""
+    reports = latest_reports(agent_node_ids(), store)
+    return overlay(frame, snapshot, reports, stale_s=3 * settings.AGENT_HEARTBEAT_TIMEOUT_S)
 
 
 def watch(now: datetime | None = None) -> dict:
@@ -260,9 +267,6 @@ def watch(now: datetime | None = None) -> dict:
     return {"heartbeat_lost": lost, "starts_given_up": stopped}
 
 
-_UP_SINCE = timezone.now()
-
-
 def compose_frame() -> int:
     """Without a simulated fleet, the telemetry frame is the agents' readings (idle elsewhere),
     written every watch interval; returns the GPUs that have an agent's readings."""
@@ -275,12 +279,11 @@ def compose_frame() -> int:
 
     store = live_store()
     snapshot = topology_cache.current()
-    reports = latest_reports(agent_node_ids(), store)
-    if not reports:
-        return 0
     frame = {m: np.zeros(snapshot.num_gpus, dtype=np.uint8) for m in FRAME_METRICS}
     frame["health"] = snapshot.gpu_health.astype(np.uint8)
-    written = overlay(frame, snapshot, reports, stale_s=3 * settings.AGENT_HEARTBEAT_TIMEOUT_S)
+    written = overlay_agents(frame, snapshot, store)
+    if not written:
+        return 0
     previous = store.get(FRAME_KEY)
     seq = 1
     if previous:

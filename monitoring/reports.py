@@ -15,7 +15,7 @@ import orjson
 from django.conf import settings
 from django.db import connection
 
-from cluster.agents import CREDENTIAL_PREFIX, digest
+from cluster.agents import CREDENTIAL_PREFIX, REVOKED_CREDENTIAL, UNKNOWN_CREDENTIAL, digest
 from cluster.models import Node, NodeCredential
 from scheduling.choices import ProcessState
 from scheduling.models import Job
@@ -216,7 +216,7 @@ def identity_for(authorization: str, db: bool = True) -> Identity | None:
         raise Refused(403, {"detail": NOT_A_NODE})
     secret = secret.strip()
     if not secret.startswith(CREDENTIAL_PREFIX):
-        raise Refused(401, {"detail": "Unknown node credential."})
+        raise Refused(401, {"detail": UNKNOWN_CREDENTIAL})
     key = digest(secret)
     found = _identities.get(key)
     if found is not None or not db:
@@ -229,7 +229,7 @@ def identity_for(authorization: str, db: bool = True) -> Identity | None:
             return found
     row = next(iter(_read_identities("c.key_hash = %s", [key])), None)
     if row is None:
-        raise Refused(401, {"detail": "Unknown node credential."})
+        raise Refused(401, {"detail": UNKNOWN_CREDENTIAL})
     if row[5]:
         raise revoked()
     found = _identities[key] = Identity(*row[1:5])
@@ -254,7 +254,7 @@ def forget(identity: Identity) -> None:
 
 
 def revoked() -> Refused:
-    return Refused(401, {"detail": "This node credential was revoked; enrol the node again."})
+    return Refused(401, {"detail": REVOKED_CREDENTIAL})
 
 
 def decode_body(raw: bytes) -> dict:

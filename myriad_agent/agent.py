@@ -230,7 +230,13 @@ class Agent:
             desired = self.assignments or {}
         for proc in list(self.supervisor.processes.values()):
             a = desired.get(proc.key)
-            if (a is None or a["rank"] != 0) or not proc.report_file.exists():
+            if a is None or a["rank"] != 0:
+                continue
+            try:
+                grown = proc.report_file.stat().st_size > proc.checkpoint_offset
+            except FileNotFoundError:
+                continue
+            if not grown:  # nothing new: the file is not opened ten times a second
                 continue
             with open(proc.report_file, "rb") as f:
                 f.seek(proc.checkpoint_offset)

@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from cluster.models import GPU, Node, NodeCredential
 from scheduling import trigger
-from scheduling.choices import ACTIVE_STATES, EventKind, JobState, ProcessState
+from scheduling.choices import EventKind, JobState, ProcessState
 from scheduling.locks import cycle_lock
 from scheduling.models import Allocation, Job, JobEvent, JobProcess
 from scheduling.services import change_state, requeue
@@ -206,7 +206,6 @@ def assignments_version() -> int:
         return 0
 
 
-@transaction.atomic
 def env_problem(env: dict) -> str | None:
     """Why a job's extra environment cannot be used, or None."""
     if len(env) > 200:
@@ -219,6 +218,7 @@ def env_problem(env: dict) -> str | None:
     return None
 
 
+@transaction.atomic
 def request_checkpoint(job_id: int, *, actor: str, reason: str = "") -> Job:
     """Ask a running launched job to save now; its agents signal it (audited)."""
     from cluster.audit import record
@@ -279,9 +279,9 @@ def record_processes(node: Node, processes: list[dict], now: datetime) -> None:
         row.pid = r.get("pid") or row.pid
         row.exit_code = r.get("exit_code")
         if r.get("started_at"):
-            row.started_at = _at(r["started_at"], now)
+            row.started_at = agent_time(r["started_at"], now)
         if r.get("ended_at"):
-            row.ended_at = _at(r["ended_at"], now)
+            row.ended_at = agent_time(r["ended_at"], now)
         if r.get("log_tail") is not None:
             row.log_tail = r["log_tail"][-settings.LAUNCH_LOG_TAIL_CHARS :]
         row.save()
@@ -290,7 +290,7 @@ def record_processes(node: Node, processes: list[dict], now: datetime) -> None:
             _settle(found[job_id], node, now)
 
 
-def _at(epoch: float, now: datetime) -> datetime:
+def agent_time(epoch: float, now: datetime) -> datetime:
     """An agent's timestamp, never in the future of the control plane's clock."""
     return min(datetime.fromtimestamp(epoch, tz=now.tzinfo), now)
 
@@ -307,7 +307,6 @@ def _settle(p: Placement, reporter: Node, now: datetime) -> None:
             f"; last output:\n{tail}" if tail else ""
         )
         change_state(p.job_id, "fail", actor=f"node {x.node.hostname}", reason=reason[:2000], now=now)
-        changed()
         return
     started = {
         n
@@ -319,7 +318,6 @@ def _settle(p: Placement, reporter: Node, now: datetime) -> None:
         change_state(
             p.job_id, "finish", actor=f"node {reporter.hostname}", reason="every rank exited 0", now=now
         )
-        changed()
         return
     if len(started) == len(p.nodes):
         _launched(p, now)
@@ -361,10 +359,11 @@ def check_launches(now: datetime | None = None) -> list[int]:
     )
     if not waiting:
         return []
+    launched = dict(waiting)
     late = [
         p
-        for p in placements([j for j, _ in waiting]).values()
-        if p.since <= now - timeout and p.generation != dict(waiting)[p.job_id]
+        for p in placements(launched).values()
+        if p.since <= now - timeout and p.generation != launched[p.job_id]
     ]
     stopped = []
     for p in late:
@@ -414,17 +413,8 @@ def _give_up_start(p: Placement, now: datetime, timeout: timedelta) -> bool:
             },
         )
         request_cycle()
-    changed()
+        changed()  # a failed job's agents hear of it through change_state
     return True
-
-
-def launched_job_ids_on(node_ids) -> set[int]:
-    """Active launched jobs holding GPUs on these nodes."""
-    return set(
-        Allocation.objects.filter(gpu__node_id__in=list(node_ids), active=True, job__state__in=ACTIVE_STATES)
-        .exclude(job__command="")
-        .values_list("job_id", flat=True)
-    )
 
 
 def gpu_ids_by_index(node: Node) -> dict[int, int]:

@@ -119,16 +119,13 @@ class NodeCredentialAuthentication(authentication.BaseAuthentication):
             return None
         if len(parts) != 2:
             raise exceptions.AuthenticationFailed("Invalid node credential header: Node <credential>.")
-        from cluster.agents import credential_for
+        from cluster.agents import REVOKED_CREDENTIAL, UNKNOWN_CREDENTIAL, credential_for
 
         credential = credential_for(parts[1].decode(errors="replace"))
         if credential is None:
-            raise exceptions.AuthenticationFailed("Unknown node credential.")
+            raise exceptions.AuthenticationFailed(UNKNOWN_CREDENTIAL)
         if credential.revoked_at is not None:
-            raise exceptions.AuthenticationFailed(
-                f"This node credential was revoked at {credential.revoked_at:%Y-%m-%d %H:%M:%S} UTC; "
-                "enrol the node again."
-            )
+            raise exceptions.AuthenticationFailed(REVOKED_CREDENTIAL)
         return (NodePrincipal(credential), credential)
 
     def authenticate_header(self, request) -> str:

@@ -61,10 +61,15 @@ class ReportView(APIView):
     """A node's batched report: readings of its GPUs, XIDs, and its job processes' states. The
     ASGI server answers this path itself with the same function (monitoring.agent_asgi)."""
 
-    permission_classes = [IsNodeAgent]
+    # handle_report checks the node credential itself (answering 401 and 403 as the ASGI path
+    # does), so DRF's authentication would only read it a second time
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
     parser_classes: list = []  # the body is read raw: its size is checked before it is parsed
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(
+        request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT}, auth=[{"nodeCredential": []}]
+    )
     def post(self, request):
         code, answer = handle_report(request.META.get("HTTP_AUTHORIZATION", ""), request.body)
         return Response(answer, status=code)
