@@ -60,7 +60,10 @@ def run_per_backend(
             backends["postgresql"] = {"MYRIAD_DATABASE_URL": f"{PG_BASE}/myriad_bench"}
             if redis_with_postgres and _redis_available():
                 backends["postgresql"]["MYRIAD_REDIS_URL"] = REDIS_URL
+        only = [b for b in os.environ.get("MYRIAD_BENCH_BACKENDS", "").split(",") if b]
         for name, env in backends.items():
+            if only and name not in only:
+                continue
             child_env = {**os.environ, "MYRIAD_DATA_DIR": tmp}
             child_env.pop("MYRIAD_REDIS_URL", None)
             child_env.update(env)

@@ -13,6 +13,7 @@ FORBIDDEN = {
     "channels_redis",
     "rest_framework",
     "daphne",
+    "uvicorn",
     "redis",
     "kombu",
     "cluster",
