@@ -71,3 +71,19 @@ def env_url(name: str, default: str | None, *, schemes: tuple[str, ...]) -> str 
     if parsed.scheme not in ("sqlite",) and not parsed.hostname:
         raise ConfigError(f"{name}={raw!r} names no host")
     return raw
+
+
+def env_networks(name: str) -> list:
+    """Networks (``10.0.0.0/8``) or single addresses, comma-separated; empty when unset."""
+    import ipaddress
+
+    raw = os.environ.get(name, "")
+    out = []
+    for item in (i.strip() for i in raw.split(",")):
+        if not item:
+            continue
+        try:
+            out.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ConfigError(f"{name}: {item!r} is not an address or network such as 10.0.0.0/8") from None
+    return out

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from config.env import env_bool, env_int, env_list, env_str, env_url
+from config.env import env_bool, env_int, env_list, env_networks, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("MYRIAD_DATA_DIR", str(BASE_DIR / "var")))
@@ -178,6 +178,11 @@ if SIMULATED_FLEET:
         "schedule": float(FLEET_TICK_S),
     }
 CELERY_TIMEZONE = "UTC"
+CELERY_QUEUE_NAMES = ("celery",)  # the queues whose lengths /metrics reports
+
+# --- Prometheus scrapes: a bearer token, or addresses allowed without one ----------------------
+METRICS_TOKEN = env_str("MYRIAD_METRICS_TOKEN", "")
+METRICS_ALLOW = env_networks("MYRIAD_METRICS_ALLOW")
 
 # --- Auth, API --------------------------------------------------------------------------------
 LOGIN_URL = "/accounts/login/"

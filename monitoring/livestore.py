@@ -14,6 +14,7 @@ FRAME_KEY = "myriad:telemetry:frame"
 STATE_KEY = "myriad:fleet:state"
 NETWORK_KEY = "myriad:network:util"
 AGENT_REPORT_PREFIX = "myriad:agent:report:"  # + node id: that node's newest report (JSON)
+CYCLE_COUNTS_KEY = "myriad:metrics:cycles"  # scheduling cycles' duration histogram, all processes
 
 
 class FileStore:
@@ -69,6 +70,26 @@ class FileStore:
         for path in self.folder.glob(start + "*"):
             path.unlink(missing_ok=True)
 
+    def add_counts(self, key: str, amounts: dict[str, float]) -> None:
+        """Add to named counters kept under ``key``, atomically across the processes of one
+        machine (a lock file), as Redis' HINCRBYFLOAT does across machines."""
+        import fcntl
+        import json
+
+        path = self.folder / key.replace(":", "_")
+        with open(f"{path}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            counts = self.counts(key)
+            for name, amount in amounts.items():
+                counts[name] = counts.get(name, 0.0) + amount
+            self.put(key, json.dumps(counts).encode())
+
+    def counts(self, key: str) -> dict[str, float]:
+        import json
+
+        data = self.get(key)
+        return json.loads(data) if data else {}
+
 
 class RedisStore:
     def __init__(self, url: str):
@@ -106,6 +127,15 @@ class RedisStore:
     def delete_prefix(self, prefix: str) -> None:
         for key in self.client.scan_iter(match=prefix + "*", count=1000):
             self.client.delete(key)
+
+    def add_counts(self, key: str, amounts: dict[str, float]) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        for name, amount in amounts.items():
+            pipe.hincrbyfloat(key, name, amount)
+        pipe.execute()
+
+    def counts(self, key: str) -> dict[str, float]:
+        return {k.decode(): float(v) for k, v in self.client.hgetall(key).items()}
 
 
 _store = None

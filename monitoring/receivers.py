@@ -59,3 +59,10 @@ def measure_recovery(sender, job, placement, at, **kwargs) -> None:
             "recovery_s": steps["running_s"],
         },
     )
+
+
+def record_cycle(sender, seconds: float, **kwargs) -> None:
+    """A scheduling cycle that ran goes into the shared duration histogram (/metrics)."""
+    from monitoring import metrics
+
+    metrics.record_cycle(seconds)

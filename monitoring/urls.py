@@ -1,8 +1,10 @@
 from django.urls import path
 
-from monitoring import views
+from monitoring import metrics_views, views
 
 urlpatterns = [
+    path("metrics", metrics_views.control_plane, name="metrics"),
+    path("metrics/gpus", metrics_views.gpus, name="metrics-gpus"),
     path("live/", views.live, name="live"),
     path("overview/", views.overview_page, name="overview"),
     path("topology/", views.topology, name="topology"),

@@ -16,6 +16,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 from cluster.snapshot import topology_cache
@@ -27,7 +28,9 @@ from scheduling.trigger import request_cycle
 
 log = logging.getLogger("myriad.scheduling")
 
-__all__ = ["CycleSummary", "apply_decisions", "reset_caches", "run_cycle"]
+__all__ = ["CycleSummary", "apply_decisions", "cycle_ran", "reset_caches", "run_cycle"]
+
+cycle_ran = Signal()  # after a cycle that ran: seconds (with the commit), summary; monitoring keeps metrics
 
 
 @dataclass
@@ -95,6 +98,8 @@ def run_cycle(
             launch.changed()  # agents waiting on their assignments look again
         if result.start_limited:  # the jobs past this cycle's start limit go next, at once
             request_cycle()
+    seconds = time.perf_counter() - t0  # with the commit
+    cycle_ran.send(sender=CycleSummary, seconds=seconds, summary=summary)
     log.info(
         "cycle: %d considered, %d admitted, %d preempted, %d reserved, %d pending; %s; %.1f ms in all",
         summary.considered,
@@ -103,7 +108,7 @@ def run_cycle(
         summary.reserved,
         summary.pending,
         summary.timings_ms,
-        (time.perf_counter() - t0) * 1000,  # with the commit
+        seconds * 1000,
     )
     return summary
 

@@ -1,0 +1,77 @@
+"""The scrape endpoints: ``/metrics`` (the control plane) and ``/metrics/gpus`` (every GPU, with
+dcgm-exporter's names; ``?shard=K&of=N`` or ``?datacenter=NAME`` for a part of the fleet).
+
+A scrape is let in by a bearer token (MYRIAD_METRICS_TOKEN, Prometheus' ``authorization``
+setting) or by its address (MYRIAD_METRICS_ALLOW, networks such as ``10.0.0.0/8``); anything else
+gets 401. Plain Django views: a scrape needs neither sessions nor the API's roles."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+
+from django.conf import settings
+from django.http import HttpResponse
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from monitoring.metrics import ShardError, control_plane_exposition, gpu_exposition
+
+
+def _allowed(request) -> bool:
+    token = settings.METRICS_TOKEN
+    given = request.headers.get("Authorization", "")
+    if token and given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip(), token):
+        return True
+    if settings.METRICS_ALLOW:
+        try:
+            address = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
+        except ValueError:
+            return False
+        return any(address in network for network in settings.METRICS_ALLOW)
+    return False
+
+
+def _refused() -> HttpResponse:
+    how = "a bearer token (MYRIAD_METRICS_TOKEN)" if settings.METRICS_TOKEN else "MYRIAD_METRICS_ALLOW"
+    response = HttpResponse(
+        json.dumps({"detail": f"metrics need {how}"}), status=401, content_type="application/json"
+    )
+    response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+    return response
+
+
+def _bad(field: str, message: str) -> HttpResponse:
+    return HttpResponse(json.dumps({field: [message]}), status=400, content_type="application/json")
+
+
+@require_GET
+def control_plane(request):
+    if not _allowed(request):
+        return _refused()
+    return HttpResponse(control_plane_exposition(), content_type=CONTENT_TYPE_LATEST)
+
+
+@require_GET
+def gpus(request):
+    if not _allowed(request):
+        return _refused()
+    unknown = sorted(set(request.GET) - {"shard", "of", "datacenter"})
+    if unknown:
+        return _bad(unknown[0], "unknown parameter; use shard and of, or datacenter")
+    numbers = {}
+    for name in ("shard", "of"):
+        raw = request.GET.get(name)
+        if raw is None:
+            numbers[name] = None
+            continue
+        try:
+            numbers[name] = int(raw)
+        except ValueError:
+            return _bad(name, f"must be a whole number, not {raw!r}"[:200])
+    try:
+        body = gpu_exposition(numbers["shard"], numbers["of"], request.GET.get("datacenter"))
+    except ShardError as exc:
+        return _bad(exc.field, exc.message)
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,218 @@
+"""Prometheus metrics as an operator's Prometheus sees them: scrapes refused without the token or an
+allowed address; the control plane's figures following what happens (pending reasons, admissions,
+evictions, cycles, GPUs by state, faults); every GPU with dcgm-exporter's names and labels, the
+same text prometheus-client writes, split into shards that cover the fleet once."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cluster.agents import create_enrolment_token, enrol
+from cluster.models import GPU, Node
+from cluster.snapshot import topology_cache
+from engine.reasons import pending_kind
+from monitoring import ingest, metrics
+from monitoring.livestore import CYCLE_COUNTS_KEY, live_store, reset_store
+from monitoring.models import FaultEvent
+from scheduling.cycle import run_cycle
+from scheduling.models import Job
+
+TOKEN = "scrape-secret-1234"
+
+
+@pytest.fixture(autouse=True)
+def metrics_settings(settings):
+    settings.METRICS_TOKEN = TOKEN
+    settings.METRICS_ALLOW = []
+    settings.SIMULATED_FLEET = False
+    reset_store()
+    live_store().delete(CYCLE_COUNTS_KEY)
+    ingest.clear_reports()
+    metrics.reset_totals()
+    yield
+    ingest.clear_reports()
+    live_store().delete(CYCLE_COUNTS_KEY)
+    metrics.reset_totals()
+
+
+def scrape(path: str, token: str | None = TOKEN, **extra):
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
+    return Client().get(path, **headers, **extra)
+
+
+def samples(text: bytes) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def value(found: dict, name: str, **labels) -> float:
+    matches = [v for lab, v in found.get(name, []) if all(lab.get(k) == w for k, w in labels.items())]
+    assert matches, f"no {name} with {labels}"
+    return sum(matches)
+
+
+def test_scrapes_need_the_token_or_an_allowed_address(small_cluster, settings):
+    for path in ("/metrics", "/metrics/gpus"):
+        assert scrape(path, token=None).status_code == 401
+        refused = scrape(path, token="wrong")
+        assert refused.status_code == 401 and refused["WWW-Authenticate"].startswith("Bearer")
+        assert scrape(path).status_code == 200
+    settings.METRICS_ALLOW = [ipaddress.ip_network("10.0.0.0/8")]
+    assert scrape("/metrics", token=None, REMOTE_ADDR="10.1.2.3").status_code == 200
+    assert scrape("/metrics", token=None, REMOTE_ADDR="192.168.1.1").status_code == 401
+    assert Client().post("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 405
+
+
+def test_pending_reasons_are_classified_by_kind():
+    assert pending_kind("queue vision is stopped") == "stopped"
+    assert pending_kind("no pod with 64 free H100-SXM GPUs (largest free block: 32 in dc1-p01)") == "topology"
+    assert pending_kind("no datacenter with 512 free H100-SXM GPUs (largest free block: 40)") == "capacity"
+    assert pending_kind("waiting for reservation: 64 H100-SXM GPUs in dc1-p01, expected free in 30 s") == (
+        "reservation"
+    )
+    assert pending_kind("waiting behind job 7: queue vision admits its jobs in strict order") == "ordering"
+    assert (
+        pending_kind(
+            "quota of queue legacy exhausted for A100-80G: 12 of 12 in use, needs 4; the queue is in no "
+            "cohort, so it cannot borrow; no pod with 4 free H100-SXM GPUs"
+        )
+        == "quota"
+    )
+
+
+def _submit(operator_client, queue: str, gpus: int, **extra) -> int:
+    body = {"queue": queue, "gpus": gpus, "chip_types": extra.pop("chip_types", ["H100-SXM"]), **extra}
+    response = operator_client.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def test_the_control_plane_figures_follow_what_happens(queues, operator_client, eager_celery):
+    # vision borrows 16 of nlp's H100s; two A100 jobs of legacy pass its 12-GPU quota (no cohort)
+    borrower = _submit(operator_client, "vision", 48, topology="any")
+    _submit(operator_client, "legacy", 8, chip_types=["A100-80G"])
+    _submit(operator_client, "legacy", 8, chip_types=["A100-80G"])
+    run_cycle()
+    found = samples(scrape("/metrics").content)
+    assert value(found, "myriad_pending_jobs", queue="legacy", reason="quota") == 1
+    assert value(found, "myriad_pending_jobs", queue="vision") == 0
+    assert value(found, "myriad_admitted_jobs_total", queue="vision") == 1
+    assert value(found, "myriad_running_jobs", queue="vision") == 1
+    assert value(found, "myriad_quota_nominal_gpus", queue="vision", chip="H100-SXM") == 32
+    assert value(found, "myriad_quota_used_gpus", queue="vision", chip="H100-SXM") == 48
+    assert value(found, "myriad_quota_borrowed_gpus", queue="vision", chip="H100-SXM") == 16
+    assert value(found, "myriad_quota_lent_gpus", queue="nlp", chip="H100-SXM") == 16
+    assert value(found, "myriad_admission_wait_seconds_count", queue="vision") == 1
+    assert value(found, "myriad_cycle_duration_seconds_count") == 1
+    assert value(found, "myriad_gpus") == GPU.objects.count()
+    busy, idle = (value(found, "myriad_gpus", state=s) for s in ("allocated", "allocated_idle"))
+    assert busy + idle == 56
+
+    # nlp reclaims its quota: the borrower is evicted
+    _submit(operator_client, "nlp", 16)
+    run_cycle()
+    found = samples(scrape("/metrics").content)
+    assert value(found, "myriad_evicted_jobs_total", queue="vision", reason="preempted") == 1
+    assert value(found, "myriad_admitted_jobs_total", queue="nlp") == 1
+    assert value(found, "myriad_cycle_duration_seconds_count") == 2
+    assert Job.objects.get(pk=borrower).state == "pending"
+
+    node = Node.objects.filter(chip_type__name="H100-SXM").first()
+    FaultEvent.objects.create(node=node, at=timezone.now(), source="xid", xid=79, cause="gpu_fell_off_bus")
+    found = samples(scrape("/metrics").content)
+    assert value(found, "myriad_faults_total", cause="gpu_fell_off_bus", source="xid") == 1
+    assert "myriad_celery_queue_length" in found and "myriad_ettr_ratio" in found
+
+
+def test_the_gpu_text_is_what_prometheus_client_writes_and_shards_cover_the_fleet_once(small_cluster):
+    fast = scrape("/metrics/gpus")
+    assert fast.status_code == 200 and fast["Content-Type"].startswith("text/plain")
+    registry = CollectorRegistry(auto_describe=False)
+
+    class Families:
+        def collect(self):
+            yield from metrics.gpu_families()
+
+    registry.register(Families())
+    assert fast.content == generate_latest(registry)
+
+    found = samples(fast.content)
+    n = GPU.objects.count()
+    assert len(found["DCGM_FI_DEV_GPU_UTIL"]) == n
+    labels = found["DCGM_FI_DEV_GPU_TEMP"][0][0]
+    assert set(labels) == {"Hostname", "UUID", "gpu", "modelName", "rack", "pod", "datacenter"}
+    gpu = GPU.objects.select_related("node__chip_type", "node__rack").get(uuid=labels["UUID"])
+    assert labels["Hostname"] == gpu.node.hostname and labels["gpu"] == str(gpu.index)
+    assert labels["modelName"] == gpu.node.chip_type.model and labels["rack"] == gpu.node.rack.name
+
+    seen = []
+    for k in range(3):
+        part = samples(scrape(f"/metrics/gpus?shard={k}&of=3").content)
+        seen += [lab["UUID"] for lab, _ in part["DCGM_FI_DEV_GPU_UTIL"]]
+    assert sorted(seen) == sorted(GPU.objects.values_list("uuid", flat=True))
+    dc = topology_cache.current().names["datacenter"][0]
+    part = samples(scrape(f"/metrics/gpus?datacenter={dc}").content)
+    assert {lab["datacenter"] for lab, _ in part["DCGM_FI_DEV_GPU_UTIL"]} == {dc}
+
+
+def test_bad_shard_parameters_get_a_400_naming_the_field(small_cluster):
+    for query, field in (
+        ("shard=3&of=3", "shard"),
+        ("shard=x&of=2", "shard"),
+        ("shard=0", "shard"),
+        ("of=0&shard=0", "of"),
+        ("datacenter=nowhere", "datacenter"),
+        ("zone=a", "zone"),
+    ):
+        response = scrape(f"/metrics/gpus?{query}")
+        assert response.status_code == 400, query
+        assert field in response.json(), (query, response.json())
+
+
+def test_a_node_agents_readings_and_an_open_xid_show_on_its_gpus(
+    small_cluster, django_capture_on_commit_callbacks
+):
+    from rest_framework.test import APIClient
+
+    node = Node.objects.filter(chip_type__name="H100-SXM", is_spare=False).order_by("id").first()
+    _, secret = create_enrolment_token(actor="test", node=node)
+    _, key = enrol(secret, hostname=node.hostname, address="10.0.0.9")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Node {key}")
+    gpus = [
+        {
+            "index": i,
+            "util": 77,
+            "memory_used_mib": 30000,
+            "memory_total_mib": 81559,
+            "temperature_c": 61,
+            "power_w": 412.5,
+            "power_limit_w": 700,
+            "ecc_corrected_volatile": 3,
+            "ecc_uncorrected_volatile": 0,
+        }
+        for i in range(8)
+    ]
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = client.post("/api/v1/agent/report/", {"seq": 1, "gpus": gpus}, format="json")
+    assert answer.status_code == 200
+    gpu0 = GPU.objects.get(node=node, index=0)
+    FaultEvent.objects.create(node=node, gpu=gpu0, at=timezone.now(), source="xid", xid=48, cause="dbe")
+    found = samples(scrape("/metrics/gpus").content)
+    mine = [lab for lab, _ in found["DCGM_FI_DEV_POWER_USAGE"] if lab["Hostname"] == node.hostname]
+    assert sorted(lab["gpu"] for lab in mine) == [str(i) for i in range(8)]
+    assert value(found, "DCGM_FI_DEV_POWER_USAGE", Hostname=node.hostname, gpu="3") == 412.5
+    assert value(found, "DCGM_FI_DEV_FB_USED", Hostname=node.hostname, gpu="3") == 30000
+    assert value(found, "DCGM_FI_DEV_FB_FREE", Hostname=node.hostname, gpu="3") == 81559 - 30000
+    assert value(found, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", Hostname=node.hostname, gpu="3") == 3
+    assert value(found, "DCGM_FI_DEV_XID_ERRORS", Hostname=node.hostname, gpu="0") == 48
+    assert value(found, "DCGM_FI_DEV_XID_ERRORS", Hostname=node.hostname, gpu="1") == 0
