@@ -17,7 +17,7 @@ from cluster.agents import create_enrolment_token, enrol
 from cluster.models import GPU, Node
 from cluster.snapshot import topology_cache
 from engine.reasons import pending_kind
-from monitoring import ingest, metrics
+from monitoring import gpu_metrics, ingest, metrics
 from monitoring.livestore import CYCLE_COUNTS_KEY, live_store, reset_store
 from monitoring.models import FaultEvent
 from scheduling.cycle import run_cycle
@@ -140,7 +140,7 @@ def test_the_gpu_text_is_what_prometheus_client_writes_and_shards_cover_the_flee
 
     class Families:
         def collect(self):
-            yield from metrics.gpu_families()
+            yield from gpu_metrics.gpu_families()
 
     registry.register(Families())
     assert fast.content == generate_latest(registry)
