@@ -85,6 +85,9 @@ def eviction_reason(kind: str, data: dict) -> str | None:
     return None
 
 
+EVICTION_REASONS = ("preempted", "drained", "fault", "start_timeout", "suspended")
+
+
 @dataclass
 class _Totals:
     """Job-event totals by queue, kept per process and brought up to date at each scrape by the
@@ -202,8 +205,9 @@ class ControlPlaneCollector:
             "start_timeout, suspended)",
             labels=["queue", "reason"],
         )
-        for (queue, reason), n in sorted(_totals.evicted.items()):
-            evicted.add_metric([queue, reason], n)
+        for queue in queues:
+            for reason in EVICTION_REASONS:
+                evicted.add_metric([queue, reason], _totals.evicted.get((queue, reason), 0))
         yield evicted
         wait = HistogramMetricFamily(
             "myriad_admission_wait_seconds",
@@ -253,11 +257,12 @@ class ControlPlaneCollector:
         faults = CounterMetricFamily(
             "myriad_faults", "Faults recorded, by cause and source", labels=["cause", "source"]
         )
-        for cause, source, n in (
+        counts = list(
             FaultEvent.objects.values_list("cause", "source")
             .annotate(n=Count("id"))
             .order_by("cause", "source")
-        ):
+        )
+        for cause, source, n in counts:
             faults.add_metric([cause or "unknown", source], n)
         yield faults
         h = HistogramMetricFamily(
@@ -265,7 +270,7 @@ class ControlPlaneCollector:
             "Time from a fault to its job running again, by cause (measured on real nodes)",
             labels=["cause"],
         )
-        by_cause: dict[str, list[float]] = {}
+        by_cause: dict[str, list[float]] = {cause or "unknown": [] for cause, _, _ in counts}
         for cause, seconds in FaultEvent.objects.filter(recovery_s__isnull=False).values_list(
             "cause", "recovery_s"
         ):
