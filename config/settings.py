@@ -23,6 +23,17 @@ if not SECRET_KEY:
     SECRET_KEY = "myriad-development-key-not-for-production"
 ALLOWED_HOSTS = env_list("MYRIAD_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 
+# --- HTTPS behind a proxy (docs/deploy.md): the proxy ends TLS and says so in X-Forwarded-Proto --
+if env_bool("MYRIAD_HTTPS", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^metrics", r"^api/v1/agent/"]  # scrapes and agents may use plain HTTP inside
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("MYRIAD_HSTS_SECONDS", 31_536_000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("MYRIAD_HSTS_INCLUDE_SUBDOMAINS", False)
+    SECURE_HSTS_PRELOAD = env_bool("MYRIAD_HSTS_PRELOAD", False)
+    CSRF_TRUSTED_ORIGINS = [f"https://{h}" for h in ALLOWED_HOSTS if h not in ("*",)]
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -178,7 +189,19 @@ if SIMULATED_FLEET:
         "schedule": float(FLEET_TICK_S),
     }
 CELERY_TIMEZONE = "UTC"
-CELERY_QUEUE_NAMES = ("celery",)  # the queues whose lengths /metrics reports
+# --- Celery queues by role (docs/deploy.md): each role can have workers of its own ------------
+# cycle: the scheduling cycle (one at a time under its lock; one worker, concurrency 1);
+# faults: fault handling, so a long simulation never delays a recovery; simulations: what-ifs,
+# one task per configuration of a sweep; celery: the rest (fleet tick, samples, agents' watch).
+CELERY_QUEUE_NAMES = ("cycle", "faults", "simulations", "celery")
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_ROUTES = {
+    "scheduling.tasks.run_scheduling_cycle": {"queue": "cycle"},
+    "monitoring.tasks.handle_fault_task": {"queue": "faults"},
+    "monitoring.tasks.run_simulation_task": {"queue": "simulations"},
+    "monitoring.tasks.run_simulation_part": {"queue": "simulations"},
+}
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1  # a worker reserves one task at a time: none waits behind a long one
 
 # --- Prometheus scrapes: a bearer token, or addresses allowed without one ----------------------
 METRICS_TOKEN = env_str("MYRIAD_METRICS_TOKEN", "")

@@ -5,7 +5,12 @@ from __future__ import annotations
 import sys
 
 
-def worker_command(*, beat: bool = False, loglevel: str = "info", purge: bool = False) -> list[str]:
+def worker_command(
+    *, beat: bool = False, loglevel: str = "info", purge: bool = False, queues: tuple[str, ...] | None = None
+) -> list[str]:
+    """One worker for ``queues`` (default: every role's queue, as one machine runs it)."""
+    from django.conf import settings
+
     # solo pool: cycles run one at a time anyway (the scheduling lock), and it starts fastest
     command = [
         sys.executable,
@@ -19,6 +24,7 @@ def worker_command(*, beat: bool = False, loglevel: str = "info", purge: bool = 
         "--without-heartbeat",
         "--without-mingle",
         "--without-gossip",
+        "--queues=" + ",".join(queues or settings.CELERY_QUEUE_NAMES),
     ]
     if beat:
         command.append("--beat")
