@@ -106,6 +106,31 @@ class Simulation(models.Model):
         return self.name or f"simulation {self.pk}"
 
 
+class SimulationPart(models.Model):
+    """One configuration of a simulation, run by its own task (a sweep's configurations run on
+    every simulations worker at once); the last to finish assembles the report."""
+
+    simulation = models.ForeignKey(Simulation, on_delete=models.CASCADE, related_name="parts")
+    index = models.PositiveSmallIntegerField(help_text="Its place in the simulation's configurations")
+    progress = models.FloatField(default=0.0)
+    result = models.JSONField(null=True, blank=True, help_text="The configuration's results, with series")
+    worker = models.CharField(max_length=255, blank=True, help_text="The worker that ran it")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["simulation", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["simulation", "index"], name="simulation_part_once"),
+            models.CheckConstraint(
+                condition=Q(progress__gte=0, progress__lte=1), name="simulation_part_progress_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.simulation} part {self.index}"
+
+
 class ClusterSample(models.Model):
     """One row per sampling interval for the whole cluster (never per GPU): the overview's buckets,
     jobs and faults, so the overview can chart the last hour, day and week."""

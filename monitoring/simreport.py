@@ -94,10 +94,15 @@ def run_all(
     trace: str = "kalos",
     check_invariants: bool = False,
     progress=None,
+    only: int | None = None,
 ) -> list[dict]:
+    """Every configuration on the same workload (drawn for the first configuration's cluster);
+    ``only``: just that configuration (one task of a sweep), on that same workload."""
     results = []
     shared_jobs = None
-    for config in configs:
+    for index, config in enumerate(configs):
+        if only is not None and index != only and shared_jobs is not None:
+            continue
         spec = parse_topology(with_spares(doc, config["spares"]) if "spares" in config else doc, set(BY_NAME))
         topo = snapshot_from_spec(spec)
         capacity = {c: n for c, n in topo.count_by_chip().items() if n}
@@ -108,6 +113,8 @@ def run_all(
                 shared_jobs = generate(
                     capacity, days, seed=seed, jobs=jobs, elastic_share=elastic_share, trace=trace
                 )
+        if only is not None and index != only:
+            continue
         sim_config = SimConfig(days=days, seed=seed, name=config["name"], check_invariants=check_invariants)
         if "checkpoint" in config:
             sim_config = replace(sim_config, checkpoint=config["checkpoint"])

@@ -1,4 +1,5 @@
-"""Stored what-if simulations: run one from its record (the Celery task) and find its report."""
+"""Stored what-if simulations: run one from its record (Celery tasks, one per configuration) and
+find its report."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import time
 from pathlib import Path
 
 from django.conf import settings
+from django.db import transaction
+from django.db.models import Avg
 from django.utils import timezone
 
 from engine.presets import PRESETS, preset_document
-from monitoring.models import Simulation
+from monitoring.models import Simulation, SimulationPart
 from monitoring.simreport import parse_config, run_all, write_report
 
 
@@ -67,21 +70,56 @@ def cluster_document(cluster: str) -> dict:
     raise ValueError(f"unknown cluster {cluster!r}; known: {', '.join(PRESETS)}, inventory")
 
 
-def run_stored(simulation_id: int) -> str:
+def start(simulation_id: int) -> str:
+    """A stored simulation's task: one part per configuration. One configuration runs here; a
+    sweep fans out as a Celery group, one task per configuration on the simulations workers, and
+    the last part to finish assembles the report (``assemble``). This is a chord's work done under
+    the simulation's row lock, so it needs no result backend and runs on the embedded broker too."""
+    from celery import group
+
+    from monitoring.tasks import run_simulation_part
+
     sim = Simulation.objects.get(pk=simulation_id)
+    configs = sim.configurations or ["baseline"]
+    try:
+        for text in configs:
+            parse_config(text)
+    except ValueError as exc:
+        _fail(sim.pk, f"configuration: {exc}")
+        return "failed"
     Simulation.objects.filter(pk=sim.pk).update(state=Simulation.State.RUNNING, started_at=timezone.now())
+    for index in range(len(configs)):
+        SimulationPart.objects.get_or_create(simulation=sim, index=index)
+    if len(configs) == 1:
+        return run_part(sim.pk, 0)
+    group(run_simulation_part.s(sim.pk, index) for index in range(len(configs))).apply_async()
+    return f"{len(configs)} configurations started"
+
+
+def run_part(simulation_id: int, index: int, worker: str = "") -> str:
+    """Run one configuration of a simulation (on the workload every part shares) and keep its
+    results; a task run again after its result was kept only assembles."""
+    sim = Simulation.objects.get(pk=simulation_id)
+    if sim.state == Simulation.State.FAILED:
+        return "failed"
+    part = SimulationPart.objects.get(simulation=sim, index=index)
+    if part.result is not None:
+        return assemble(sim.pk)
     configs = [parse_config(c) for c in (sim.configurations or ["baseline"])]
+    SimulationPart.objects.filter(pk=part.pk).update(started_at=timezone.now(), worker=worker)
     last = [0.0]
 
     def progress(name: str, fraction: float) -> None:
-        index = [c["name"] for c in configs].index(name)
-        overall = (index + fraction) / len(configs)
         if time.monotonic() - last[0] >= 1.0 or fraction >= 1:
             last[0] = time.monotonic()
-            Simulation.objects.filter(pk=sim.pk).update(progress=min(1.0, overall))
+            SimulationPart.objects.filter(pk=part.pk).update(progress=min(1.0, fraction))
+            overall = SimulationPart.objects.filter(simulation=sim).aggregate(p=Avg("progress"))["p"] or 0.0
+            Simulation.objects.filter(pk=sim.pk, state=Simulation.State.RUNNING).update(
+                progress=min(1.0, overall)
+            )
 
     try:
-        results = run_all(
+        result = run_all(
             cluster_document(sim.cluster),
             configs,
             days=sim.days,
@@ -89,20 +127,39 @@ def run_stored(simulation_id: int) -> str:
             jobs=sim.jobs,
             elastic_share=sim.elastic_share,
             progress=progress,
-        )
+            only=index,
+        )[0]
+    except Exception as exc:  # noqa: BLE001 - the record says what went wrong; the worker carries on
+        _fail(sim.pk, f"{configs[index]['name']}: {type(exc).__name__}: {exc}")
+        return "failed"
+    SimulationPart.objects.filter(pk=part.pk).update(result=result, progress=1.0, finished_at=timezone.now())
+    return assemble(sim.pk)
+
+
+def assemble(simulation_id: int) -> str:
+    """Once every part has its results: the report and the summary, written once."""
+    with transaction.atomic():
+        sim = Simulation.objects.select_for_update().get(pk=simulation_id)
+        if sim.state != Simulation.State.RUNNING:
+            return sim.state
+        parts = list(sim.parts.order_by("index"))
+        if any(p.result is None for p in parts):
+            return "waiting"
+        results = [p.result for p in parts]
         path = report_path(sim)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_report(results, path)
-    except Exception as exc:  # noqa: BLE001 - the record says what went wrong; the worker carries on
+        summary = [{k: v for k, v in r.items() if k != "series"} for r in results]
         Simulation.objects.filter(pk=sim.pk).update(
-            state=Simulation.State.FAILED, error=f"{type(exc).__name__}: {exc}", finished_at=timezone.now()
+            state=Simulation.State.DONE,
+            progress=1.0,
+            summary={"results": summary, "workers": sorted({p.worker for p in parts if p.worker})},
+            finished_at=timezone.now(),
         )
-        return "failed"
-    summary = [{k: v for k, v in r.items() if k != "series"} for r in results]
-    Simulation.objects.filter(pk=sim.pk).update(
-        state=Simulation.State.DONE,
-        progress=1.0,
-        summary={"results": summary},
-        finished_at=timezone.now(),
-    )
     return "done"
+
+
+def _fail(simulation_id: int, error: str) -> None:
+    Simulation.objects.filter(pk=simulation_id).exclude(state=Simulation.State.FAILED).update(
+        state=Simulation.State.FAILED, error=error, finished_at=timezone.now()
+    )

@@ -11,10 +11,28 @@ def handle_fault_task(fault_id: int) -> dict:
 
 @shared_task(ignore_result=True, time_limit=3600, soft_time_limit=3500)
 def run_simulation_task(simulation_id: int) -> str:
-    """Run a stored what-if simulation; progress, summary and report land on the record."""
-    from monitoring.simulations import run_stored
+    """Start a stored what-if simulation: one task per configuration; progress, summary and
+    report land on the record."""
+    from monitoring.simulations import start
 
-    return run_stored(simulation_id)
+    return start(simulation_id)
+
+
+# acks_late with reject_on_worker_lost: a part whose worker dies goes back to the queue and runs
+# on another worker (a kept result is never computed twice)
+@shared_task(
+    bind=True,
+    ignore_result=True,
+    time_limit=3600,
+    soft_time_limit=3500,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def run_simulation_part(self, simulation_id: int, index: int) -> str:
+    """One configuration of a simulation; the last to finish writes the report."""
+    from monitoring.simulations import run_part
+
+    return run_part(simulation_id, index, worker=self.request.hostname or "")
 
 
 @shared_task(ignore_result=True, time_limit=60, soft_time_limit=50)

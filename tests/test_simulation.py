@@ -235,3 +235,19 @@ def test_inference_replicas_follow_the_day_in_the_simulation(demo):
     (svc,) = out["inference"]
     assert svc["replica_hours"] > 0 and svc["service"] == "chat"
     assert any(q.name == "inference" for q in sim.queues)
+
+
+def test_each_configuration_run_alone_gives_what_the_whole_sweep_gives():
+    """A sweep's tasks run one configuration each, on the workload drawn for the first
+    configuration's cluster, so a fanned-out sweep reports what one process running all would."""
+    from monitoring.simreport import parse_config, run_all
+    from monitoring.simulations import cluster_document
+
+    doc = cluster_document("demo")
+    configs = [parse_config(c) for c in ("baseline", "spares=4", "checkpoint=periodic:1800")]
+    whole = run_all(doc, configs, days=0.5, seed=3, jobs=None)
+    parts = [run_all(doc, configs, days=0.5, seed=3, jobs=None, only=i)[0] for i in range(len(configs))]
+    for alone, together in zip(parts, whole, strict=True):
+        assert alone["name"] == together["name"]
+        for key in ("jobs", "utilization", "ettr", "faults", "series"):
+            assert alone[key] == together[key], (alone["name"], key)
