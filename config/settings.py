@@ -164,6 +164,7 @@ AGENT_REPORT_MAX_BYTES = env_int("MYRIAD_AGENT_REPORT_MAX_BYTES", 262_144, minim
 AGENT_INGEST_THREADS = env_int("MYRIAD_AGENT_INGEST_THREADS", 8, minimum=1)
 LAUNCH_READY_TIMEOUT_S = env_int("MYRIAD_LAUNCH_READY_TIMEOUT_S", 300, minimum=5)
 LAUNCH_FAILURE_LIMIT = env_int("MYRIAD_LAUNCH_FAILURE_LIMIT", 5, minimum=1)
+SIMULATION_LEASE_S = env_int("MYRIAD_SIMULATION_LEASE_S", 120, minimum=2)
 LAUNCH_LOG_TAIL_CHARS = env_int("MYRIAD_LAUNCH_LOG_TAIL_CHARS", 8000, minimum=100)
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {
@@ -181,6 +182,10 @@ CELERY_BEAT_SCHEDULE = {
     "watch-agents": {
         "task": "monitoring.tasks.watch_agents",
         "schedule": float(AGENT_WATCH_INTERVAL_S),
+    },
+    "watch-simulations": {
+        "task": "monitoring.tasks.watch_simulations",
+        "schedule": float(max(1, SIMULATION_LEASE_S // 3)),
     },
 }
 if SIMULATED_FLEET:

@@ -116,6 +116,9 @@ class SimulationPart(models.Model):
     result = models.JSONField(null=True, blank=True, help_text="The configuration's results, with series")
     worker = models.CharField(max_length=255, blank=True, help_text="The worker that ran it")
     started_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(
+        null=True, blank=True, help_text="Its worker's last sign of life (a silent part starts again)"
+    )
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

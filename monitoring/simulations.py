@@ -4,6 +4,7 @@ find its report."""
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -106,13 +107,16 @@ def run_part(simulation_id: int, index: int, worker: str = "") -> str:
     if part.result is not None:
         return assemble(sim.pk)
     configs = [parse_config(c) for c in (sim.configurations or ["baseline"])]
-    SimulationPart.objects.filter(pk=part.pk).update(started_at=timezone.now(), worker=worker)
+    now = timezone.now()
+    SimulationPart.objects.filter(pk=part.pk).update(started_at=now, heartbeat_at=now, worker=worker)
     last = [0.0]
 
     def progress(name: str, fraction: float) -> None:
         if time.monotonic() - last[0] >= 1.0 or fraction >= 1:
             last[0] = time.monotonic()
-            SimulationPart.objects.filter(pk=part.pk).update(progress=min(1.0, fraction))
+            SimulationPart.objects.filter(pk=part.pk).update(
+                progress=min(1.0, fraction), heartbeat_at=timezone.now()
+            )
             overall = SimulationPart.objects.filter(simulation=sim).aggregate(p=Avg("progress"))["p"] or 0.0
             Simulation.objects.filter(pk=sim.pk, state=Simulation.State.RUNNING).update(
                 progress=min(1.0, overall)
@@ -157,6 +161,26 @@ def assemble(simulation_id: int) -> str:
             finished_at=timezone.now(),
         )
     return "done"
+
+
+def restart_silent_parts(now=None) -> list[tuple[int, int]]:
+    """Parts whose worker has been silent for SIMULATION_LEASE_S (a worker killed mid-run) go back
+    to the simulations queue, for any worker to take; a kept result is never computed again.
+    Returns the (simulation, index) pairs started again."""
+    from monitoring.tasks import run_simulation_part
+
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.SIMULATION_LEASE_S)
+    restarted = []
+    silent = SimulationPart.objects.filter(
+        simulation__state=Simulation.State.RUNNING, result__isnull=True, heartbeat_at__lt=cutoff
+    )
+    for part in silent:
+        # the lease taken over once, by whoever updates it first
+        if SimulationPart.objects.filter(pk=part.pk, heartbeat_at=part.heartbeat_at).update(heartbeat_at=now):
+            transaction.on_commit(lambda s=part.simulation_id, i=part.index: run_simulation_part.delay(s, i))
+            restarted.append((part.simulation_id, part.index))
+    return restarted
 
 
 def _fail(simulation_id: int, error: str) -> None:

@@ -61,3 +61,11 @@ def watch_agents() -> dict:
     out = watch()
     out["frame_gpus"] = compose_frame()
     return out
+
+
+@shared_task(ignore_result=True, time_limit=60, soft_time_limit=50)
+def watch_simulations() -> list:
+    """Start again the simulation parts whose worker went silent (Celery beat runs this)."""
+    from monitoring.simulations import restart_silent_parts
+
+    return restart_silent_parts()

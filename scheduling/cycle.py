@@ -23,7 +23,7 @@ from cluster.snapshot import topology_cache
 from engine.scheduler import SchedulerConfig, schedule
 from scheduling import launch, store
 from scheduling.apply import apply_decisions
-from scheduling.locks import cycle_lock
+from scheduling.locks import cycle_lock, lock_clock
 from scheduling.trigger import request_cycle
 
 log = logging.getLogger("myriad.scheduling")
@@ -63,8 +63,7 @@ def run_cycle(
         if not held:
             return CycleSummary(ran=False)
         t0 = time.perf_counter()  # from the lock taken: a cycle waiting for another is not slow
-        held_from, released = time.time(), []
-        transaction.on_commit(lambda: released.append(time.time()))  # the commit ends the lock's hold
+        held_from = lock_clock()
         now = now or timezone.now()
         # 1. read
         snapshot = topology_cache.current()
@@ -100,8 +99,8 @@ def run_cycle(
             launch.changed()  # agents waiting on their assignments look again
         if result.start_limited:  # the jobs past this cycle's start limit go next, at once
             request_cycle()
+        held_to = lock_clock()  # the last moment inside the lock, before the commit releases it
     seconds = time.perf_counter() - t0  # with the commit, which releases the lock
-    held_to = released[0] if released else time.time()
     cycle_ran.send(sender=CycleSummary, seconds=seconds, summary=summary)
     log.info(
         "cycle: %d considered, %d admitted, %d preempted, %d reserved, %d pending; %s; %.1f ms in all; "

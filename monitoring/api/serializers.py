@@ -63,6 +63,7 @@ class SimulationSerializer(serializers.ModelSerializer):
     elastic_share = serializers.FloatField(min_value=0, max_value=1, required=False, default=0.0)
     jobs = serializers.IntegerField(min_value=1, max_value=200_000, required=False, allow_null=True)
     report_url = serializers.SerializerMethodField()
+    parts = serializers.SerializerMethodField()
 
     class Meta:
         model = Simulation
@@ -84,8 +85,16 @@ class SimulationSerializer(serializers.ModelSerializer):
             "started_at",
             "finished_at",
             "report_url",
+            "parts",
         ]
         read_only_fields = fields[fields.index("state") :]
+
+    def get_parts(self, sim) -> list[dict]:
+        """Each configuration's task: its progress and the worker that runs or ran it."""
+        return [
+            {"index": p.index, "progress": p.progress, "worker": p.worker, "done": p.finished_at is not None}
+            for p in sorted(sim.parts.all(), key=lambda p: p.index)
+        ]
 
     def get_report_url(self, sim) -> str | None:
         return f"/api/v1/simulations/{sim.pk}/report/" if sim.state == Simulation.State.DONE else None

@@ -43,7 +43,7 @@ class SimulationViewSet(
     """What-if simulations: POST starts one as a Celery task; GET follows its progress and summary;
     .../report/ is the self-contained HTML report."""
 
-    queryset = Simulation.objects.all()
+    queryset = Simulation.objects.prefetch_related("parts")
     serializer_class = SimulationSerializer
     ordering_fields = ["created_at"]
 
