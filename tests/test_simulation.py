@@ -251,3 +251,38 @@ def test_each_configuration_run_alone_gives_what_the_whole_sweep_gives():
         assert alone["name"] == together["name"]
         for key in ("jobs", "utilization", "ettr", "faults", "series"):
             assert alone[key] == together[key], (alone["name"], key)
+
+
+def test_the_simulate_command_runs_a_sweep_on_the_workers(db, tmp_path, eager_celery, capsys):
+    """--on-workers stores the sweep and runs one task per configuration, as the API does; the
+    same files come out."""
+    from monitoring.models import Simulation as Stored
+
+    out = tmp_path / "sweep"
+    call_command(
+        "simulate",
+        "demo",
+        "--days",
+        "0.5",
+        "--seed",
+        "3",
+        "--compare",
+        "baseline",
+        "spares=4",
+        "--on-workers",
+        "--out",
+        str(out),
+    )
+    sim = Stored.objects.get()
+    assert sim.state == "done" and sim.parts.count() == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["name"] for r in summary] == ["baseline", "spares=4"]
+    assert (out / "report.html").stat().st_size > 10_000
+    assert "configuration task(s) sent" in capsys.readouterr().out
+
+
+def test_the_simulate_command_on_workers_refuses_what_a_stored_simulation_cannot_hold(db, tmp_path):
+    with pytest.raises(CommandError, match="preset"):
+        call_command("simulate", str(tmp_path / "topology.yaml"), "--on-workers")
+    with pytest.raises(CommandError, match="--workload"):
+        call_command("simulate", "demo", "--on-workers", "--workload", "x.csv")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from django.conf import settings
@@ -57,6 +58,12 @@ class Command(BaseCommand):
             "--check-invariants", action="store_true", help="run the invariant checker every cycle"
         )
         parser.add_argument("--out", default=str(Path(settings.DATA_DIR) / "simulation"))
+        parser.add_argument(
+            "--on-workers",
+            action="store_true",
+            help="store the simulation and run each configuration as a task on the simulations workers "
+            "(a preset or 'inventory' cluster); waits for them and writes the same files",
+        )
 
     def handle(self, *args, **opts):
         if not 0 < opts["days"] <= 365:
@@ -65,13 +72,26 @@ class Command(BaseCommand):
             raise CommandError("--elastic is a share between 0 and 1")
         if not 0 <= opts["inference"] <= 0.9:
             raise CommandError("--inference is a share between 0 and 0.9")
+        results = self._on_workers(opts) if opts["on_workers"] else self._here(opts)
+        rows = comparison_rows(results)
+        widths = [max(len(str(x)) for x in col) for col in zip(COMPARISON_HEADER, *rows, strict=True)]
+        for row in (COMPARISON_HEADER, *rows):
+            self.stdout.write(
+                "  ".join(str(x if x is not None else "-").ljust(w) for x, w in zip(row, widths, strict=True))
+            )
+        out = Path(opts["out"])
+        out.mkdir(parents=True, exist_ok=True)
+        summary = [{k: v for k, v in r.items() if k != "series"} for r in results]
+        (out / "summary.json").write_text(json.dumps(summary if len(summary) > 1 else summary[0], indent=2))
+        write_report(results, out / "report.html")
+        self.stdout.write(f"wrote {out / 'summary.json'} and {out / 'report.html'}")
+
+    def _here(self, opts) -> list[dict]:
         try:
             doc = topology_document(opts["cluster"], load_document)
             configs = [parse_config(c) for c in (opts["compare"] or ["baseline"])]
         except (TopologyError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
-        out = Path(opts["out"])
-        out.mkdir(parents=True, exist_ok=True)
         tty = sys.stdout.isatty()
         done: set[str] = set()
 
@@ -87,7 +107,7 @@ class Command(BaseCommand):
                 done.add(name)
 
         try:
-            results = run_all(
+            return run_all(
                 doc,
                 configs,
                 days=opts["days"],
@@ -102,13 +122,53 @@ class Command(BaseCommand):
             )
         except (TopologyError, ValueError, OSError) as exc:
             raise CommandError(str(exc)) from exc
-        rows = comparison_rows(results)
-        widths = [max(len(str(x)) for x in col) for col in zip(COMPARISON_HEADER, *rows, strict=True)]
-        for row in (COMPARISON_HEADER, *rows):
-            self.stdout.write(
-                "  ".join(str(x if x is not None else "-").ljust(w) for x, w in zip(row, widths, strict=True))
+
+    def _on_workers(self, opts) -> list[dict]:
+        """A stored simulation, one task per configuration (as POST /api/v1/simulations/ runs it)."""
+        from engine.presets import PRESETS
+        from monitoring.models import Simulation
+        from monitoring.tasks import run_simulation_task
+
+        if opts["cluster"] not in PRESETS and opts["cluster"] != "inventory":
+            raise CommandError(
+                f"--on-workers runs a preset ({', '.join(PRESETS)}) or 'inventory', not a file"
             )
-        summary = [{k: v for k, v in r.items() if k != "series"} for r in results]
-        (out / "summary.json").write_text(json.dumps(summary if len(summary) > 1 else summary[0], indent=2))
-        write_report(results, out / "report.html")
-        self.stdout.write(f"wrote {out / 'summary.json'} and {out / 'report.html'}")
+        for flag, value, default in (
+            ("--workload", opts["workload"], None),
+            ("--inference", opts["inference"], 0.1),
+            ("--trace", opts["trace"], "kalos"),
+            ("--check-invariants", opts["check_invariants"], False),
+        ):
+            if value != default:
+                raise CommandError(f"{flag} is not available with --on-workers")
+        try:
+            for text in opts["compare"] or []:
+                parse_config(text)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        sim = Simulation.objects.create(
+            name=f"simulate {opts['cluster']}",
+            cluster=opts["cluster"],
+            days=opts["days"],
+            seed=opts["seed"],
+            jobs=opts["jobs"],
+            elastic_share=opts["elastic"],
+            configurations=opts["compare"] or [],
+            created_by="manage.py simulate",
+        )
+        run_simulation_task.delay(sim.pk)
+        self.stdout.write(f"simulation {sim.pk}: {len(opts['compare'] or [1])} configuration task(s) sent")
+        shown = -1
+        while True:
+            sim.refresh_from_db()
+            if sim.state in (Simulation.State.DONE, Simulation.State.FAILED):
+                break
+            if int(sim.progress * 10) != shown:
+                shown = int(sim.progress * 10)
+                self.stdout.write(f"simulation {sim.pk}: {sim.progress:.0%}")
+            time.sleep(0.5)
+        if sim.state == Simulation.State.FAILED:
+            raise CommandError(f"simulation {sim.pk} failed: {sim.error}")
+        workers = ", ".join(sim.summary.get("workers", [])) or "inline"
+        self.stdout.write(f"simulation {sim.pk}: done on {workers}")
+        return [p.result for p in sim.parts.order_by("index")]
