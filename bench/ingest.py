@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from bench._backends import print_table, run_per_backend, setup_django
+from config.web import web_command
 
 TARGET_RATE = 1250
 TARGET_P99_MS = 100.0
@@ -227,35 +228,11 @@ async def _load(port: int, keys, rate: float | None, seconds: float, connections
     }
 
 
-def server_command(port: int, workers: int) -> list[str]:
-    """The production web server: uvicorn (uvloop, httptools) with ``workers`` processes on one
-    listening socket, which the kernel shares between them; uvicorn restarts a worker that dies."""
-    return [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "config.asgi:application",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        str(workers),
-        "--loop",
-        "uvloop",
-        "--http",
-        "httptools",
-        "--no-access-log",
-        "--lifespan",
-        "off",
-    ]
-
-
 def _serve(port: int, servers: int) -> list[subprocess.Popen]:
     log = open(os.path.join(os.environ["MYRIAD_DATA_DIR"], "server.log"), "ab")  # noqa: SIM115
     procs = [
         subprocess.Popen(
-            server_command(port, servers),
+            web_command(port, servers),
             env={**os.environ, "MYRIAD_LOG_LEVEL": "WARNING"},
             stdout=subprocess.DEVNULL,
             stderr=log,

@@ -104,7 +104,7 @@ def run_cycle(
     cycle_ran.send(sender=CycleSummary, seconds=seconds, summary=summary)
     log.info(
         "cycle: %d considered, %d admitted, %d preempted, %d reserved, %d pending; %s; %.1f ms in all; "
-        "lock held %.3f-%.3f",
+        "lock held %.6f-%.6f",
         summary.considered,
         summary.admitted,
         summary.preempted,
