@@ -257,6 +257,15 @@ def record_processes(node: Node, processes: list[dict], now: datetime) -> None:
     """Store each reported process state (validated by monitoring.ingest) and settle the jobs."""
     if not processes:
         return
+    # the jobs' rows first, in id order: two nodes reporting the same job at once take turns, so
+    # the second sees the first's process and the job is launched (else each would see the other
+    # still starting and neither would launch it)
+    list(
+        Job.objects.select_for_update()
+        .filter(pk__in={r["job"] for r in processes})
+        .order_by("pk")
+        .values("pk")
+    )
     existing = {
         (p.job_id, p.generation): p
         for p in JobProcess.objects.filter(
@@ -383,6 +392,9 @@ def _give_up_start(p: Placement, now: datetime, timeout: timedelta) -> bool:
         .values_list("node_id", flat=True)
     )
     missing = [n for n in p.nodes if n not in running]
+    if not missing:  # every node runs it after all: launched, not late
+        _settle(p, Node.objects.get(pk=p.nodes[0]), now)
+        return False
     hosts = dict(Node.objects.filter(pk__in=missing).values_list("pk", "hostname"))
     names = ", ".join(hosts[n] for n in missing)
     job.start_failures += 1
