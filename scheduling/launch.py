@@ -392,9 +392,6 @@ def _give_up_start(p: Placement, now: datetime, timeout: timedelta) -> bool:
         .values_list("node_id", flat=True)
     )
     missing = [n for n in p.nodes if n not in running]
-    if not missing:  # every node runs it after all: launched, not late
-        _settle(p, Node.objects.get(pk=p.nodes[0]), now)
-        return False
     hosts = dict(Node.objects.filter(pk__in=missing).values_list("pk", "hostname"))
     names = ", ".join(hosts[n] for n in missing)
     job.start_failures += 1
