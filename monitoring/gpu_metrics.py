@@ -132,7 +132,7 @@ def select_gpus(table: GPUTable, shard: int | None, of: int | None, datacenter: 
 def gpu_values(table: GPUTable, snap=None) -> dict[str, np.ndarray]:
     """Every GPU's values for the GPU_METRICS, from the newest telemetry frame, the agents'
     newest readings (exact, where a node has an agent) and the open XID faults."""
-    from monitoring.ingest import latest_reports
+    from monitoring.ingest import gpu_grid, latest_reports
 
     snap = snap or topology_cache.current()
     n = snap.num_gpus
@@ -163,10 +163,8 @@ def gpu_values(table: GPUTable, snap=None) -> dict[str, np.ndarray]:
 
     reports = latest_reports(agent_node_ids())
     if reports:
-        node_index = {int(x): i for i, x in enumerate(snap.node_id)}
-        slots = int(snap.gpu_slot.max()) + 1
-        where = np.full((len(snap.node_id), slots), -1, dtype=np.int64)
-        where[snap.gpu_node, snap.gpu_slot] = np.arange(n)
+        node_index, where = gpu_grid(snap)
+        slots = where.shape[1]
         fields = (
             ("DCGM_FI_DEV_GPU_UTIL", "util"),
             ("DCGM_FI_DEV_GPU_TEMP", "temperature_c"),

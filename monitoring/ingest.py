@@ -186,6 +186,16 @@ def clear_reports() -> None:
     live_store().delete_prefix(AGENT_REPORT_PREFIX)
 
 
+def gpu_grid(snapshot) -> tuple[dict[int, int], np.ndarray]:
+    """{node id: node index} and the (node index, slot) -> GPU index array (-1: no such GPU), to
+    place a node's reported GPUs by their index on the node."""
+    node_index = {int(n): i for i, n in enumerate(snapshot.node_id)}
+    slots = int(snapshot.gpu_slot.max()) + 1 if snapshot.num_gpus else 0
+    where = np.full((len(snapshot.node_id), slots), -1, dtype=np.int64)
+    where[snapshot.gpu_node, snapshot.gpu_slot] = np.arange(snapshot.num_gpus)
+    return node_index, where
+
+
 def overlay(frame: dict[str, np.ndarray], snapshot, reports: dict[int, dict], stale_s: float) -> int:
     """Put the agents' newest readings into ``frame`` (arrays over the snapshot's GPUs); readings
     older than ``stale_s`` show as idle. One pass over the readings, then array writes: a
@@ -193,10 +203,8 @@ def overlay(frame: dict[str, np.ndarray], snapshot, reports: dict[int, dict], st
     if not reports:
         return 0
     now = time.time()
-    node_index = {int(n): i for i, n in enumerate(snapshot.node_id)}
-    slots = int(snapshot.gpu_slot.max()) + 1 if snapshot.num_gpus else 0
-    where = np.full((len(snapshot.node_id), slots), -1, dtype=np.int64)  # (node, slot) -> GPU index
-    where[snapshot.gpu_node, snapshot.gpu_slot] = np.arange(snapshot.num_gpus)
+    node_index, where = gpu_grid(snapshot)
+    slots = where.shape[1]
     at, util, memory, temperature, power = [], [], [], [], []
     for node_id, entry in reports.items():
         ni = node_index.get(node_id)
