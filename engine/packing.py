@@ -1,24 +1,20 @@
-"""Packing tasks that share GPUs onto nodes: placement policies and the trace replay protocol.
+"""Packing tasks that share GPUs onto nodes: the cluster state, the workload mix, the scores.
 
 A task asks for CPU (millicores), memory (MiB) and GPUs: none, a fraction of one GPU in
 thousandths, or whole GPUs; it may restrict the GPU model. A node has CPU, memory and up to 8
 GPUs of one model, each with a free capacity in thousandths; a shared GPU never exceeds 1000, and
 a whole-GPU task only takes GPUs that are entirely free.
 
-Policies:
-- ``random``: any feasible node and GPU, uniformly (a seeded generator).
-- ``best-fit``: the tightest fit: the GPU (for a fraction) or the node (for whole GPUs or a
-  CPU-only task) left with the least free capacity.
-- ``fragmentation`` (ours): fragmentation gradient descent (Weng et al., "Beware of
-  Fragmentation", USENIX ATC'23). A node's fragmentation is the GPU capacity that a task drawn
-  from the workload's mix could not use there: all of its free GPU capacity when the task would
-  not fit (GPUs, CPU or memory), else the free capacity of the GPUs too small for it. Each task
-  goes where it increases the expected fragmentation least; ties go to the tightest fit.
-
-The replay protocol (the FGD paper's): tasks arrive in order and never leave; when the list is
-exhausted, tasks are cloned at random (seeded) until the requested GPU capacity reaches a target
-share of the cluster (130% by default); after each arrival the allocated share of cluster GPU
-capacity is recorded against the requested share.
+Scores (engine.packing_policies turns them into a node and GPU per policy):
+- ``best_fit_scores``: BestFit of the FGD paper's simulator (hkust-adsl/kubernetes-scheduler-
+  simulator, ``best_fit_score.go``): CPU and GPU left over after the task, weighted equally,
+  normalised by 128 cores and 8 GPUs, scaled to whole points 0-100 (higher is tighter).
+- ``fgd_scores``: fragmentation gradient descent (Weng et al., "Beware of Fragmentation", USENIX
+  ATC'23; ``fgd_score.go``, ``frag.go``): a node's fragmentation is the GPU capacity that a task
+  drawn from the workload's mix (``TaskMix``) could not use there; the score is the sigmoid of the
+  fragmentation the placement removes, in whole points, and a fraction goes to the GPU of the
+  node that scores best.
+- ``stranding_scores``: ours, the fragmentation measure refined (see ``TaskMix.stranding``).
 """
 
 from __future__ import annotations
@@ -27,14 +23,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-POLICIES = ("random", "best-fit", "fragmentation")
 MAX_GPUS_PER_NODE = 8
 WHOLE = 1000
+MAX_SPEC_CPU = 128_000  # the simulator's normalisers: 128 cores, 8 GPUs
+MAX_SPEC_GPU = 8 * WHOLE
+POPULARITY = 0.95  # the mix keeps the most frequent task kinds up to this share of tasks
 
 
 @dataclass
 class Nodes:
-    """The cluster's nodes as arrays; ``gpu_free`` is (nodes, 8) thousandths, -1 where no GPU."""
+    """The cluster's nodes as arrays."""
 
     names: list[str]
     cpu: np.ndarray  # millicores
@@ -44,15 +42,21 @@ class Nodes:
     models: list[str]
 
     def fresh_state(self) -> PackState:
-        gpu_free = np.full((len(self.names), MAX_GPUS_PER_NODE), -1, dtype=np.int32)
-        for i, n in enumerate(self.gpus):
-            gpu_free[i, :n] = WHOLE
+        slots = np.arange(MAX_GPUS_PER_NODE)[None, :] < np.asarray(self.gpus)[:, None]
+        gpu_free = np.where(slots, WHOLE, 0).astype(np.int64)
         return PackState(self, self.cpu.astype(np.int64).copy(), self.mem.astype(np.int64).copy(), gpu_free)
 
     @property
     def gpu_capacity(self) -> int:
         """Total GPU capacity in thousandths."""
-        return int(self.gpus.sum()) * WHOLE
+        return int(np.asarray(self.gpus).sum()) * WHOLE
+
+    def allowed(self, models: tuple[str, ...]) -> np.ndarray:
+        """Which nodes a task restricted to ``models`` may use (all when unrestricted)."""
+        if not models:
+            return np.ones(len(self.names), dtype=bool)
+        wanted = [i for i, m in enumerate(self.models) if m in models]
+        return np.isin(self.model, wanted)
 
 
 @dataclass(frozen=True)
@@ -73,24 +77,73 @@ class Task:
     def fractional(self) -> bool:
         return self.gpus == 1 and 0 < self.milli < WHOLE
 
+    @property
+    def kind(self) -> tuple:
+        """What placement depends on besides memory: CPU, GPUs, share, models."""
+        return (self.cpu, self.gpus, self.milli if self.gpus else 0, self.models)
+
 
 @dataclass
 class PackState:
     nodes: Nodes
     cpu_free: np.ndarray
     mem_free: np.ndarray
-    gpu_free: np.ndarray  # (nodes, 8) thousandths; -1: no GPU in that slot
+    gpu_free: np.ndarray  # (nodes, 8) thousandths; 0 in slots with no GPU
     placements: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self._refresh(slice(None))
+
+    def _refresh(self, rows) -> None:
+        """Per node: the most free capacity on one GPU, and the GPUs entirely free."""
+        if isinstance(rows, slice):
+            self.most_free = self.gpu_free.max(axis=1)
+            self.whole_free = (self.gpu_free == WHOLE).sum(axis=1)
+        else:
+            self.most_free[rows] = self.gpu_free[rows].max()
+            self.whole_free[rows] = int((self.gpu_free[rows] == WHOLE).sum())
 
     @property
     def allocated(self) -> int:
         """GPU capacity allocated, in thousandths."""
-        free = self.gpu_free
-        return self.nodes.gpu_capacity - int(free[free > 0].sum())
+        return self.nodes.gpu_capacity - int(self.gpu_free.sum())
+
+    def feasible(self, task: Task, allowed: np.ndarray | None = None) -> np.ndarray:
+        """The nodes ``task`` fits on: CPU and memory, the model, a GPU with room for a fraction or
+        enough entirely free GPUs."""
+        ok = (self.cpu_free >= task.cpu) & (self.mem_free >= task.mem)
+        if task.gpus == 0:
+            return ok
+        ok &= self.nodes.allowed(task.models) if allowed is None else allowed
+        if task.fractional:
+            return ok & (self.most_free >= task.milli)
+        return ok & (self.whole_free >= task.gpus)
+
+    def take(self, task: Task, node: int, slot: int | None = None) -> tuple[int, ...]:
+        """Give ``task`` node ``node`` (a fraction: GPU ``slot``; whole GPUs: the first free ones)."""
+        if task.fractional:
+            if slot is None or self.gpu_free[node, slot] < task.milli:
+                raise ValueError(f"GPU {slot} of node {node} has no room for {task.milli} thousandths")
+            self.gpu_free[node, slot] -= task.milli
+            used: tuple[int, ...] = (int(slot),)
+        elif task.gpus:
+            used = tuple(int(s) for s in np.flatnonzero(self.gpu_free[node] == WHOLE)[: task.gpus])
+            if len(used) < task.gpus:
+                raise ValueError(f"node {node} has fewer than {task.gpus} free GPUs")
+            self.gpu_free[node, list(used)] = 0
+        else:
+            used = ()
+        self.cpu_free[node] -= task.cpu
+        self.mem_free[node] -= task.mem
+        self.placements[task.name] = (node, used)
+        if task.gpus:
+            self._refresh(node)
+        return used
 
     def check(self) -> None:
         """Invariants: nothing overcommitted."""
-        if (self.gpu_free > WHOLE).any() or ((self.gpu_free < 0) & (self.gpu_free != -1)).any():
+        slots = np.arange(MAX_GPUS_PER_NODE)[None, :] < np.asarray(self.nodes.gpus)[:, None]
+        if (self.gpu_free > WHOLE).any() or (self.gpu_free < 0).any() or (self.gpu_free[~slots] != 0).any():
             raise AssertionError("a GPU is overcommitted")
         if (self.cpu_free < 0).any() or (self.mem_free < 0).any():
             raise AssertionError("a node's CPU or memory is overcommitted")
@@ -98,185 +151,94 @@ class PackState:
 
 @dataclass(frozen=True)
 class TaskMix:
-    """The workload's GPU task types and their shares: what fragmentation is measured against."""
+    """The workload's task kinds and their shares: what fragmentation is measured against (the
+    FGD simulator's typical pods: kinds keyed by CPU, GPU count, share and models, CPU-only
+    included, the most frequent first until ``POPULARITY`` of all tasks, shares renormalised).
 
-    gpus: np.ndarray
-    milli: np.ndarray
-    cpu: np.ndarray
-    mem: np.ndarray
-    share: np.ndarray
+    Kinds are grouped by (share, GPU count, models): within a group the share of kinds a node's CPU
+    still serves is a step function of its free CPU (``weights[level, group]``)."""
+
+    thresholds: np.ndarray  # distinct per-GPU shares of the GPU kinds
+    group_threshold: np.ndarray  # (groups,) index into thresholds
+    group_gpus: np.ndarray  # (groups,) GPUs per task
+    group_access: np.ndarray  # (groups, node models) may a group use a model
+    cpu_levels: np.ndarray  # sorted distinct CPU requests of the GPU kinds
+    weights: np.ndarray  # (levels + 1, groups): share of a group's kinds within free CPU
+    group_mem: np.ndarray  # (groups,) share-weighted mean memory of the group's kinds (MiB)
+    kinds: tuple  # ((cpu, gpus, milli, models, share), ...) most frequent first
 
     @classmethod
-    def of(cls, tasks: list[Task]) -> TaskMix:
-        groups: dict[tuple[int, int], list[Task]] = {}
+    def of(
+        cls, tasks: list[Task], models: list[str], popularity: float = POPULARITY, weigh=None, cpu_kinds=True
+    ) -> TaskMix:
+        counts: dict[tuple, int] = {}
+        mems: dict[tuple, list[int]] = {}
         for t in tasks:
-            if t.gpus:
-                groups.setdefault((t.gpus, t.milli), []).append(t)
-        if not groups:
-            return cls(*(np.zeros(0) for _ in range(5)))
-        keys = sorted(groups)
-        total = sum(len(v) for v in groups.values())
+            key = (t.cpu, t.gpus, t.milli if t.gpus else 0, "|".join(t.models))
+            counts[key] = counts.get(key, 0) + 1
+            mems.setdefault(key, []).append(t.mem)
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        total, kept, cum = len(tasks), [], 0
+        for key, n in ranked:
+            if cum >= popularity * total:
+                break
+            kept.append((key, n))
+            cum += n
+        if not cpu_kinds:
+            kept = [(k, n) for k, n in kept if k[1]]
+        if weigh is not None:
+            kept = [(k, weigh(k, n)) for k, n in kept]
+        cum = sum(n for _, n in kept)
+        kinds = tuple((*k[:3], tuple(m for m in k[3].split("|") if m), n / cum) for k, n in kept)
+        gpu_kinds = [k for k in kinds if k[1]]
+        thresholds = np.array(sorted({k[2] for k in gpu_kinds}), dtype=np.int64)
+        groups = sorted({(k[2], k[1], k[3]) for k in gpu_kinds})
+        cpu_levels = np.array(sorted({k[0] for k in gpu_kinds}), dtype=np.int64)
+        weights = np.zeros((len(cpu_levels) + 1, len(groups)))
+        group_mem = np.zeros(len(groups))
+        index = {g: i for i, g in enumerate(groups)}
+        for cpu, gpus, milli, allowed, share in gpu_kinds:
+            g = index[(milli, gpus, allowed)]
+            weights[int(np.searchsorted(cpu_levels, cpu)) + 1 :, g] += share
+            key = (cpu, gpus, milli, "|".join(allowed))
+            group_mem[g] += share * float(np.mean(mems[key]))
+        total_share = weights[-1].copy()
+        group_mem = np.divide(group_mem, total_share, out=np.zeros_like(group_mem), where=total_share > 0)
+        access = np.array([[not g[2] or m in g[2] for m in models] for g in groups], dtype=bool).reshape(
+            len(groups), len(models)
+        )
         return cls(
-            gpus=np.array([k[0] for k in keys]),
-            milli=np.array([k[1] for k in keys]),
-            cpu=np.array([np.median([t.cpu for t in groups[k]]) for k in keys]),
-            mem=np.array([np.median([t.mem for t in groups[k]]) for k in keys]),
-            share=np.array([len(groups[k]) / total for k in keys]),
+            thresholds=thresholds,
+            group_threshold=np.searchsorted(thresholds, [g[0] for g in groups]).astype(np.int64),
+            group_gpus=np.array([g[1] for g in groups], dtype=np.int64),
+            group_access=access,
+            cpu_levels=cpu_levels,
+            weights=weights,
+            group_mem=group_mem,
+            kinds=kinds,
         )
 
-    def fragmentation(self, gpu_free: np.ndarray, cpu_free: np.ndarray, mem_free: np.ndarray) -> np.ndarray:
-        """Expected unusable GPU capacity (thousandths) of each row's node."""
-        g = np.maximum(gpu_free, 0)[:, :, None]  # (rows, 8, 1)
-        total = g.sum(axis=1)  # (rows, 1)
-        m = self.milli[None, None, :]
-        fits_resources = (cpu_free[:, None] >= self.cpu[None, :]) & (mem_free[:, None] >= self.mem[None, :])
-        fractional = self.milli < WHOLE
-        # a fraction fits when some GPU has room; whole GPUs when enough are entirely free
-        frac_fits = (g >= m).any(axis=1)
-        whole_fits = (g == WHOLE).sum(axis=1) >= self.gpus[None, :]
-        fits = fits_resources & np.where(fractional[None, :], frac_fits, whole_fits)
-        small = np.where(fractional[None, None, :], g < m, g < WHOLE)  # GPUs this type cannot use
-        stranded = (g * small).sum(axis=1)
-        per_type = np.where(fits, stranded, total)
-        return per_type @ self.share
+    @property
+    def group_milli(self) -> np.ndarray:
+        return self.thresholds[self.group_threshold]
 
+    def terms(self, gpu_free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, groups): the GPUs with room for one of each group's tasks, and their free capacity."""
+        ge = gpu_free[:, :, None] >= self.group_milli[None, None, :]  # (rows, 8, groups)
+        return ge.sum(axis=1), (gpu_free[:, :, None] * ge).sum(axis=1)
 
-def _feasible(state: PackState, task: Task, allowed_models: np.ndarray | None) -> np.ndarray:
-    ok = (state.cpu_free >= task.cpu) & (state.mem_free >= task.mem)
-    if allowed_models is not None:
-        ok &= np.isin(state.nodes.model, allowed_models)
-    if task.gpus == 0:
-        return ok
-    if task.fractional:
-        return ok & (state.gpu_free >= task.milli).any(axis=1)
-    return ok & ((state.gpu_free == WHOLE).sum(axis=1) >= task.gpus)
+    def weight(self, cpu_free: np.ndarray, model: np.ndarray) -> np.ndarray:
+        """(rows, groups): the share of each group's kinds that fit the row's CPU and model."""
+        level = np.searchsorted(self.cpu_levels, cpu_free, side="right")
+        return self.weights[level] * self.group_access[:, model].T
 
+    def from_terms(self, total, count, room, weight) -> np.ndarray:
+        """Fragmentation from a node's free capacity, its ``terms`` and ``weight``."""
+        usable = np.where(count >= self.group_gpus[None, :], room, 0) * weight
+        return total - usable.sum(axis=1)
 
-def _candidates(state: PackState, task: Task, nodes: np.ndarray):
-    """(candidate nodes, GPU slot of each for a fraction, each node's free GPU milli after, tightness):
-    a fraction considers one GPU per distinct free value on each node (the same outcome)."""
-    free = state.gpu_free[nodes]
-    if task.fractional:
-        rows, slots = np.nonzero(free >= task.milli)
-        key = nodes[rows].astype(np.int64) * 2048 + free[rows, slots]
-        _, first = np.unique(key, return_index=True)
-        rows, slots = rows[first], slots[first]
-        after = free[rows].copy()
-        after[np.arange(len(rows)), slots] -= task.milli
-        return nodes[rows], slots, after, after[np.arange(len(rows)), slots].astype(np.float64)
-    after = free.copy()
-    if task.gpus:
-        # the first k entirely free GPUs of each node
-        whole = after == WHOLE
-        after[whole & (np.cumsum(whole, axis=1) <= task.gpus)] = 0
-        tight = np.where(after > 0, after, 0).sum(axis=1).astype(np.float64)
-    else:
-        tight = (state.cpu_free[nodes] - task.cpu).astype(np.float64)
-    return nodes, None, after, tight
-
-
-def _pick(policy, state, task, rng, mix, node_frag, cand_nodes, after, tight) -> int:
-    """The candidate ``policy`` chooses (an index into ``cand_nodes``)."""
-    if policy == "random":
-        return int(rng.integers(len(cand_nodes)))
-    if policy == "best-fit":
-        return int(np.argmin(tight))
-    if policy == "fragmentation":
-        if mix is None or node_frag is None:
-            raise ValueError("the fragmentation policy needs the task mix and node fragmentation")
-        frag_after = mix.fragmentation(
-            after, state.cpu_free[cand_nodes] - task.cpu, state.mem_free[cand_nodes] - task.mem
-        )
-        delta = frag_after - node_frag[cand_nodes]
-        best = np.flatnonzero(delta <= delta.min() + 1e-9)
-        return int(best[np.argmin(tight[best])])
-    raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-
-
-def place(
-    state: PackState,
-    task: Task,
-    policy: str,
-    rng: np.random.Generator,
-    mix: TaskMix | None = None,
-    node_frag: np.ndarray | None = None,
-) -> tuple[int, tuple[int, ...]] | None:
-    """Choose (node, GPU slots) for ``task`` under ``policy`` and take the resources; None if it
-    fits nowhere. ``node_frag`` (fragmentation policy) is kept up to date in place."""
-    allowed = None
-    if task.models:
-        allowed = np.array([state.nodes.models.index(m) for m in task.models if m in state.nodes.models])
-    nodes = np.flatnonzero(_feasible(state, task, allowed))
-    if len(nodes) == 0:
-        return None
-    cand_nodes, slots, after, tight = _candidates(state, task, nodes)
-    pick = _pick(policy, state, task, rng, mix, node_frag, cand_nodes, after, tight)
-    node = int(cand_nodes[pick])
-    if task.fractional:
-        used = (int(slots[pick]),)
-    elif task.gpus:
-        used = tuple(int(s) for s in np.flatnonzero(state.gpu_free[node] == WHOLE)[: task.gpus])
-    else:
-        used = ()
-    state.gpu_free[node] = after[pick]
-    state.cpu_free[node] -= task.cpu
-    state.mem_free[node] -= task.mem
-    state.placements[task.name] = (node, used)
-    if node_frag is not None and mix is not None:
-        node_frag[node] = mix.fragmentation(
-            state.gpu_free[node : node + 1], state.cpu_free[node : node + 1], state.mem_free[node : node + 1]
-        )[0]
-    return node, used
-
-
-@dataclass
-class ReplayCurve:
-    policy: str
-    requested: np.ndarray  # cumulative requested share of GPU capacity after each arrival
-    allocated: np.ndarray  # allocated share after each arrival
-    failed: int  # GPU tasks that found no room
-
-    def allocated_at(self, requested_share: float) -> float:
-        """Allocated share when the requested share first reaches ``requested_share``."""
-        i = int(np.searchsorted(self.requested, requested_share))
-        return float(self.allocated[min(i, len(self.allocated) - 1)])
-
-
-def arrivals(tasks: list[Task], capacity: int, target: float, seed: int) -> list[Task]:
-    """The tasks in order, then seeded random clones until requests reach ``target`` x capacity."""
-    out = list(tasks)
-    requested = sum(t.demand for t in out)
-    rng = np.random.default_rng(seed)
-    gpu_tasks = [t for t in tasks if t.gpus] or tasks
-    n = 0
-    while requested < target * capacity and gpu_tasks:
-        t = gpu_tasks[int(rng.integers(len(gpu_tasks)))]
-        n += 1
-        clone = Task(f"{t.name}-clone{n}", t.cpu, t.mem, t.gpus, t.milli, t.models)
-        out.append(clone)
-        requested += clone.demand
-    return out
-
-
-def replay(
-    nodes: Nodes, tasks: list[Task], policy: str, *, target: float = 1.3, seed: int = 0
-) -> ReplayCurve:
-    """Replay the arrival protocol under one policy (see the module docstring)."""
-    stream = arrivals(tasks, nodes.gpu_capacity, target, seed)
-    state = nodes.fresh_state()
-    rng = np.random.default_rng(seed + 1)
-    mix = TaskMix.of(tasks) if policy == "fragmentation" else None
-    node_frag = mix.fragmentation(state.gpu_free, state.cpu_free, state.mem_free) if mix else None
-    requested = np.zeros(len(stream))
-    allocated = np.zeros(len(stream))
-    asked = 0
-    failed = 0
-    capacity = nodes.gpu_capacity
-    for i, task in enumerate(stream):
-        asked += task.demand
-        if place(state, task, policy, rng, mix, node_frag) is None and task.gpus:
-            failed += 1
-        requested[i] = asked / capacity
-        allocated[i] = state.allocated / capacity
-    state.check()
-    return ReplayCurve(policy, requested, allocated, failed)
+    def fragmentation(self, gpu_free: np.ndarray, cpu_free: np.ndarray, model: np.ndarray) -> np.ndarray:
+        """FGD's measure: each row's expected free GPU capacity that a task drawn from the mix
+        could not use (all of it for CPU-only kinds and kinds that do not fit)."""
+        count, room = self.terms(gpu_free)
+        return self.from_terms(gpu_free.sum(axis=1), count, room, self.weight(cpu_free, model))

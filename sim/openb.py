@@ -3,7 +3,8 @@ copy in hkust-adsl/kubernetes-scheduler-simulator): a node list and a task (pod)
 
 Node columns: sn, cpu_milli, memory_mib, gpu, model. Task columns: name, cpu_milli, memory_mib,
 num_gpu, gpu_milli, gpu_spec (allowed models joined by '|'), then optional qos, phase and times;
-tasks are returned in creation-time order when the list has creation times.
+tasks are returned in creation-time order when the list has creation times. A task that asks
+for GPUs but no GPU capacity (``gpu_milli`` 0) is CPU-only, as the FGD simulator treats it.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def load_tasks(path: str | Path) -> list[Task]:
                 raise TraceError(f"{where}: num_gpu must be >= 0 and gpu_milli 0-1000")
             if gpus > 1 and milli != WHOLE:
                 raise TraceError(f"{where}: a task with {gpus} GPUs must take them whole (gpu_milli 1000)")
+            if milli == 0:
+                gpus = 0  # no GPU capacity asked for: a CPU-only task, as the simulator treats it
             spec = tuple(m for m in (row.get("gpu_spec") or "").split("|") if m)
             created = row.get("creation_time")
             order = float(created) if created not in (None, "") else float(line)
