@@ -164,46 +164,37 @@ class TaskMix:
     group_access: np.ndarray  # (groups, node models) may a group use a model
     cpu_levels: np.ndarray  # sorted distinct CPU requests of the GPU kinds
     weights: np.ndarray  # (levels + 1, groups): share of a group's kinds within free CPU
-    group_mem: np.ndarray  # (groups,) share-weighted mean memory of the group's kinds (MiB)
-    kinds: tuple  # ((cpu, gpus, milli, models, share), ...) most frequent first
+    kinds: tuple  # ((cpu, gpus, milli, models, count), ...) most frequent first
+    models: tuple  # the node models access is computed for
 
     @classmethod
-    def of(
-        cls, tasks: list[Task], models: list[str], popularity: float = POPULARITY, weigh=None, cpu_kinds=True
-    ) -> TaskMix:
+    def of(cls, tasks: list[Task], models: list[str], popularity: float = POPULARITY) -> TaskMix:
         counts: dict[tuple, int] = {}
-        mems: dict[tuple, list[int]] = {}
         for t in tasks:
-            key = (t.cpu, t.gpus, t.milli if t.gpus else 0, "|".join(t.models))
+            key = (t.cpu, t.gpus, t.milli if t.gpus else 0, t.models)
             counts[key] = counts.get(key, 0) + 1
-            mems.setdefault(key, []).append(t.mem)
-        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        total, kept, cum = len(tasks), [], 0
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0][:3], "|".join(kv[0][3])))
+        kept, cum = [], 0
         for key, n in ranked:
-            if cum >= popularity * total:
+            if cum >= popularity * len(tasks):
                 break
-            kept.append((key, n))
+            kept.append((*key, n))
             cum += n
-        if not cpu_kinds:
-            kept = [(k, n) for k, n in kept if k[1]]
-        if weigh is not None:
-            kept = [(k, weigh(k, n)) for k, n in kept]
-        cum = sum(n for _, n in kept)
-        kinds = tuple((*k[:3], tuple(m for m in k[3].split("|") if m), n / cum) for k, n in kept)
+        return cls.from_kinds(kept, models)
+
+    @classmethod
+    def from_kinds(cls, kinds, models) -> TaskMix:
+        """A mix of (cpu, gpus, milli, models, count) kinds, shares in proportion to count."""
+        kinds = tuple(kinds)
+        cum = sum(k[4] for k in kinds) or 1
         gpu_kinds = [k for k in kinds if k[1]]
         thresholds = np.array(sorted({k[2] for k in gpu_kinds}), dtype=np.int64)
         groups = sorted({(k[2], k[1], k[3]) for k in gpu_kinds})
         cpu_levels = np.array(sorted({k[0] for k in gpu_kinds}), dtype=np.int64)
         weights = np.zeros((len(cpu_levels) + 1, len(groups)))
-        group_mem = np.zeros(len(groups))
         index = {g: i for i, g in enumerate(groups)}
-        for cpu, gpus, milli, allowed, share in gpu_kinds:
-            g = index[(milli, gpus, allowed)]
-            weights[int(np.searchsorted(cpu_levels, cpu)) + 1 :, g] += share
-            key = (cpu, gpus, milli, "|".join(allowed))
-            group_mem[g] += share * float(np.mean(mems[key]))
-        total_share = weights[-1].copy()
-        group_mem = np.divide(group_mem, total_share, out=np.zeros_like(group_mem), where=total_share > 0)
+        for cpu, gpus, milli, allowed, n in gpu_kinds:
+            weights[int(np.searchsorted(cpu_levels, cpu)) + 1 :, index[(milli, gpus, allowed)]] += n / cum
         access = np.array([[not g[2] or m in g[2] for m in models] for g in groups], dtype=bool).reshape(
             len(groups), len(models)
         )
@@ -214,9 +205,13 @@ class TaskMix:
             group_access=access,
             cpu_levels=cpu_levels,
             weights=weights,
-            group_mem=group_mem,
             kinds=kinds,
+            models=tuple(models),
         )
+
+    def without(self, dead) -> TaskMix:
+        """The mix less the kinds in ``dead`` (their shares go to the others)."""
+        return self.from_kinds([k for k in self.kinds if k[:4] not in dead], list(self.models))
 
     @property
     def group_milli(self) -> np.ndarray:
