@@ -20,10 +20,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.packing import Nodes, Task, TaskMix
+from engine.packing import POPULARITY, Nodes, Task, TaskMix
 from engine.packing_scores import Scorer
 
 POLICIES = ("random", "best-fit", "fgd", "fragmentation")
+
+
+def mix_for(policy: str, tasks: list[Task], models: list[str]) -> TaskMix:
+    """What a policy measures fragmentation against: FGD the most frequent kinds up to 95% of
+    tasks (the paper's typical pods); ours every kind of the list."""
+    return TaskMix.of(tasks, models, popularity=1.0 if policy == "fragmentation" else POPULARITY)
 
 
 def arrivals(tasks: list[Task], capacity: int, target: float, rng: np.random.Generator) -> list[Task]:
@@ -92,7 +98,7 @@ def replay(
     rank = np.empty(len(nodes.names), dtype=np.int64)
     rank[np.argsort(nodes.names, kind="stable")] = rng.permutation(len(nodes.names))
     state = nodes.fresh_state()
-    scorer = Scorer(policy, state, mix or TaskMix.of(tasks, nodes.models), rng)
+    scorer = Scorer(policy, state, mix or mix_for(policy, tasks, nodes.models), rng)
     capacity = nodes.gpu_capacity
     requested = np.zeros(len(stream))
     allocated = np.zeros(len(stream))

@@ -131,16 +131,33 @@ def fgd_scores(state: PackState, task: Task, nodes: np.ndarray, mix: TaskMix, te
     return _best_per_row(rows, slots, points, frag, len(nodes))
 
 
+LOOKAHEAD = 4  # tasks drawn from the mix that try a node before its free capacity counts as lost
+
+
+def stranded(total: np.ndarray, frag: np.ndarray, lookahead: int = LOOKAHEAD) -> np.ndarray:
+    """Ours: the free GPU capacity of a node that ``lookahead`` tasks drawn from the mix would all
+    fail to use. FGD's fragmentation over the free capacity is the chance that one task drawn
+    from the mix cannot use the node; the capacity is lost when every one of the next few
+    cannot, so what counts is that chance to the power ``lookahead``. A node some kind still fits
+    well costs little; a node nothing fits costs all its free capacity, which is what is left
+    unallocated when the cluster fills."""
+    t = np.maximum(total, 1e-9)
+    return total * np.clip(frag / t, 0.0, 1.0) ** lookahead
+
+
 def stranding_scores(state: PackState, task: Task, nodes: np.ndarray, mix: TaskMix, terms: FragTerms):
-    """Ours: FGD's points, ties to the tightest node (BestFit's leftover) instead of a random one."""
-    rows, slots, removed, frag = _fragmentation_after(state, task, nodes, mix, terms)
-    points = _sigmoid_points(removed)
-    cpu_left = state.cpu_free[nodes] - task.cpu
-    gpu_left = state.gpu_free[nodes].sum(axis=1) - task.demand
-    tight = 0.99 * 0.5 * (gpu_left / MAX_SPEC_GPU + cpu_left / MAX_SPEC_CPU)  # in [0, 1)
+    """Ours: FGD's points for the capacity ``stranded`` the placement removes (measured against
+    every kind of the list, not the most frequent 95%); a fraction takes the tightest GPU of the
+    node; ties between nodes go to the node order."""
+    rows, slots, _, frag = _fragmentation_after(state, task, nodes, mix, terms)
+    before = stranded(terms.total[nodes], terms.frag[nodes])
+    after_total = terms.total[nodes] - task.demand
     if rows is None:
-        return points - tight, None, frag
-    return _best_per_row(rows, slots, points - tight[rows], frag, len(nodes))
+        removed = np.round(before - stranded(after_total, frag), 6)
+        return _sigmoid_points(removed), None, frag
+    removed = np.round(before[rows] - stranded(after_total[rows], frag), 6)
+    slot_left = state.gpu_free[nodes[rows], slots] - task.milli
+    return _best_per_row(rows, slots, _sigmoid_points(removed) - slot_left / (WHOLE + 1), frag, len(nodes))
 
 
 class Scorer:

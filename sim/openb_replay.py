@@ -15,8 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.packing import TaskMix
-from engine.packing_replay import POLICIES, ReplayCurve, replay
+from engine.packing_replay import POLICIES, ReplayCurve, mix_for, replay
 from sim.openb import TraceError, load_nodes, load_tasks
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "openb"
@@ -69,8 +68,8 @@ def run(lists, policies, seeds, *, folder: Path = DATA, nodes_file: Path | None 
     results: dict[tuple[str, str], list[tuple[int, ReplayCurve, float]]] = {}
     for name in lists:
         tasks = load_tasks(task_file(folder, name))
-        mix = TaskMix.of(tasks, nodes.models)
         for policy in policies:
+            mix = mix_for(policy, tasks, nodes.models)
             for seed in seeds:
                 started = time.perf_counter()
                 curve = replay(nodes, tasks, policy, target=target, seed=seed, mix=mix)
