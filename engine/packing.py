@@ -20,6 +20,7 @@ Scores (engine.packing_policies turns them into a node and GPU per policy):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -222,10 +223,14 @@ class TaskMix:
         ge = gpu_free[:, :, None] >= self.group_milli[None, None, :]  # (rows, 8, groups)
         return ge.sum(axis=1), (gpu_free[:, :, None] * ge).sum(axis=1)
 
+    @cached_property
+    def _model_weights(self) -> np.ndarray:
+        """(models, levels + 1, groups): ``weights`` where each model may be used, else 0."""
+        return self.weights[None, :, :] * self.group_access.T[:, None, :]
+
     def weight(self, cpu_free: np.ndarray, model: np.ndarray) -> np.ndarray:
         """(rows, groups): the share of each group's kinds that fit the row's CPU and model."""
-        level = np.searchsorted(self.cpu_levels, cpu_free, side="right")
-        return self.weights[level] * self.group_access[:, model].T
+        return self._model_weights[model, np.searchsorted(self.cpu_levels, cpu_free, side="right")]
 
     def from_terms(self, total, count, room, weight) -> np.ndarray:
         """Fragmentation from a node's free capacity, its ``terms`` and ``weight``."""

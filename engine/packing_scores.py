@@ -22,10 +22,12 @@ class FragTerms:
     def __init__(self, state: PackState, mix: TaskMix):
         self.state, self.mix = state, mix
         self.total = state.gpu_free.sum(axis=1)
-        self.count, self.room = mix.terms(state.gpu_free)
+        count, room = mix.terms(state.gpu_free)
+        self.count, self.room = count.astype(np.float64), room.astype(np.float64)
         self.frag = mix.from_terms(
             self.total, self.count, self.room, mix.weight(state.cpu_free, state.nodes.model)
         )
+        self.stranded = stranded(self.total, self.frag)
 
     def update(self, node: int, frag: float | None = None) -> None:
         s = self.state
@@ -37,6 +39,7 @@ class FragTerms:
             w = self.mix.weight(s.cpu_free[node : node + 1], s.nodes.model[node : node + 1])
             frag = self.mix.from_terms(self.total[node : node + 1], count, room, w)[0]
         self.frag[node] = frag
+        self.stranded[node] = stranded(self.total[node : node + 1], self.frag[node : node + 1])[0]
 
 
 def _sigmoid_points(removed: np.ndarray) -> np.ndarray:
@@ -97,7 +100,7 @@ def best_fit_scores(state: PackState, task: Task, nodes: np.ndarray, normalise: 
 
 
 def _fragmentation_after(state: PackState, task: Task, nodes: np.ndarray, mix: TaskMix, terms: FragTerms):
-    """(rows into ``nodes``, slots or None, fragmentation removed, fragmentation after) for every
+    """(rows into ``nodes``, slots or None, fragmentation after) for every
     way the task can go: each distinct free capacity of a GPU with room for a fraction (its
     lowest slot), else the node. Only the changed GPU's terms are recomputed."""
     weight = mix.weight(state.cpu_free[nodes] - task.cpu, state.nodes.model[nodes])
@@ -108,24 +111,29 @@ def _fragmentation_after(state: PackState, task: Task, nodes: np.ndarray, mix: T
         rows, slots = np.nonzero(free >= m)
         v = free[rows, slots]
         _, first = np.unique(rows * (2 * WHOLE + 1) + v, return_index=True)
-        rows, slots, v = rows[first], slots[first], v[first][:, None]
+        rows, slots, v = rows[first], slots[first], v[first]
+        # what the GPU loses per group depends on its free capacity alone: once per distinct value
+        values, which = np.unique(v, return_inverse=True)
+        values = values[:, None]
         group = mix.group_milli[None, :]
-        cross = (v >= group) & (v - m < group)  # the GPU no longer has room for the group
-        stay = v - m >= group
+        ge_before, ge_after = values >= group, values - m >= group  # room for the group's tasks
+        lost_count = (ge_before & ~ge_after).astype(np.float64)
+        lost_room = ge_before * values - ge_after * (values - m)
         frag = mix.from_terms(
-            total[rows] - m, count[rows] - cross, room[rows] - m * stay - v * cross, weight[rows]
+            total[rows] - m, count[rows] - lost_count[which], room[rows] - lost_room[which], weight[rows]
         )
-        return rows, slots, np.round(terms.frag[nodes][rows] - frag, 6), frag
+        return rows, slots, frag
     k = task.gpus  # whole GPUs: every group loses k GPUs with a whole GPU of room each
     frag = mix.from_terms(total - k * WHOLE, count - k, room - k * WHOLE, weight)
-    return None, None, np.round(terms.frag[nodes] - frag, 6), frag
+    return None, None, frag
 
 
 def fgd_scores(state: PackState, task: Task, nodes: np.ndarray, mix: TaskMix, terms: FragTerms):
     """FGD (``fgd_score.go``): the sigmoid of the fragmentation the placement removes, in whole
     points; a fraction goes to the first GPU of the node with the best score."""
-    rows, slots, removed, frag = _fragmentation_after(state, task, nodes, mix, terms)
-    points = _sigmoid_points(removed)
+    rows, slots, frag = _fragmentation_after(state, task, nodes, mix, terms)
+    before = terms.frag[nodes] if rows is None else terms.frag[nodes][rows]
+    points = _sigmoid_points(before - frag)
     if rows is None:
         return points, None, frag
     return _best_per_row(rows, slots, points, frag, len(nodes))
@@ -141,21 +149,23 @@ def stranded(total: np.ndarray, frag: np.ndarray, lookahead: int = LOOKAHEAD) ->
     cannot, so what counts is that chance to the power ``lookahead``. A node some kind still fits
     well costs little; a node nothing fits costs all its free capacity, which is what is left
     unallocated when the cluster fills."""
-    t = np.maximum(total, 1e-9)
-    return total * np.clip(frag / t, 0.0, 1.0) ** lookahead
+    share = np.clip(frag / np.maximum(total, 1e-9), 0.0, 1.0)
+    if lookahead == 4:
+        share = share * share
+        return total * share * share
+    return total * share**lookahead
 
 
 def stranding_scores(state: PackState, task: Task, nodes: np.ndarray, mix: TaskMix, terms: FragTerms):
     """Ours: FGD's points for the capacity ``stranded`` the placement removes (measured against
     every kind of the list, not the most frequent 95%); a fraction takes the tightest GPU of the
     node; ties between nodes go to the node order."""
-    rows, slots, _, frag = _fragmentation_after(state, task, nodes, mix, terms)
-    before = stranded(terms.total[nodes], terms.frag[nodes])
+    rows, slots, frag = _fragmentation_after(state, task, nodes, mix, terms)
+    before = terms.stranded[nodes]
     after_total = terms.total[nodes] - task.demand
     if rows is None:
-        removed = np.round(before - stranded(after_total, frag), 6)
-        return _sigmoid_points(removed), None, frag
-    removed = np.round(before[rows] - stranded(after_total[rows], frag), 6)
+        return _sigmoid_points(before - stranded(after_total, frag)), None, frag
+    removed = before[rows] - stranded(after_total[rows], frag)
     slot_left = state.gpu_free[nodes[rows], slots] - task.milli
     return _best_per_row(rows, slots, _sigmoid_points(removed) - slot_left / (WHOLE + 1), frag, len(nodes))
 
