@@ -32,14 +32,15 @@ class FragTerms:
     def update(self, node: int, frag: float | None = None) -> None:
         s = self.state
         row = s.gpu_free[node : node + 1]
-        self.total[node] = row.sum()
+        total = float(row.sum())
         count, room = self.mix.terms(row)
-        self.count[node], self.room[node] = count[0], room[0]
+        self.total[node], self.count[node], self.room[node] = total, count[0], room[0]
         if frag is None:
             w = self.mix.weight(s.cpu_free[node : node + 1], s.nodes.model[node : node + 1])
-            frag = self.mix.from_terms(self.total[node : node + 1], count, room, w)[0]
+            frag = float(self.mix.from_terms(np.array([total]), count, room, w)[0])
         self.frag[node] = frag
-        self.stranded[node] = stranded(self.total[node : node + 1], self.frag[node : node + 1])[0]
+        share = min(max(frag / total, 0.0), 1.0) if total > 0 else 0.0
+        self.stranded[node] = total * share**LOOKAHEAD
 
 
 def _sigmoid_points(removed: np.ndarray) -> np.ndarray:
@@ -110,8 +111,9 @@ def _fragmentation_after(state: PackState, task: Task, nodes: np.ndarray, mix: T
         free = state.gpu_free[nodes]
         rows, slots = np.nonzero(free >= m)
         v = free[rows, slots]
-        _, first = np.unique(rows * (2 * WHOLE + 1) + v, return_index=True)
-        rows, slots, v = rows[first], slots[first], v[first]
+        if len(rows) > 64:  # one candidate per distinct free capacity of a node (its lowest slot)
+            _, first = np.unique(rows * (2 * WHOLE + 1) + v, return_index=True)
+            rows, slots, v = rows[first], slots[first], v[first]
         # what the GPU loses per group depends on its free capacity alone: once per distinct value
         values, which = np.unique(v, return_inverse=True)
         values = values[:, None]
