@@ -158,6 +158,27 @@ def stranded(total: np.ndarray, frag: np.ndarray, lookahead: int = LOOKAHEAD) ->
     return total * share**lookahead
 
 
+def choose_shared_gpu(mix: TaskMix, before: np.ndarray, slot: np.ndarray, share: int, smallest: int) -> int:
+    """Ours where a scheduler knows its queue (the production cycle): which of the candidate
+    GPUs a fraction of ``share`` takes. Row i of ``before`` is the free capacity of the GPUs of
+    candidate i's node, the candidate GPU at ``slot[i]``; the node has no CPU or memory limit.
+    A GPU left with less than ``smallest`` (the smallest waiting fraction) and more than nothing is
+    avoided while another candidate does not strand such a sliver; among the rest the
+    ``stranded`` capacity removed scores as in the replay, ties to the tightest GPU, then node."""
+    rows = np.arange(len(before))
+    after = before.copy()
+    after[rows, slot] -= share
+    left = after[rows, slot]
+    ok = (left == 0) | (left >= smallest)
+    cand = np.flatnonzero(ok) if ok.any() else rows
+    cpu, model = np.ones(len(cand), dtype=np.int64), np.zeros(len(cand), dtype=np.int64)
+    b, a = before[cand], after[cand]
+    tb, ta = b.sum(axis=1).astype(np.float64), a.sum(axis=1).astype(np.float64)
+    removed = stranded(tb, mix.fragmentation(b, cpu, model)) - stranded(ta, mix.fragmentation(a, cpu, model))
+    score = _sigmoid_points(removed) - (left[cand] + 0.999 * ta / np.maximum(tb.max(), 1)) / (WHOLE + 1)
+    return int(cand[np.argmax(score)])
+
+
 def stranding_scores(state: PackState, task: Task, nodes: np.ndarray, mix: TaskMix, terms: FragTerms):
     """Ours: FGD's points for the capacity ``stranded`` the placement removes (measured against
     every kind of the list, not the most frequent 95%); a fraction takes the tightest GPU of the

@@ -145,6 +145,7 @@ class Cycle(
         self.shared = np.flatnonzero(self.gpu_used)  # GPUs with fractions on them
         shares = [j.share for j in self.pending if j.fractional]
         self.min_share = min(shares) if shares else MILLI
+        self.share_mixes: dict = {}  # chip -> the kinds of work fractions are packed against
         self.pools = Pools(layout, self.schedulable & ~owned)
         # free GPUs of spare nodes, for queues allowed to borrow them (built when first asked)
         self.spare_free = self.topo.usable() & self.topo.node_spare[self.topo.gpu_node] & ~owned

@@ -77,3 +77,19 @@ def test_the_checker_refuses_an_overcommitted_gpu():
     bad = CycleResult(admissions=[Admission(2, H100, np.array([0]), "node x", 0)])
     with pytest.raises(InvariantViolation, match="held by running jobs"):
         check_cycle(lay, [queue()], [sharer], pending, bad)
+
+
+def test_a_fraction_keeps_room_the_queue_can_use_where_best_fit_would_strand_it():
+    from engine.packing import TaskMix
+    from engine.packing_scores import choose_shared_gpu
+
+    # two otherwise full nodes: one GPU with 700 free, one fresh GPU; the work is mostly 0.6 jobs
+    mix = TaskMix.from_kinds([(0, 1, 600, (), 9), (0, 1, 300, (), 1)], ["any"])
+    before = np.array([[700, 0, 0, 0], [1000, 0, 0, 0]])
+    # a 0.3 job on the 700 leaves 400 no 0.6 job can use; on the fresh GPU it leaves 700
+    assert choose_shared_gpu(mix, before, np.array([0, 0]), 300, smallest=300) == 1
+    # with only 0.3 jobs in the work, the tighter GPU is as good and is taken
+    small = TaskMix.from_kinds([(0, 1, 300, (), 10)], ["any"])
+    assert choose_shared_gpu(small, before, np.array([0, 0]), 300, smallest=300) == 0
+    # a sliver smaller than any waiting fraction is avoided while another GPU has room
+    assert choose_shared_gpu(small, np.array([[400, 0], [1000, 0]]), np.array([0, 0]), 300, smallest=300) == 1
