@@ -233,7 +233,15 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 100,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "cluster.api.errors.exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "cluster.api.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
 }
+# Request bodies: at most this many bytes (a 413 says so) and this deep in JSON (a 400 says so)
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
+MYRIAD_API_MAX_JSON_DEPTH = 32
 SPECTACULAR_SETTINGS = {
     "TITLE": "Myriad API",
     "DESCRIPTION": "Inventory, scheduling and health of GPU clusters of 10,000 to 100,000 accelerators.",
