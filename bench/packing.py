@@ -53,7 +53,7 @@ def _placement_ms(nodes, tasks, mix):
         scorer = Scorer(policy, state, mix, np.random.default_rng(1))
         times = []
         for task in sample:
-            scorer._cache.clear()  # score every feasible node, as on a first sight of the kind
+            scorer.forget_scores()  # score every feasible node, as on a first sight of the kind
             t0 = time.perf_counter()
             scorer.choose(task, rank)
             times.append(time.perf_counter() - t0)

@@ -93,16 +93,13 @@ class PackState:
     placements: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
 
     def __post_init__(self):
-        self._refresh(slice(None))
+        # per node: the most free capacity on one GPU, and the GPUs entirely free
+        self.most_free = self.gpu_free.max(axis=1)
+        self.whole_free = (self.gpu_free == WHOLE).sum(axis=1)
 
-    def _refresh(self, rows) -> None:
-        """Per node: the most free capacity on one GPU, and the GPUs entirely free."""
-        if isinstance(rows, slice):
-            self.most_free = self.gpu_free.max(axis=1)
-            self.whole_free = (self.gpu_free == WHOLE).sum(axis=1)
-        else:
-            self.most_free[rows] = self.gpu_free[rows].max()
-            self.whole_free[rows] = int((self.gpu_free[rows] == WHOLE).sum())
+    def _refresh(self, node: int) -> None:
+        self.most_free[node] = self.gpu_free[node].max()
+        self.whole_free[node] = int((self.gpu_free[node] == WHOLE).sum())
 
     @property
     def allocated(self) -> int:
@@ -209,10 +206,6 @@ class TaskMix:
             kinds=kinds,
             models=tuple(models),
         )
-
-    def without(self, dead) -> TaskMix:
-        """The mix less the kinds in ``dead`` (their shares go to the others)."""
-        return self.from_kinds([k for k in self.kinds if k[:4] not in dead], list(self.models))
 
     @property
     def group_milli(self) -> np.ndarray:

@@ -64,18 +64,23 @@ class ReplayCurve:
         """The simulator's figure: mean allocated share (in %) over the attempts whose requested
         share rounds to ``percent``; the attempts within one point of it when none does."""
         x = np.round(self.requested * 100)
+        return self._figure(x, np.round(self.allocated * 100, 2), percent)
+
+    @staticmethod
+    def _figure(x: np.ndarray, allocated: np.ndarray, percent: int) -> float:
         at = x == percent
         if not at.any():
             at = np.abs(x - percent) <= 1
         if not at.any():
             return float("nan")
-        return float(np.mean(np.round(self.allocated[at] * 100, 2)))
+        return float(np.mean(allocated[at]))
 
     def points(self, last: int = 130) -> dict[int, float]:
         """The figure at every whole percent up to ``last`` that the run reached."""
+        x, allocated = np.round(self.requested * 100), np.round(self.allocated * 100, 2)
         out = {}
         for p in range(last + 1):
-            v = self.allocated_at(p)
+            v = self._figure(x, allocated, p)
             if v == v:
                 out[p] = round(v, 2)
         return out

@@ -39,32 +39,13 @@ class FragTerms:
             w = self.mix.weight(s.cpu_free[node : node + 1], s.nodes.model[node : node + 1])
             frag = float(self.mix.from_terms(np.array([total]), count, room, w)[0])
         self.frag[node] = frag
-        share = min(max(frag / total, 0.0), 1.0) if total > 0 else 0.0
-        self.stranded[node] = total * share**LOOKAHEAD
+        self.stranded[node] = stranded(np.float64(total), np.float64(frag))
 
 
 def _sigmoid_points(removed: np.ndarray) -> np.ndarray:
     """FGD's score: sigmoid of the fragmentation removed (in GPUs), in whole points."""
     removed = np.round(removed, 6)  # the same value however the sums were ordered
     return np.floor(MAX_SCORE / (1.0 + np.exp(-removed / WHOLE)))
-
-
-def _fraction_after(state: PackState, task: Task, nodes: np.ndarray):
-    """Every (node, GPU) a fraction fits on, in node then GPU order: row index into ``nodes``,
-    slot, and the node's free GPU capacity after."""
-    free = state.gpu_free[nodes]
-    rows, slots = np.nonzero(free >= task.milli)
-    after = free[rows]
-    after[np.arange(len(rows)), slots] -= task.milli
-    return rows, slots, after
-
-
-def _whole_after(state: PackState, task: Task, nodes: np.ndarray) -> np.ndarray:
-    after = state.gpu_free[nodes].copy()
-    if task.gpus:
-        whole = after == WHOLE
-        after[whole & (np.cumsum(whole, axis=1) <= task.gpus)] = 0
-    return after
 
 
 def _best_per_row(rows: np.ndarray, slots: np.ndarray, score: np.ndarray, frag: np.ndarray, n: int):
@@ -152,9 +133,6 @@ def stranded(total: np.ndarray, frag: np.ndarray, lookahead: int = LOOKAHEAD) ->
     well costs little; a node nothing fits costs all its free capacity, which is what is left
     unallocated when the cluster fills."""
     share = np.clip(frag / np.maximum(total, 1e-9), 0.0, 1.0)
-    if lookahead == 4:
-        share = share * share
-        return total * share * share
     return total * share**lookahead
 
 
@@ -208,11 +186,15 @@ class Scorer:
         self.normalise = big
         self.keeps_frag = policy in self.FRAGMENTATION
         self.terms = FragTerms(state, mix) if self.keeps_frag else None
-        self._frag_after: dict[int, float] = {}
+        self._frag_after: tuple[int, float] | None = None  # (node, fragmentation) of the last choice
         self.version = np.zeros(len(nodes.names), dtype=np.int64)
         self.step = 0
         self._cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._allowed: dict[tuple, np.ndarray] = {}
+
+    def forget_scores(self) -> None:
+        """Drop every cached score: the next task of each kind scores all its feasible nodes."""
+        self._cache.clear()
 
     def scores(self, task: Task, nodes: np.ndarray):
         if self.policy == "best-fit":
@@ -267,7 +249,7 @@ class Scorer:
         best = np.flatnonzero(score >= score.max())
         pick = best[np.argmin(rank[nodes[best]])]
         if self.keeps_frag:
-            self._frag_after = {int(nodes[pick]): float(frag[pick])}
+            self._frag_after = (int(nodes[pick]), float(frag[pick]))
         return int(nodes[pick]), (int(slot[pick]) if slot is not None else None)
 
     def take(self, task: Task, node: int, slot: int | None) -> tuple[int, ...]:
@@ -275,5 +257,7 @@ class Scorer:
         self.step += 1
         self.version[node] = self.step
         if self.keeps_frag:  # the fragmentation after, as scored when the node was chosen
-            self.terms.update(node, self._frag_after.pop(node))
+            chosen, frag = self._frag_after or (None, None)
+            self.terms.update(node, frag if chosen == node else None)
+            self._frag_after = None
         return used

@@ -115,7 +115,8 @@ def write_chart(results, path: Path, pub, last: int = 130) -> None:
             if lst != name:
                 continue
             xs = list(range(last + 1))
-            ys = [np.mean([c.points(last).get(p, np.nan) for _, c, _ in runs]) for p in xs]
+            curves = [c.points(last) for _, c, _ in runs]  # once per run, not once per percent
+            ys = [np.mean([pts.get(p, np.nan) for pts in curves]) for p in xs]
             fig.add_trace(
                 go.Scatter(
                     x=xs,
