@@ -23,6 +23,16 @@ class Action(StrEnum):
     OBSERVE = "observe"  # record only
 
 
+class Signal(StrEnum):
+    """How the control plane learns of the fault (what fast detection shortens)."""
+
+    XID = "xid"  # an XID from the driver
+    HANG = "hang"  # no progress: the collective watchdog, or the job's step counters
+    HEARTBEAT = "heartbeat"  # the node agent went quiet
+    LINK = "link"  # a NIC port or switch
+    NONE = "none"  # told directly (an operator, a maintenance notice, a health check)
+
+
 class Scope(StrEnum):
     GPU = "gpu"
     NODE = "node"
@@ -39,6 +49,7 @@ class Classification:
     detection_s: float  # typical time from the fault to the controller knowing of it
     cause: str  # the cause category used in reports (Llama 3 Table 5 categories)
     description: str
+    signal: Signal = Signal.XID
 
 
 XID_DETECTION_S = 30.0  # XID events surface through the driver log / DCGM within seconds to ~30 s
@@ -131,6 +142,7 @@ SOURCE_TABLE: dict[str, Classification] = {
         HEARTBEAT_DETECTION_S,
         "host",
         "node agent heartbeat lost",
+        Signal.HEARTBEAT,
     ),
     "job_hang": Classification(
         Action.RESTART_JOB,
@@ -140,18 +152,47 @@ SOURCE_TABLE: dict[str, Classification] = {
         HANG_DETECTION_S,
         "unknown",
         "collective watchdog reported a hang",
+        Signal.HANG,
     ),
     "link_down": Classification(
-        Action.LINK_DOWN, Scope.LINK, True, True, XID_DETECTION_S, "network", "network link or switch down"
+        Action.LINK_DOWN,
+        Scope.LINK,
+        True,
+        True,
+        XID_DETECTION_S,
+        "network",
+        "network link or switch down",
+        Signal.LINK,
     ),
     "health_check": Classification(
-        Action.RESET_GPU, Scope.GPU, True, False, XID_DETECTION_S, "gpu", "DCGM-style health check failed"
+        Action.RESET_GPU,
+        Scope.GPU,
+        True,
+        False,
+        XID_DETECTION_S,
+        "gpu",
+        "DCGM-style health check failed",
+        Signal.NONE,
     ),
     "host_maintenance": Classification(
-        Action.REPAIR_NODE, Scope.NODE, True, True, 0.0, "host_maintenance", "unplanned host maintenance"
+        Action.REPAIR_NODE,
+        Scope.NODE,
+        True,
+        True,
+        0.0,
+        "host_maintenance",
+        "unplanned host maintenance",
+        Signal.NONE,
     ),
     "operator": Classification(
-        Action.REPAIR_NODE, Scope.NODE, True, True, 0.0, "operator", "taken out of service by an operator"
+        Action.REPAIR_NODE,
+        Scope.NODE,
+        True,
+        True,
+        0.0,
+        "operator",
+        "taken out of service by an operator",
+        Signal.NONE,
     ),
 }
 

@@ -33,7 +33,16 @@ OPERATOR_JOB_ACTIONS: tuple[str, ...] = ("cancel", "suspend", "resume")
 
 # The loss buckets of effective training time (ETTR): every second of a job's wall time that did
 # not make durable progress falls in exactly one of them.
-ETTR_BUCKETS: tuple[str, ...] = ("checkpoint_stall", "detection", "restart", "lost_work", "waiting")
+# "degraded" is the throughput a job gives up while one of its replica groups is out or to the
+# groups' per-step quorum (engine.tiers).
+ETTR_BUCKETS: tuple[str, ...] = (
+    "checkpoint_stall",
+    "detection",
+    "restart",
+    "lost_work",
+    "degraded",
+    "waiting",
+)
 
 # A node is a lemon (quarantined until an operator clears it) when it faults this often.
 LEMON_FAULTS = 3

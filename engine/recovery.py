@@ -20,13 +20,10 @@ from engine.checkpoint import CheckpointKind
 from engine.faults import Action, Classification
 from engine.physics import Physics
 from engine.placement import LEVELS, FreePool, Layout, level_limit
+from engine.tiers import DEFAULT_REPLICA_GROUPS, RecoveryTier, Step, detection_seconds, recovery_steps
 
-
-@dataclass(frozen=True)
-class RecoveryStep:
-    name: str  # detect, checkpoint, reschedule, restart, load
-    seconds: float
-    detail: str = ""
+KEEPS_HARDWARE = (Action.RESTART_JOB, Action.LINK_DOWN, Action.OBSERVE, Action.RESET_WHEN_CONVENIENT)
+RecoveryStep = Step  # one step of a recovery: engine.tiers says what each tier does
 
 
 @dataclass(frozen=True)
@@ -40,29 +37,44 @@ class RecoveryPlan:
 
     @property
     def seconds(self) -> float:
-        return sum(s.seconds for s in self.steps)
+        """From the fault until the job trains again."""
+        return sum(s.seconds for s in self.steps if s.throughput_lost >= 1.0)
+
+    @property
+    def degraded_s(self) -> float:
+        """Full-throughput seconds the job gives up while it trains on without a replica group."""
+        return sum(s.seconds * s.throughput_lost for s in self.steps if s.throughput_lost < 1.0)
+
+
+@dataclass(frozen=True)
+class TierChoice:
+    """The recovery tier a job runs under (engine.tiers) and what it needs to plan with it."""
+
+    tier: str = RecoveryTier.RESTART
+    step_s: float = 0.0
+    groups: int = DEFAULT_REPLICA_GROUPS
 
 
 def _steps(
-    c: Classification, gpus: int, state_bytes: float, from_memory: bool, moved: bool, physics: Physics
+    c: Classification,
+    gpus: int,
+    state_bytes: float,
+    from_memory: bool,
+    moved: bool,
+    physics: Physics,
+    choice: TierChoice,
 ) -> list[RecoveryStep]:
-    steps = [RecoveryStep("detect", c.detection_s, c.description)]
-    if moved:
-        steps.append(RecoveryStep("reschedule", physics.reschedule_s, "replacement GPUs chosen and prepared"))
-    steps.append(
-        RecoveryStep(
-            "restart",
-            physics.process_start_s + physics.comm_init_s(gpus),
-            "process start and communicator initialization",
-        )
+    return recovery_steps(
+        c,
+        choice.tier,
+        gpus=gpus,
+        state=state_bytes,
+        from_memory=from_memory,
+        moved=moved,
+        step_s=choice.step_s,
+        groups=choice.groups,
+        ph=physics,
     )
-    if from_memory:
-        load = state_bytes / max(gpus, 1) * 8 / (physics.peer_load_gbps * 1e9)
-        steps.append(RecoveryStep("load", load, "checkpoint loaded from host memory (peers for new nodes)"))
-    else:
-        load = state_bytes / (physics.storage_gbps(gpus) * 1e9)
-        steps.append(RecoveryStep("load", load, "checkpoint loaded from durable storage"))
-    return steps
 
 
 def plan_recovery(
@@ -80,6 +92,7 @@ def plan_recovery(
     min_gpus: int | None = None,
     size_step: int = 1,
     yielding: np.ndarray | None = None,
+    tier: TierChoice | None = None,
 ) -> RecoveryPlan:
     """Plan the recovery of one job.
 
@@ -87,9 +100,11 @@ def plan_recovery(
     job (this one included). ``triggered_ok``: whether the triggered save succeeded (the caller
     draws it; None when the policy has no triggered save or memory is unreadable). ``yielding``: a
     mask of spare GPUs held by jobs that borrowed them; recovery may take them (free spares
-    first), and the caller preempts their jobs.
+    first), and the caller preempts their jobs. ``tier``: the job's recovery tier (restart when
+    not given), which sets how long detection and each step take.
     """
     ph = physics or Physics()
+    tier = tier or TierChoice()
     topo = layout.topo
     job_gpus = np.asarray(job_gpus, dtype=np.int64)
     lost = np.intersect1d(job_gpus, np.asarray(faulty, dtype=np.int64))
@@ -99,14 +114,9 @@ def plan_recovery(
     triggered = (
         triggered_ok if policy == CheckpointKind.TRIGGERED and classification.memory_readable else None
     )
-    keeps_hardware = classification.action in (
-        Action.RESTART_JOB,
-        Action.LINK_DOWN,
-        Action.OBSERVE,
-        Action.RESET_WHEN_CONVENIENT,
-    )
+    keeps_hardware = classification.action in KEEPS_HARDWARE
     if keeps_hardware or len(lost) == 0:
-        steps = _steps(classification, len(job_gpus), state_bytes, from_memory, False, ph)
+        steps = _steps(classification, len(job_gpus), state_bytes, from_memory, False, ph, tier)
         return RecoveryPlan(
             "restart_in_place",
             lost[:0],
@@ -119,9 +129,8 @@ def plan_recovery(
     usable[np.asarray(faulty, dtype=np.int64)] = False
     chip = int(topo.gpu_chip[job_gpus[0]])
     kept = np.setdiff1d(job_gpus, lost)
-    ctx = _Ctx(
-        layout, job_gpus, lost, kept, chip, usable, classification, state_bytes, from_memory, triggered, ph
-    )
+    c, memory = classification, from_memory
+    ctx = _Ctx(layout, job_gpus, lost, kept, chip, usable, c, state_bytes, memory, triggered, ph, tier)
     plan = (
         _from_spares(ctx, np.asarray(faulty, dtype=np.int64), yielding)
         or _from_healthy(ctx, level_limit(topology))
@@ -129,7 +138,8 @@ def plan_recovery(
     )
     if plan is not None:
         return plan
-    steps = [RecoveryStep("detect", classification.detection_s, classification.description)]
+    detect = detection_seconds(classification, tier.tier, tier.step_s)
+    steps = [RecoveryStep("detect", detect, classification.description)]
     return RecoveryPlan(
         "requeue",
         job_gpus,
@@ -153,9 +163,12 @@ class _Ctx:
     from_memory: bool
     triggered: bool | None
     ph: Physics
+    tier: TierChoice
 
     def plan(self, outcome: str, dropped, replacements, gpus: int, reason: str) -> RecoveryPlan:
-        steps = _steps(self.classification, gpus, self.state_bytes, self.from_memory, True, self.ph)
+        steps = _steps(
+            self.classification, gpus, self.state_bytes, self.from_memory, True, self.ph, self.tier
+        )
         return RecoveryPlan(outcome, dropped, replacements, tuple(steps), self.triggered, reason)
 
 

@@ -20,16 +20,19 @@ from engine.lifecycle import ETTR_BUCKETS
 from engine.network import datacenter_links
 from engine.presets import PRESETS, preset_document
 from engine.synthetic import snapshot_from_spec
+from engine.tiers import DEFAULT_REPLICA_GROUPS, RecoveryTier, validate_groups
 from engine.topology_spec import parse_topology
 from sim.config import CheckpointChoice, SimConfig
 from sim.simulation import Simulation
 from sim.workload import default_services, generate, load_workload
 
-KEYS = ("checkpoint", "spares", "cycle", "swing")
+KEYS = ("checkpoint", "tier", "spares", "cycle", "swing")
 
 
 def parse_config(text: str) -> dict:
-    """``name=...`` settings, comma-separated: "checkpoint=periodic:3600,spares=4"."""
+    """``name=...`` settings, comma-separated: "checkpoint=periodic:3600,spares=4",
+    "checkpoint=triggered,tier=replica_groups:16" (a recovery tier of engine.tiers, with the number
+    of replica groups for ``replica_groups``)."""
     settings: dict = {"name": text}
     if text == "baseline":
         return settings
@@ -43,6 +46,10 @@ def parse_config(text: str) -> dict:
             if key == "checkpoint":
                 kind, _, interval = value.partition(":")
                 settings[key] = CheckpointChoice(CheckpointKind(kind), float(interval) if interval else None)
+            elif key == "tier":
+                tier, _, groups = value.partition(":")
+                settings[key] = (RecoveryTier(tier), int(groups) if groups else DEFAULT_REPLICA_GROUPS)
+                validate_groups(settings[key][1])
             elif key == "spares":
                 settings[key] = int(value)
             else:
@@ -118,6 +125,11 @@ def run_all(
         sim_config = SimConfig(days=days, seed=seed, name=config["name"], check_invariants=check_invariants)
         if "checkpoint" in config:
             sim_config = replace(sim_config, checkpoint=config["checkpoint"])
+        if "tier" in config:
+            tier, groups = config["tier"]
+            sim_config = replace(
+                sim_config, checkpoint=replace(sim_config.checkpoint, tier=tier, replica_groups=groups)
+            )
         if "cycle" in config:
             sim_config = replace(sim_config, cycle_period_s=config["cycle"])
         if "swing" in config:

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.checkpoint import CheckpointKind
+from engine.checkpoint import CheckpointKind, daly_interval, stall_seconds
+from engine.lifecycle import checkpoint_bytes
 from engine.physics import Physics
 from engine.scheduler import SchedulerConfig
+from engine.tiers import (
+    DEFAULT_REPLICA_GROUPS,
+    RecoveryTier,
+    coordination_share,
+    rollback_interval,
+    step_seconds,
+)
 from engine.workload import QueueSpec
 from sim.fleet import FleetConfig
 
@@ -17,6 +25,39 @@ class CheckpointChoice:
     kind: CheckpointKind = CheckpointKind.ASYNC
     interval_s: float | None = None  # None: Daly's optimum for the job
     triggered_success: float = 0.95
+    tier: str = RecoveryTier.RESTART  # engine.tiers
+    replica_groups: int = DEFAULT_REPLICA_GROUPS
+
+
+@dataclass(frozen=True)
+class JobTiming:
+    interval: float  # seconds between checkpoints
+    stall_fraction: float  # of the run's time, stalled by checkpoints
+    step_s: float
+    rollback: float  # a fault rolls back to a multiple of this (engine.tiers)
+    overhead: float  # of the run's time, given to the replica groups' quorum
+
+
+def job_timing(choice: CheckpointChoice, parameters: float | None, size: int, ph: Physics) -> JobTiming:
+    """A job's checkpoint interval (Daly's when auto) and stall at its size, and where its tier
+    lets a fault roll back to."""
+    state = checkpoint_bytes(parameters, ph)
+    stall = stall_seconds(choice.kind, state, size, ph.storage_gbps(size), ph.host_copy_gbps)
+    write = state / (ph.storage_gbps(size) * 1e9) if state else 0.0
+    if choice.interval_s is not None:
+        tau = choice.interval_s
+    else:
+        mtbf = 86_400.0 / (ph.gpu_interruptions_per_day * max(size, 1))
+        tau = daly_interval(stall, mtbf) if stall > 0 else 600.0
+    if choice.kind != CheckpointKind.PERIODIC:
+        tau = max(tau, write)
+    interval = max(tau, 1.0)
+    step_s = max(1.0, step_seconds(parameters or 0.0, size))
+    kw = {"state": state, "gpus": size, "step_s": step_s, "groups": choice.replica_groups, "ph": ph}
+    rollback = max(1.0, rollback_interval(choice.tier, interval, **kw))
+    grouped = size >= 2 * choice.replica_groups
+    overhead = coordination_share(choice.tier, step_s) if grouped else 0.0
+    return JobTiming(interval, min(0.9, stall / interval) if state else 0.0, step_s, rollback, overhead)
 
 
 @dataclass(frozen=True)

@@ -2,17 +2,19 @@
 
 A job of ``gpus`` GPUs trains for ``days`` of wall time. Faults arrive on its nodes at the
 physics' rate (lemon nodes fault more often), are classified (engine.faults), detected after the
-classification's detection latency, and recovered from: a triggered checkpoint when the policy
+policy's recovery tier (engine.tiers), and recovered from: a triggered checkpoint when the policy
 has one and the fault left memory readable (it succeeds with the policy's probability), else the
-newest checkpoint that reached durable storage; a spare node replaces a faulty one (the job waits
-for a repaired node when none is left); then the job restarts (reschedule, process start,
-communicator init, checkpoint load). Faulty nodes go to repair for a lognormal time; a node that
-meets the controller's lemon rule (engine.lifecycle: three faults within a week) is quarantined
-and does not come back.
+newest in-memory copy (tier ``in_memory``) or checkpoint that reached durable storage; a spare
+node replaces a faulty one (the job waits for a repaired node when none is left); then the job
+restarts (reschedule, process start, communicator init, checkpoint load, as the tier's steps say).
+Under ``replica_groups`` only the in-flight step is lost and the job trains on at (R-1)/R until
+the group rejoins (or a repaired node is back for it). Faulty nodes go to repair for a lognormal
+time; a node that meets the controller's lemon rule (engine.lifecycle: three faults within a
+week) is quarantined and does not come back.
 
 ETTR = time with forward progress that survived / wall time; the loss buckets are checkpoint
-stalls, detection latency, restart, recomputed lost work and waiting for resources, and they add
-up with the productive time to the wall time exactly.
+stalls, detection latency, restart, recomputed lost work, degraded throughput and waiting for
+resources, and they add up with the productive time to the wall time exactly.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine import tiers
 from engine.checkpoint import CheckpointKind, daly_interval, stall_seconds
 from engine.faults import classify
 from engine.lifecycle import ETTR_BUCKETS, checkpoint_bytes, is_lemon, out_of_service, recent_faults, repeated
@@ -37,6 +40,8 @@ class RunPolicy:
     kind: CheckpointKind
     interval_s: float | None  # None: auto (Daly, never shorter than the durable write)
     triggered_success: float = 0.95
+    tier: str = tiers.RecoveryTier.RESTART
+    replica_groups: int = tiers.DEFAULT_REPLICA_GROUPS
 
 
 @dataclass
@@ -53,6 +58,7 @@ class RunReport:
     interval_s: float = 0.0
     triggered_saved: int = 0
     lemons_quarantined: int = 0
+    tier: str = tiers.RecoveryTier.RESTART
 
     @property
     def ettr(self) -> float:
@@ -65,6 +71,7 @@ class RunReport:
     def as_dict(self) -> dict:
         return {
             "policy": self.policy,
+            "tier": self.tier,
             "gpus": self.gpus,
             "ettr": round(self.ettr, 4),
             "interval_s": round(self.interval_s, 1),
@@ -118,9 +125,20 @@ class _TrainingRun:
         self.durable_write = self.state / (ph.storage_gbps(gpus) * 1e9)
         self.stall = stall_seconds(policy.kind, self.state, gpus, ph.storage_gbps(gpus), ph.host_copy_gbps)
         self.interval = self._interval()
+        self.tier = tiers.RecoveryTier(policy.tier)
+        self.step_s = tiers.step_seconds(parameters, gpus)
+        self.groups = policy.replica_groups
+        self.replicas = tiers.has(self.tier, tiers.RecoveryTier.REPLICA_GROUPS) and gpus >= 2 * self.groups
+        self.in_memory = tiers.has(self.tier, tiers.RecoveryTier.IN_MEMORY)
+        self.copy_interval = tiers.in_memory_interval(self.state, gpus, self.step_s, ph)
+        self.coordination = tiers.coordination_share(self.tier, self.step_s) if self.replicas else 0.0
+        self.groups_back: list[float] = []  # when each replica group that is out rejoins
         self.buckets = dict.fromkeys(BUCKETS, 0.0)
-        self.report = RunReport(policy.name, gpus, 0.0, 0.0, self.buckets, 0, 0, interval_s=self.interval)
+        self.report = RunReport(
+            policy.name, gpus, 0.0, 0.0, self.buckets, 0, 0, interval_s=self.interval, tier=self.tier
+        )
         self.t = 0.0
+        self.resumed_at = 0.0  # when training last (re)started: in-memory copies and steps count from it
         self.progress = 0.0  # compute seconds of training done (in the current timeline)
         self.durable = 0.0  # progress safe in durable storage
         self.pending_write: tuple[float, float] | None = None  # (progress, wall time it lands), async
@@ -143,6 +161,27 @@ class _TrainingRun:
             self.durable = max(self.durable, self.pending_write[0])
             self.pending_write = None
 
+    def _train(self, dt: float) -> None:
+        """Train for ``dt`` wall seconds: progress at full rate less the replica groups' quorum and
+        the groups that are out (until each rejoins); what is given up is degraded time."""
+        end = self.t + dt
+        done, at = 0.0, self.t
+        out = sorted(b for b in self.groups_back if b > self.t)
+        for back in [*out, end]:
+            upto = min(back, end)
+            if upto > at:
+                share = (
+                    (self.groups - len([b for b in out if b > at])) / self.groups if self.replicas else 1.0
+                )
+                done += (upto - at) * share * (1.0 - self.coordination)
+                at = upto
+            if back >= end:
+                break
+        self.groups_back = [b for b in self.groups_back if b > end]
+        self.progress += done
+        self.buckets["degraded"] += dt - done
+        self.t = end
+
     def run(self, end: float) -> RunReport:
         next_fault = self._next_fault()
         while self.t < end:
@@ -151,13 +190,11 @@ class _TrainingRun:
                 self._checkpoint(to_ckpt)
                 continue
             if next_fault >= end:
-                self.progress += end - self.t
-                self.t = end
+                self._train(end - self.t)
                 break
             # a fault: train until it, then recover
-            self.progress += next_fault - self.t
             self.since_ckpt += next_fault - self.t
-            self.t = next_fault
+            self._train(next_fault - self.t)
             self._land_writes()
             self._fault()
             next_fault = self._next_fault()
@@ -168,8 +205,7 @@ class _TrainingRun:
 
     def _checkpoint(self, to_ckpt: float) -> None:
         """Train until the checkpoint, then take it."""
-        self.t += to_ckpt
-        self.progress += to_ckpt
+        self._train(to_ckpt)
         self.since_ckpt = 0.0
         self._land_writes()
         self.t += self.stall
@@ -198,20 +234,52 @@ class _TrainingRun:
             return
         report.interruptions += 1
         started = self.t
-        self.t += c.detection_s
-        self.buckets["detection"] += c.detection_s
-        from_memory = self._restore(c)
         lemon = is_lemon(recent_faults([t for t, _, _ in history], self.t))
-        if out_of_service(c.action, lemon=lemon):  # the controller's rule: replace what left service
-            self._swap(victim_pos, victim, lemon)
-        if from_memory:
-            load = (self.state / self.gpus * self.gpus_per_node) / (ph.peer_load_gbps * 1e9)
-        else:
-            load = self.state / (ph.storage_gbps(self.gpus) * 1e9)
-        restart = ph.restart_s(self.gpus) + load
+        moved = out_of_service(c.action, lemon=lemon) is not None
+        if self.replicas:
+            self._drop_group(c, victim_pos, victim, lemon, moved)
+            report.recoveries_s.append(self.t - started)
+            return
+        detection = tiers.detection_seconds(c, self.tier, self.step_s)
+        self.t += detection
+        self.buckets["detection"] += detection
+        from_memory = self._restore(c)
+        if moved:  # the controller's rule: replace what left service
+            available = self._swap(victim_pos, victim, lemon)
+            wait = max(0.0, available - self.t)
+            self.t += wait
+            self.buckets["waiting"] += wait
+        steps = tiers.recovery_steps(
+            c,
+            self.tier,
+            gpus=self.gpus,
+            state=self.state,
+            from_memory=from_memory,
+            moved=moved,
+            step_s=self.step_s,
+            groups=self.groups,
+            ph=ph,
+        )
+        restart = sum(s.seconds for s in steps if s.name != "detect" and s.throughput_lost == 1.0)
         self.t += restart
         self.buckets["restart"] += restart
+        self.resumed_at = self.t
         report.recoveries_s.append(self.t - started)
+
+    def _drop_group(self, c, victim_pos: int, victim: int, lemon: bool, moved: bool) -> None:
+        """Replica groups: the job stops until the fault is found, loses its in-flight step, and
+        trains on without the victim's group until the group rejoins."""
+        detection = tiers.detection_seconds(c, self.tier, self.step_s)
+        in_step = (self.t - self.resumed_at) % self.step_s
+        lost = min(self.progress - self.durable, in_step * (1.0 - self.coordination))
+        self.progress -= lost
+        self.buckets["lost_work"] += lost
+        self.t += detection
+        self.buckets["detection"] += detection
+        available = self._swap(victim_pos, victim, lemon) if moved else self.t
+        rejoin = tiers.rejoin_seconds(self.state, self.gpus, self.groups, self.ph)
+        self.groups_back.append(max(available, self.t) + rejoin)
+        self.resumed_at = self.t
 
     def _restore(self, c) -> bool:
         """Roll back to what survives the fault; returns whether it is restored from host memory."""
@@ -223,6 +291,10 @@ class _TrainingRun:
         ):
             recovered, from_memory = self.progress, True
             self.report.triggered_saved += 1
+        elif self.in_memory:  # the newest copy in a peer's host memory
+            since_copy = (self.t - self.resumed_at) % self.copy_interval
+            recovered, from_memory = max(self.durable, self.progress - since_copy), True
+            self.durable = max(self.durable, recovered)
         elif (
             kind != CheckpointKind.PERIODIC
             and self.pending_write is None
@@ -237,9 +309,9 @@ class _TrainingRun:
         self.since_ckpt = 0.0
         return from_memory
 
-    def _swap(self, victim_pos: int, victim: int, lemon: bool) -> None:
-        """The faulty node leaves (to repair, or for good as a lemon); a spare takes its place,
-        or the job waits for the first repaired node."""
+    def _swap(self, victim_pos: int, victim: int, lemon: bool) -> float:
+        """The faulty node leaves (to repair, or for good as a lemon) and a spare takes its place;
+        returns when the replacement is there (a repaired node's return when no spare is left)."""
         self.in_job.pop(victim_pos)
         if lemon:
             self.report.lemons_quarantined += 1
@@ -248,10 +320,10 @@ class _TrainingRun:
             heapq.heappush(self.repairs, (self.t + repair_days * DAY, victim))
         while self.repairs and self.repairs[0][0] <= self.t:
             self.spare_pool.append(heapq.heappop(self.repairs)[1])
+        available = self.t
         if not self.spare_pool:
             back_at, node = heapq.heappop(self.repairs)
-            wait = max(0.0, back_at - self.t)
-            self.t += wait
-            self.buckets["waiting"] += wait
+            available = max(self.t, back_at)
             self.spare_pool.append(node)
         self.in_job.append(self.spare_pool.pop(0))
+        return available

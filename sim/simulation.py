@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from engine.checkpoint import CheckpointKind, daly_interval, stall_seconds
+from engine.checkpoint import CheckpointKind
 from engine.faults import Action, classify
 from engine.inference import LoadProfile, decide
 from engine.invariants import check_cycle
@@ -41,12 +41,12 @@ from engine.lifecycle import (
 )
 from engine.network import Network
 from engine.placement import Layout
-from engine.recovery import plan_recovery
+from engine.recovery import TierChoice, plan_recovery
 from engine.scheduler import schedule
 from engine.states import GPU_STATE_CODE, NODE_STATE_CODE
 from engine.topology import TopologySnapshot
 from engine.workload import PendingJob, QueueSpec, RunningJob
-from sim.config import SimConfig, default_queues
+from sim.config import SimConfig, default_queues, job_timing
 from sim.fleet import Fleet
 from sim.summary import summarize, take_sample
 from sim.workload import SimJob, SimService
@@ -67,6 +67,9 @@ class _Job:
     run_start: float = 0.0  # productive work starts here (after restart overheads)
     interval: float = 3600.0
     stall_fraction: float = 0.0
+    overhead: float = 0.0  # share of time given to the replica groups' quorum (degraded)
+    rollback: float = 3600.0  # a fault rolls back to a multiple of this (engine.tiers)
+    step_s: float = 1.0
     version: int = 0
     first_admit: float | None = None
     waiting_since: float | None = None
@@ -246,21 +249,10 @@ class Simulation:
 
     # --- running, saving, stopping ------------------------------------------------------------
     def _policy(self, job: _Job) -> None:
-        """Checkpoint interval and stall for the job at its size (Daly when the interval is auto)."""
-        choice = self.cfg.checkpoint
-        size = job.size
-        state = checkpoint_bytes(job.spec.parameters, self.ph)
-        stall = stall_seconds(choice.kind, state, size, self.ph.storage_gbps(size), self.ph.host_copy_gbps)
-        write = state / (self.ph.storage_gbps(size) * 1e9) if state else 0.0
-        if choice.interval_s is not None:
-            tau = choice.interval_s
-        else:
-            mtbf = DAY / (self.ph.gpu_interruptions_per_day * max(size, 1))
-            tau = daly_interval(stall, mtbf) if stall > 0 else 600.0
-        if choice.kind != CheckpointKind.PERIODIC:
-            tau = max(tau, write)
-        job.interval = max(tau, 1.0)
-        job.stall_fraction = min(0.9, stall / job.interval) if state else 0.0
+        """Checkpoint interval, stall, rollback and overhead for the job at its size."""
+        t = job_timing(self.cfg.checkpoint, job.spec.parameters, job.size, self.ph)
+        job.interval, job.stall_fraction, job.step_s = t.interval, t.stall_fraction, t.step_s
+        job.rollback, job.overhead = t.rollback, t.overhead
 
     def _start(self, job: _Job, gpus: np.ndarray, *, resumed: bool) -> None:
         size = len(gpus)
@@ -289,19 +281,20 @@ class Simulation:
 
     @staticmethod
     def _finish_time(job: _Job) -> float:
-        return job.run_start + job.remaining / job.size / max(1e-9, 1 - job.stall_fraction)
+        return job.run_start + job.remaining / job.size / max(1e-9, 1 - job.stall_fraction - job.overhead)
 
     def _save(self, job: _Job, *, graceful: bool, at: float | None = None) -> float:
         """Account the run so far; returns the GPU-seconds lost. Graceful: the policy can save now."""
         at = self.now if at is None else at
         elapsed = max(0.0, at - job.run_start)
-        keep = 1 - job.stall_fraction
+        keep = 1 - job.stall_fraction - job.overhead
         done = elapsed * keep * job.size
         if graceful and saves_on_demand(self.cfg.checkpoint.kind):
             saved = done
         else:
-            saved = math.floor(elapsed / job.interval) * job.interval * keep * job.size
+            saved = math.floor(elapsed / job.rollback) * job.rollback * keep * job.size
         job.buckets["checkpoint_stall"] += elapsed * job.stall_fraction
+        job.buckets["degraded"] += elapsed * job.overhead
         job.buckets["lost_work"] += (done - saved) / job.size
         job.remaining = max(0.0, job.remaining - saved)
         job.run_start = at
@@ -324,6 +317,7 @@ class Simulation:
             return  # preempted, resized or recovered since: a newer end event stands
         elapsed = max(0.0, self.now - job.run_start)
         job.buckets["checkpoint_stall"] += elapsed * job.stall_fraction
+        job.buckets["degraded"] += elapsed * job.overhead
         job.remaining = 0.0
         self.owner[job.gpus] = -1
         del self.running[job_id]
@@ -441,7 +435,6 @@ class Simulation:
             and self.luck.random() < choice.triggered_success
         )
         self._save(job, graceful=saved_by_trigger)
-        job.buckets["detection"] += c.detection_s
         spec = job.spec
         plan = plan_recovery(
             self.layout,
@@ -457,7 +450,10 @@ class Simulation:
             min_gpus=spec.min_gpus,
             size_step=spec.size_step,
             yielding=self._yielding(),
+            tier=TierChoice(choice.tier, job.step_s, choice.replica_groups),
         )
+        detection = plan.steps[0].seconds
+        job.buckets["detection"] += detection
         self.recoveries.append((self.now, plan.outcome, plan.seconds))
         if plan.outcome == "requeue":
             self._stop(job, graceful=False, requeue=True)
@@ -471,8 +467,9 @@ class Simulation:
         job.gpus = gpus
         self.owner[gpus] = spec.id
         restart = plan.seconds  # detection + reschedule + restart + load, as planned
-        job.buckets["restart"] += restart - c.detection_s
-        job.run_start = self.now + restart
+        job.buckets["restart"] += restart - detection
+        job.buckets["degraded"] += plan.degraded_s  # trained on without a replica group meanwhile
+        job.run_start = self.now + restart + plan.degraded_s
         job.version += 1
         self._policy(job)
         self._schedule_end(job)
