@@ -27,7 +27,7 @@ from engine.workload import Preemption
 from monitoring.models import FaultEvent
 from scheduling import launch
 from scheduling.apply import apply_preemptions
-from scheduling.checkpoints import PHYSICS, policy_kind
+from scheduling.checkpoints import PHYSICS, policy_kind, policy_tier
 from scheduling.choices import EventKind, JobState
 from scheduling.locks import cycle_lock
 from scheduling.models import Allocation, Checkpoint, Job, JobEvent
@@ -173,6 +173,7 @@ def _plan(job: Job, fault: FaultEvent, classification, faulty: np.ndarray, held:
         min_gpus=job.min_gpus,
         size_step=job.size_step,
         yielding=held.yielding(),
+        tier=policy_tier(job),
     )
     return plan, triggered_ok
 
@@ -292,6 +293,7 @@ def _recover(
             "steps": steps,
             "restart_s": plan.seconds - steps.get("detect", 0.0),
             "recovery_s": plan.seconds,
+            "degraded_s": round(plan.degraded_s, 3),  # replica groups: trained on without one
             "replaced_gpus": len(plan.replacement_gpus),
         },
     )

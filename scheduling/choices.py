@@ -1,6 +1,6 @@
 from django.db import models
 
-from engine import checkpoint
+from engine import checkpoint, tiers
 from engine.placement import TOPOLOGY_CONSTRAINTS
 from engine.workload import QUEUEING_STRATEGIES, RECLAIM_POLICIES, WITHIN_QUEUE_POLICIES
 
@@ -29,6 +29,14 @@ class CheckpointKind(models.TextChoices):  # the choices of engine.checkpoint.Ch
     TRIGGERED = "triggered", "Triggered (with periodic fallback)"
 
 
+class RecoveryTier(models.TextChoices):  # the tiers of engine.tiers, each including the ones before
+    RESTART = "restart", "Restart every process from the newest checkpoint"
+    FAST_DETECTION = "fast_detection", "Fast detection (NVML events, heartbeats, progress)"
+    WARM_RESTART = "warm_restart", "Warm restart (healthy nodes keep their processes; warm standbys)"
+    IN_MEMORY = "in_memory", "In-memory checkpoints to a peer node every step"
+    REPLICA_GROUPS = "replica_groups", "Replica groups (train on without the faulty group)"
+
+
 class EventKind(models.TextChoices):
     SUBMITTED = "submitted", "Submitted"
     ADMITTED = "admitted", "Admitted"
@@ -46,6 +54,7 @@ class EventKind(models.TextChoices):
     RESIZED = "resized", "Resized"
     PLANNED = "planned", "Planned"
     LAUNCHED = "launched", "Running on every node"
+    STRAGGLER = "straggler", "Straggler found"
 
 
 class TopologyConstraint(models.TextChoices):
@@ -75,6 +84,7 @@ class QueueingStrategy(models.TextChoices):
 
 assert tuple(QueueingStrategy.values) == QUEUEING_STRATEGIES
 assert tuple(CheckpointKind.values) == tuple(checkpoint.CheckpointKind)
+assert tuple(RecoveryTier.values) == tiers.TIERS
 assert tuple(TopologyConstraint.values) == TOPOLOGY_CONSTRAINTS
 assert tuple(ReclaimPolicy.values) == RECLAIM_POLICIES
 assert tuple(WithinQueuePolicy.values) == WITHIN_QUEUE_POLICIES

@@ -4,8 +4,9 @@ ETTR = time with forward progress that survived to a durable or replicated check
 from the job's first allocation to its end (or now). The loss buckets are reported separately:
 checkpoint stalls (checkpoint records), detection latency and lost work (fault and preemption
 events), restart
-(reschedule + re-initialize + load, recovery events) and waiting for resources (time spent pending
-again after a preemption or a fault). Productive time is the wall time less the buckets.
+(reschedule + re-initialize + load, recovery events), degraded throughput (training on without a
+replica group, recovery events) and waiting for resources (time spent pending again after a
+preemption or a fault). Productive time is the wall time less the buckets.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def job_ettr(
                 b["lost_work"] += data.get("lost_s", 0.0)
             elif e["kind"] == EventKind.RECOVERED and in_window(e["at"]):
                 b["restart"] += data.get("restart_s", 0.0)
+                b["degraded"] += data.get("degraded_s", 0.0)
             elif e["kind"] == EventKind.REQUEUED:
                 waiting_since = e["at"]
             elif e["kind"] == EventKind.ADMITTED and waiting_since is not None:

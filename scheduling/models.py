@@ -11,6 +11,7 @@ from django.db import models
 from django.db.models import Q
 
 from cluster.models import GPU, ChipType, Node
+from engine.tiers import DEFAULT_REPLICA_GROUPS
 from engine.workload import DEFAULT_HEAD_WAIT_S
 from scheduling.choices import (
     CheckpointKind,
@@ -20,6 +21,7 @@ from scheduling.choices import (
     ProcessState,
     QueueingStrategy,
     ReclaimPolicy,
+    RecoveryTier,
     TopologyConstraint,
     WithinQueuePolicy,
 )
@@ -41,7 +43,8 @@ class Cohort(models.Model):
 class CheckpointPolicy(models.Model):
     """How a job saves its state: periodic (synchronous), asynchronous, or triggered at a fault with
     a periodic asynchronous fallback. An empty interval means "auto": the Young/Daly interval from
-    the job's measured mean time between faults and its checkpoint stall."""
+    the job's measured mean time between faults and its checkpoint stall. The recovery tier says
+    how a fault is found and recovered from (engine.tiers)."""
 
     name = models.SlugField(max_length=64, unique=True)
     description = models.TextField(blank=True)
@@ -51,6 +54,18 @@ class CheckpointPolicy(models.Model):
     )
     triggered_success = models.FloatField(
         default=0.95, help_text="Probability that a triggered save succeeds when GPU memory is readable"
+    )
+    recovery_tier = models.CharField(
+        max_length=16,
+        choices=RecoveryTier.choices,
+        default=RecoveryTier.RESTART,
+        help_text="How a fault is found and recovered from; each tier includes the ones before",
+    )
+    replica_groups = models.PositiveIntegerField(
+        default=DEFAULT_REPLICA_GROUPS, help_text="Data-parallel replica groups, for the replica-groups tier"
+    )
+    cordon_stragglers = models.BooleanField(
+        default=False, help_text="Cordon a node found slowing its job (a straggler) until an operator looks"
     )
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -66,6 +81,7 @@ class CheckpointPolicy(models.Model):
                 condition=Q(triggered_success__gte=0) & Q(triggered_success__lte=1),
                 name="checkpoint_triggered_success_probability",
             ),
+            models.CheckConstraint(condition=Q(replica_groups__gte=2), name="checkpoint_replica_groups_two"),
         ]
 
     def __str__(self) -> str:

@@ -234,7 +234,16 @@ def record_checkpoint(job: Job, **fields) -> Checkpoint:
     return checkpoint
 
 
-POLICY_AUDITED = ("name", "description", "kind", "interval_s", "triggered_success")
+POLICY_AUDITED = (
+    "name",
+    "description",
+    "kind",
+    "interval_s",
+    "triggered_success",
+    "recovery_tier",
+    "replica_groups",
+    "cordon_stragglers",
+)
 
 
 def queue_audit_state(queue: Queue) -> dict:

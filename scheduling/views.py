@@ -259,6 +259,7 @@ def queue_edit(request, pk: int):
 
 
 def _policy_rows():
+    from engine import tiers
     from engine.checkpoint import CheckpointKind
     from scheduling.checkpoints import REFERENCE_JOBS, default_mtbf, recommend_for
 
@@ -274,7 +275,11 @@ def _policy_rows():
             (label, recommend_for(CheckpointKind(p.kind), p.interval_s, params, gpus, default_mtbf(gpus)))
             for label, params, gpus in REFERENCE_JOBS
         ]
-        rows.append({"policy": p, "refs": refs, "running": running.get(p.pk, 0)})
+        label, params, gpus = REFERENCE_JOBS[-1]
+        cost = tiers.costs(p.recovery_tier, parameters=params, gpus=gpus, groups=p.replica_groups)
+        rows.append(
+            {"policy": p, "refs": refs, "running": running.get(p.pk, 0), "cost": cost, "cost_for": label}
+        )
     return rows
 
 
@@ -304,9 +309,11 @@ def policy_edit(request, pk: int | None = None):
     errors: list[str] = []
     if request.method == "POST":
         form = {f: request.POST.get(f, "").strip() for f in fields}
+        form["cordon_stragglers"] = bool(request.POST.get("cordon_stragglers"))
         payload = {**form, "interval_s": form["interval_s"] or None}
-        if payload["triggered_success"] == "":
-            payload.pop("triggered_success")
+        for optional in ("triggered_success", "replica_groups", "recovery_tier"):
+            if payload[optional] == "":
+                payload.pop(optional)
         serializer = CheckpointPolicySerializer(policy, data=payload)
         if serializer.is_valid():
             saved = save_policy(serializer, actor=request.user)
@@ -317,7 +324,7 @@ def policy_edit(request, pk: int | None = None):
         form = (
             {f: getattr(policy, f) for f in fields}
             if policy
-            else {"kind": "async", "triggered_success": 0.95}
+            else {"kind": "async", "triggered_success": 0.95, "recovery_tier": "restart", "replica_groups": 8}
         )
     return render(
         request,
@@ -327,5 +334,6 @@ def policy_edit(request, pk: int | None = None):
             "form": form,
             "errors": errors,
             "kinds": CheckpointPolicy._meta.get_field("kind").choices,
+            "tiers": CheckpointPolicy._meta.get_field("recovery_tier").choices,
         },
     )

@@ -29,8 +29,24 @@ from scheduling.services import capacity_problem
 class CheckpointPolicySerializer(serializers.ModelSerializer):
     class Meta:
         model = CheckpointPolicy
-        fields = ["id", "name", "description", "kind", "interval_s", "triggered_success", "updated_at"]
+        fields = [
+            "id",
+            "name",
+            "description",
+            "kind",
+            "interval_s",
+            "triggered_success",
+            "recovery_tier",
+            "replica_groups",
+            "cordon_stragglers",
+            "updated_at",
+        ]
         read_only_fields = ["updated_at"]
+
+    def validate_replica_groups(self, value):
+        if not 2 <= value <= 4096:
+            raise serializers.ValidationError("must be between 2 and 4096 (each group holds the whole model)")
+        return value
 
     def validate_interval_s(self, value):
         if value is not None and value <= 0:
