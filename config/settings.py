@@ -158,7 +158,12 @@ FLEET_ACCELERATE = env_int("MYRIAD_FLEET_ACCELERATE", 60, minimum=1)
 FLEET_ARRIVALS = env_bool("MYRIAD_FLEET_ARRIVALS", True)
 SAMPLE_INTERVAL_S = env_int("MYRIAD_SAMPLE_INTERVAL_S", 60, minimum=1)
 # Real nodes (cluster.agents, monitoring.ingest, scheduling.launch; README, "Real nodes")
-AGENT_HEARTBEAT_TIMEOUT_S = env_int("MYRIAD_AGENT_HEARTBEAT_TIMEOUT_S", 30, minimum=5)
+AGENT_HEARTBEAT_TIMEOUT_S = env_int("MYRIAD_AGENT_HEARTBEAT_TIMEOUT_S", 15, minimum=5)  # 3 reports of 5 s
+# a job on real nodes hangs when no rank's step moved for max(steps x its step time, floor) seconds;
+# a rank is a straggler when its compute is this many percent over the job's median (engine.progress)
+PROGRESS_HANG_STEPS = env_int("MYRIAD_PROGRESS_HANG_STEPS", 3, minimum=1)
+PROGRESS_HANG_FLOOR_S = env_int("MYRIAD_PROGRESS_HANG_FLOOR_S", 30, minimum=1)
+PROGRESS_STRAGGLER_SHARE = env_int("MYRIAD_PROGRESS_STRAGGLER_PERCENT", 10, minimum=1) / 100
 AGENT_WATCH_INTERVAL_S = env_int("MYRIAD_AGENT_WATCH_INTERVAL_S", 5, minimum=1)
 AGENT_REPORT_MAX_BYTES = env_int("MYRIAD_AGENT_REPORT_MAX_BYTES", 262_144, minimum=4096)
 AGENT_INGEST_THREADS = env_int("MYRIAD_AGENT_INGEST_THREADS", 8, minimum=1)

@@ -98,7 +98,7 @@ def localize(
 
 def _stragglers(last: np.ndarray, per_node: np.ndarray, step_s: float, rule: ProgressRule) -> Verdict:
     ok = np.isfinite(per_node)
-    if ok.sum() < 3:  # no median to compare with
+    if ok.sum() < 2:  # no one to compare with
         return Verdict(step_s=step_s)
     ref = float(np.median(per_node[ok]))
     limit = ref * (1.0 + rule.slow_share)

@@ -36,6 +36,7 @@ from enum import StrEnum
 
 from engine.faults import Classification, Signal
 from engine.physics import Physics
+from engine.progress import ProgressRule
 
 
 class RecoveryTier(StrEnum):
@@ -63,8 +64,6 @@ class TierPhysics:
     heartbeat_period_s: float = 5.0
     heartbeat_misses: int = 3  # a node is lost after three missed heartbeats: 15 s
     progress_period_s: float = 5.0  # how often the job's per-rank step counter reaches the agent
-    hang_steps: float = 3.0  # no rank advanced for three median steps ...
-    hang_floor_s: float = 30.0  # ... and never less than 30 s: the hang rule of engine.progress
     # the step-time model (Llama 3: 16M-token global batch, 380-430 TFLOPs per H100 in BF16)
     tokens_per_step: float = 16e6
     achieved_flops: float = 400e12
@@ -79,8 +78,9 @@ class TierPhysics:
         return self.heartbeat_period_s * self.heartbeat_misses
 
     def hang_s(self, step_s: float) -> float:
-        """Time from a hang to the control plane naming it from progress reports."""
-        return max(self.hang_steps * step_s, self.hang_floor_s) + self.progress_period_s
+        """Time from a hang to the control plane naming it from progress reports: the hang rule
+        of engine.progress (no rank moved for three steps, at least 30 s) and one report."""
+        return ProgressRule().hang_s(step_s) + self.progress_period_s
 
 
 def step_seconds(parameters: float, gpus: int, tp: TierPhysics | None = None) -> float:

@@ -80,7 +80,14 @@ def _not_accepted(identity, report: dict) -> dict:
 
 def _entry(report: dict, now: datetime) -> bytes:
     return orjson.dumps(
-        {"t": now.timestamp(), "seq": report["seq"], "gpus": report["gpus"], "dropped": report["dropped"]}
+        {
+            "t": now.timestamp(),
+            "seq": report["seq"],
+            "gpus": report["gpus"],
+            "progress": report.get("progress", []),
+            "sent_at": report.get("sent_at") or now.timestamp(),
+            "dropped": report["dropped"],
+        }
     )
 
 

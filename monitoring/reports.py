@@ -45,6 +45,7 @@ _NUMBER_TYPES = (int, float)
 FLAGS = ("retired_pages_pending", "remap_pending", "remap_failure", "lost")
 MAX_XIDS = 256
 MAX_PROCESSES = 64
+MAX_RECENT_STEPS = 16
 
 
 class ReportError(ValueError):
@@ -87,7 +88,16 @@ def parse_report(body, gpus_per_node: int) -> dict:
     """The report, checked against the node; ReportError names the first bad field."""
     if not isinstance(body, dict):
         raise ReportError("body", "a report is a JSON object")
-    unknown = set(body) - {"seq", "sent_at", "agent_version", "gpus", "xids", "processes", "dropped"}
+    unknown = set(body) - {
+        "seq",
+        "sent_at",
+        "agent_version",
+        "gpus",
+        "xids",
+        "processes",
+        "progress",
+        "dropped",
+    }
     if unknown:
         raise ReportError(sorted(unknown)[0], "unknown field")
     seq = _int(body.get("seq"), "seq", 1, (1 << 63) - 1)
@@ -138,6 +148,8 @@ def parse_report(body, gpus_per_node: int) -> dict:
         "gpus": gpus,
         "xids": xids,
         "processes": processes,
+        "progress": [_progress(p, i) for i, p in enumerate(_list(body, "progress", MAX_PROCESSES))],
+        "sent_at": _number(body.get("sent_at", 0), "sent_at", 0, 1e11),
         "dropped": dropped,
         "agent_version": str(body.get("agent_version", ""))[:32],
     }
@@ -154,6 +166,24 @@ def _normalized(g: dict) -> dict:
         elif value is not None:
             out[key] = value
     return out
+
+
+def _progress(p: dict, i: int) -> dict:
+    """One rank's progress (engine.progress): a reading, kept with the node's latest report."""
+    where = f"progress[{i}]"
+    generation = p.get("generation")
+    if not isinstance(generation, str) or not 1 <= len(generation) <= 16:
+        raise ReportError(f"{where}.generation", "must be the assignment's generation (1 to 16 characters)")
+    recent = p.get("recent", [])
+    if not isinstance(recent, list) or len(recent) > MAX_RECENT_STEPS:
+        raise ReportError(f"{where}.recent", f"must be a list of at most {MAX_RECENT_STEPS} compute times")
+    return {
+        "job": _int(p.get("job"), f"{where}.job", 1, (1 << 63) - 1),
+        "generation": generation,
+        "step": _int(p.get("step"), f"{where}.step", 0, 1 << 62),
+        "step_at": _number(p.get("step_at"), f"{where}.step_at", 0, 1e11),
+        "recent": [_number(v, f"{where}.recent[{j}]", 0, 1e6) for j, v in enumerate(recent)],
+    }
 
 
 def _process(p: dict, i: int) -> dict:

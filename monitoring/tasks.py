@@ -54,11 +54,14 @@ def sample_cluster() -> str:
 
 @shared_task(ignore_result=True, time_limit=60, soft_time_limit=50)
 def watch_agents() -> dict:
-    """Heartbeat loss for silent node agents; give up starts that did not reach every node; put
+    """Heartbeat loss for silent node agents; give up starts that did not reach every node; hung
+    and slow ranks of jobs on real nodes from their progress (monitoring.progress); put
     the agents' readings in the telemetry frame when no simulated fleet writes it."""
     from monitoring.ingest import compose_frame, watch
+    from monitoring.progress import check_progress
 
     out = watch()
+    out["progress"] = check_progress()
     out["frame_gpus"] = compose_frame()
     return out
 

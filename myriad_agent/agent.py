@@ -1,4 +1,5 @@
-"""The agent's loop: report every period (and at once when a job process starts or ends), follow
+"""The agent's loop: report every period (and at once when a job process starts or ends or NVML
+raises an XID), with the job's per-rank progress (``$MYRIAD_PROGRESS_FILE``); follow
 the node's assignments by long poll, start, signal and stop job processes, forward checkpoint
 reports. The control plane being unreachable changes nothing on the node: the work runs on,
 reports wait in a bounded buffer and are sent in order, with backoff and jitter, when it answers."""
@@ -106,8 +107,10 @@ class Agent:
                 self.supervisor.poll()
                 self._reconcile()
                 now = time.time()
-                if now >= next_report or self.supervisor.changed.is_set():
+                urgent = self.supervisor.changed.is_set() or self.reader.xid_arrived.is_set()
+                if now >= next_report or urgent:  # an XID or a process change goes out at once
                     self.supervisor.changed.clear()
+                    self.reader.xid_arrived.clear()
                     self.buffer.add(self._report())
                     next_report = now + self.config.period_s
                 self._flush()
@@ -139,6 +142,7 @@ class Agent:
             "gpus": self.reader.read(),
             "xids": self.reader.take_xids(),
             "processes": [p.as_report() for p in processes],
+            "progress": self.supervisor.progress(),
             "dropped": self.buffer.dropped,
         }
 

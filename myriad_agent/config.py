@@ -42,7 +42,7 @@ OPTIONS = [
     ("--server", "MYRIAD_AGENT_SERVER", None, "the control plane's URL, e.g. https://myriad.example.com"),
     ("--token", "MYRIAD_AGENT_TOKEN", "", "one-time enrolment token (needed only for the first start)"),
     ("--work-dir", "MYRIAD_AGENT_WORK_DIR", "/var/lib/myriad-agent", "credential, state, job logs"),
-    ("--period", "MYRIAD_AGENT_PERIOD_S", "10", "seconds between reports"),
+    ("--period", "MYRIAD_AGENT_PERIOD_S", "5", "seconds between reports (the heartbeat)"),
     ("--hostname", "MYRIAD_AGENT_HOSTNAME", None, "the node's name in the inventory (default: this host's)"),
     (
         "--address",

@@ -34,6 +34,7 @@ class GPUReader:
         self.uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in self.handles]
         self.names = [_text(nvml.nvmlDeviceGetName(h)) for h in self.handles]
         self.xids: list[dict] = []
+        self.xid_arrived = threading.Event()  # an XID is waiting: the agent reports at once
         self.lock = threading.Lock()
         self._stop = threading.Event()
 
@@ -159,6 +160,7 @@ class GPUReader:
                 continue
             with self.lock:
                 self.xids.append({"gpu": int(index), "xid": int(data.eventData), "at": time.time()})
+            self.xid_arrived.set()
 
     def take_xids(self) -> list[dict]:
         with self.lock:

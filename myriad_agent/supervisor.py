@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TAIL_EVERY_S = 60.0  # a running process's output tail is refreshed this often
+PROGRESS_WINDOW = 8  # compute times of the newest steps a report carries
+PROGRESS_READ_MAX = 1 << 20  # bytes of new progress lines read per report
 
 
 @dataclass
@@ -34,6 +37,11 @@ class Process:
     reported: str | None = None  # the state the control plane has accepted from us
     reported_tail_at: float = 0.0  # when its output tail was last sent
     checkpoint_offset: int = 0
+    progress_file: Path | None = None
+    progress_offset: int = 0
+    step: int | None = None  # the newest step the rank's compute finished ($MYRIAD_PROGRESS_FILE)
+    step_at: float = 0.0  # when it moved
+    compute_s: collections.deque = field(default_factory=lambda: collections.deque(maxlen=PROGRESS_WINDOW))
 
     @property
     def key(self) -> tuple[int, str]:
@@ -72,8 +80,10 @@ class Supervisor:
         env = {**(base_env if base_env is not None else os.environ), **assignment["env"]}
         env["MYRIAD_CHECKPOINT_DIR"] = str(checkpoints)
         env["MYRIAD_CHECKPOINT_REPORT"] = str(folder / "checkpoints.jsonl")
+        env["MYRIAD_PROGRESS_FILE"] = str(folder / "progress.jsonl")
         log = folder / "output.log"
         proc = Process(job, generation, None, log, folder / "checkpoints.jsonl", time.time())
+        proc.progress_file = folder / "progress.jsonl"
         proc.tail = collections.deque(maxlen=self.tail_lines)
         try:
             out = open(log, "ab")  # noqa: SIM115 - handed to the reader thread, closed there
@@ -145,6 +155,27 @@ class Supervisor:
                 or (p.state == "running" and now - p.reported_tail_at >= tail_every_s)
             ]
 
+    def progress(self) -> list[dict]:
+        """Each running rank's progress: the job appends one JSON line per step to
+        $MYRIAD_PROGRESS_FILE, ``{"step": N, "compute_s": S}`` (N: the step whose forward and
+        backward finished on this rank, written before the step's gradient collective; S: that
+        compute's seconds). Read from where the last read stopped; a line that is not JSON, or a
+        half-written one, is skipped or waited for."""
+        out = []
+        for proc in self.running():
+            _read_progress(proc)
+            if proc.step is not None:
+                out.append(
+                    {
+                        "job": proc.job,
+                        "generation": proc.generation,
+                        "step": proc.step,
+                        "step_at": proc.step_at,
+                        "recent": list(proc.compute_s),
+                    }
+                )
+        return out
+
     def accepted(self, sent: list[dict], at: float) -> None:
         """A report carrying these process states was accepted."""
         with self.lock:
@@ -175,3 +206,29 @@ class Supervisor:
 def _signal_group(popen: subprocess.Popen, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):  # already gone
         os.killpg(popen.pid, sig)
+
+
+def _read_progress(proc: Process) -> None:
+    path = proc.progress_file
+    try:
+        if path is None or path.stat().st_size <= proc.progress_offset:
+            return
+        with open(path, "rb") as f:
+            f.seek(proc.progress_offset)
+            chunk = f.read(PROGRESS_READ_MAX)
+    except FileNotFoundError:
+        return
+    now = time.time()
+    for line in chunk.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break  # written halfway: read it next time
+        proc.progress_offset += len(line)
+        try:
+            body = json.loads(line)
+            step, compute = int(body["step"]), float(body.get("compute_s", 0.0))
+        except (ValueError, KeyError, TypeError):
+            continue
+        if proc.step is None or step > proc.step:
+            proc.step, proc.step_at = step, now
+            if compute > 0:
+                proc.compute_s.append(round(compute, 4))

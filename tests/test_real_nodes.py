@@ -166,6 +166,7 @@ def cluster(tmp_path_factory):
             "MYRIAD_AGENT_WATCH_INTERVAL_S": "1",
             "MYRIAD_LAUNCH_READY_TIMEOUT_S": "60",
             "MYRIAD_CYCLE_INTERVAL_S": "1",
+            "MYRIAD_PROGRESS_HANG_FLOOR_S": "3",
         },
     )
     api = Api(stack.url, stack.tokens["operator"])
@@ -383,6 +384,109 @@ def test_the_work_runs_on_through_a_20_s_outage_and_no_report_is_lost_or_doubled
     assert credential["last_seq"] == agent.seq() == credential["reports_accepted"]
     log = (agent.folder / "agent.log").read_text()
     assert "buffered, retrying" in log  # it did buffer through the outage
+
+
+# a synchronous training job in miniature: each rank "computes" for STEP_S (times SLOW on rank
+# SLOW_RANK), appends its step to $MYRIAD_PROGRESS_FILE, then waits for every rank to reach the
+# step (the collective, through files in SYNC_DIR); rank HANG_RANK stops at step HANG_AT and sleeps
+TRAINER = r"""
+import json, os, time
+rank, world = int(os.environ["NODE_RANK"]), int(os.environ["NNODES"])
+sync, progress = os.environ["SYNC_DIR"], os.environ["MYRIAD_PROGRESS_FILE"]
+slow = float(os.environ.get("SLOW", "1")) if rank == int(os.environ.get("SLOW_RANK", "-1")) else 1.0
+step = 0
+while True:
+    if rank == int(os.environ.get("HANG_RANK", "-1")) and step >= int(os.environ["HANG_AT"]):
+        time.sleep(3600)  # its local work stopped; the process stays
+    compute = float(os.environ["STEP_S"]) * slow
+    time.sleep(compute)
+    with open(progress, "a") as f:
+        f.write(json.dumps({"step": step, "compute_s": compute}) + "\n")
+    with open(os.path.join(sync, f"{rank}.tmp"), "w") as f:
+        f.write(str(step))
+    os.replace(os.path.join(sync, f"{rank}.tmp"), os.path.join(sync, str(rank)))
+    def reached(r):
+        try:
+            return int(open(os.path.join(sync, str(r))).read()) >= step
+        except (FileNotFoundError, ValueError):
+            return False
+    while not all(reached(r) for r in range(world)):
+        time.sleep(0.02)
+    step += 1
+"""
+
+
+def train(api: Api, folder: Path, name: str, policy: str | None = None, **env) -> dict:
+    script, sync = folder / "trainer.py", folder / f"sync-{name}"
+    script.write_text(TRAINER)
+    sync.mkdir()
+    body = {
+        "queue": "pretrain",
+        "gpus": 2 * GPUS_PER_NODE,
+        "chip_types": ["H100-SXM"],
+        "topology": "pod",
+        "command": f"{sys.executable} {script}",
+        "env": {"SYNC_DIR": str(sync), "STEP_S": "0.2", **{k: str(v) for k, v in env.items()}},
+        **({"checkpoint_policy": policy} if policy else {}),
+    }
+    status, job = api.call("POST", "/api/v1/jobs/", body)
+    assert status == 201, job
+    return job
+
+
+def test_a_rank_that_stops_making_progress_is_named_as_a_hang_and_the_job_restarts(cluster, tmp_path):
+    _, api, _ = cluster
+    job = train(api, tmp_path, "hang", HANG_RANK=1, HANG_AT=15)
+    detail = wait_for("every rank running", launched(api, job), timeout=60)
+    rank1 = next(p["node"] for p in detail["processes"] if p["state"] == "running" and p["rank"] == 1)
+    fault = wait_for(
+        "the hang found from progress",
+        lambda: next(
+            (
+                f
+                for f in api.get("/api/v1/faults/?source=job_hang")["results"]
+                if f"job {job['id']}:" in f["description"] and f["action"]
+            ),
+            None,
+        ),
+        timeout=60,
+    )
+    assert fault["hostname"] == rank1  # the rank that stopped, not the one waiting for it
+    assert "stopped before step 15" in fault["description"]
+    assert fault["action"] == "restart_job"
+    api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
+
+
+def test_a_slow_rank_is_named_a_straggler_and_cordoned_by_its_policy(cluster, tmp_path):
+    _, api, _ = cluster
+    status, policy = api.call(
+        "POST",
+        "/api/v1/checkpoint-policies/",
+        {
+            "name": "cordon-slow",
+            "kind": "async",
+            "recovery_tier": "fast_detection",
+            "cordon_stragglers": True,
+        },
+    )
+    assert status == 201, policy
+    job = train(api, tmp_path, "slow", policy="cordon-slow", SLOW_RANK=0, SLOW=2.5)
+    detail = wait_for("every rank running", launched(api, job), timeout=60)
+    rank0 = next(p["node"] for p in detail["processes"] if p["state"] == "running" and p["rank"] == 0)
+    event = wait_for(
+        "the straggler event",
+        lambda: next(
+            (e for e in api.get(f"/api/v1/jobs/{job['id']}/")["events"] if e["kind"] == "straggler"), None
+        ),
+        timeout=60,
+    )
+    assert event["data"]["node"] == rank0 and event["data"]["slowdown"] > 1.3 and event["data"]["cordoned"]
+    node = next(n for n in api.get("/api/v1/nodes/")["results"] if n["hostname"] == rank0)
+    assert node["state"] == "cordoned" and "straggler" in node["state_reason"]
+    assert api.get(f"/api/v1/jobs/{job['id']}/")["state"] == "running"  # running work stays
+    api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
+    status, _ = api.call("POST", f"/api/v1/nodes/{node['id']}/uncordon/", {"reason": "looked at it"})
+    assert status == 200
 
 
 def test_a_revoked_node_is_refused_and_its_agent_stops(cluster):
