@@ -24,6 +24,8 @@ from engine.states import InvalidTransition
 from monitoring.forms import DRAIN_GRACE_CHOICES, NodeActionForm
 from monitoring.models import FaultEvent, Simulation
 from monitoring.services import LEMON_WINDOW, node_fault_counts
+from scheduling.choices import EventKind
+from scheduling.models import JobEvent
 
 PAGE_SIZE = 50
 BUCKET_LABELS = {
@@ -328,6 +330,9 @@ def faults(request):
             "lemons": lemons,
             "lemon_rule": {"faults": lifecycle.LEMON_FAULTS, "days": LEMON_WINDOW.days},
             "open_faults": open_faults,
+            "stragglers": JobEvent.objects.filter(kind=EventKind.STRAGGLER, at__gte=since)
+            .select_related("job")
+            .order_by("-at")[:PAGE_SIZE],
             "step_hours": int(step.total_seconds() // 3600),
         },
     )

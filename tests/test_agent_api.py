@@ -491,3 +491,26 @@ def test_a_faulted_job_on_real_nodes_gets_its_recovery_measured(
     recovered = JobEvent.objects.get(job=job, kind="recovered")
     assert recovered.data["measured"] is True and recovered.data["restart_s"] >= 0
     assert JobProcess.objects.filter(job=job).count() == 4  # two nodes, two placements
+
+
+# --- per-rank progress --------------------------------------------------------------------------
+
+
+def test_progress_rides_with_the_readings_and_bad_progress_names_its_field(
+    node, django_capture_on_commit_callbacks
+):
+    client, _ = _agent(node)
+    good = {"job": 7, "generation": "abc", "step": 12, "step_at": 1.7e9, "recent": [1.0, 1.1]}
+    r = _report(client, 1, django_capture_on_commit_callbacks, progress=[good], sent_at=1.7e9)
+    assert r.status_code == 200 and r.json()["accepted"]
+    entry = ingest.latest_reports([node.pk])[node.pk]
+    assert entry["progress"][0]["step"] == 12 and entry["sent_at"] == 1.7e9
+    for bad, field in (
+        ({**good, "step": -1}, "progress[0].step"),
+        ({**good, "generation": ""}, "progress[0].generation"),
+        ({**good, "recent": [1.0] * 17}, "progress[0].recent"),
+        ({**good, "recent": ["fast"]}, "progress[0].recent[0]"),
+    ):
+        r = _report(client, 2, django_capture_on_commit_callbacks, progress=[bad])
+        assert r.status_code == 400 and field in r.json(), (field, r.json())
+    assert ingest.latest_reports([node.pk])[node.pk]["seq"] == 1  # nothing refused was kept

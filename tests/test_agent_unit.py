@@ -246,3 +246,20 @@ def test_a_process_is_reported_when_its_state_changes_not_in_every_report(tmp_pa
     supervisor.accepted(ended, now + 2)
     supervisor.forget(keep=set())
     assert supervisor.to_report(now + 3) == [] and proc.key not in supervisor.processes
+
+
+def test_the_agent_reads_progress_lines_and_waits_for_half_written_ones(tmp_path):
+    from myriad_agent.supervisor import PROGRESS_WINDOW, Process, _read_progress
+
+    path = tmp_path / "progress.jsonl"
+    proc = Process(1, "g", None, tmp_path / "log", tmp_path / "ck", 0.0, progress_file=path)
+    _read_progress(proc)  # no file yet: nothing
+    assert proc.step is None
+    lines = [json.dumps({"step": s, "compute_s": 0.5}) for s in range(12)]
+    path.write_text("\n".join(lines[:10]) + "\nnot json\n" + lines[10] + "\n" + lines[11][:5])
+    _read_progress(proc)
+    assert proc.step == 10 and len(proc.compute_s) == PROGRESS_WINDOW
+    with path.open("a") as f:
+        f.write(lines[11][5:] + "\n" + json.dumps({"step": 3}) + "\n")  # an older step changes nothing
+    _read_progress(proc)
+    assert proc.step == 11

@@ -144,3 +144,61 @@ def test_hung_and_slowed_nodes_are_named_within_a_minute_without_false_cordons()
     assert stats["named_within_60s"] >= 0.95
     assert stats["hang_named_within_60s"] >= 0.95 and stats["straggler_named_within_60s"] >= 0.95
     assert stats["false_cordon_share"] < 0.01
+
+
+def test_operators_choose_a_tier_and_see_its_cost_and_stragglers_show_on_the_faults_page(
+    queues, operator, operator_client
+):
+    from django.test import Client
+
+    from scheduling.choices import EventKind
+    from scheduling.models import CheckpointPolicy, Job, JobEvent
+
+    r = operator_client.post(
+        "/api/v1/checkpoint-policies/",
+        {"name": "groups", "kind": "triggered", "recovery_tier": "replica_groups", "replica_groups": 1},
+        format="json",
+    )
+    assert r.status_code == 400 and "replica_groups" in r.json()
+    r = operator_client.post(
+        "/api/v1/checkpoint-policies/",
+        {"name": "groups", "kind": "triggered", "recovery_tier": "hot_swap"},
+        format="json",
+    )
+    assert r.status_code == 400 and "recovery_tier" in r.json()
+    assert not CheckpointPolicy.objects.filter(name="groups").exists()
+    browser = Client()
+    browser.force_login(operator)
+    page = browser.post(
+        "/checkpoint-policies/new/",
+        {
+            "name": "groups",
+            "kind": "triggered",
+            "recovery_tier": "replica_groups",
+            "replica_groups": "16",
+            "cordon_stragglers": "1",
+            "interval_s": "",
+            "triggered_success": "0.95",
+            "description": "",
+        },
+    )
+    assert page.status_code == 302
+    policy = CheckpointPolicy.objects.get(name="groups")
+    assert policy.replica_groups == 16 and policy.cordon_stragglers
+    html = browser.get("/checkpoint-policies/").content.decode()
+    assert "Replica groups (train on without the faulty group), 16 groups; cordons stragglers" in html
+    assert "rejoin" in html and "host memory" in html
+    from django.utils import timezone
+
+    job = Job.objects.create(
+        name="llm", queue=queues["vision"], gpus=8, checkpoint_policy=policy, submitted_at=timezone.now()
+    )
+    JobEvent.objects.create(
+        job=job,
+        at=timezone.now(),
+        kind=EventKind.STRAGGLER,
+        reason="n1 (rank 3): compute 1.42x the median",
+        data={"node": "dc1-p1-r01-n01", "rank": 3, "slowdown": 1.42, "cordoned": True},
+    )
+    html = browser.get("/faults/").content.decode()
+    assert 'id="stragglers"' in html and "1.42x" in html and "(rank 3)" in html
