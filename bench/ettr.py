@@ -13,6 +13,8 @@ checks set the model beside published figures:
 - TorchFT (replica groups): about one step of work lost per fault.
 - Gemini (SOSP'23): recovery from in-memory checkpoints over 13x faster than from remote storage
   (128 GPUs, a 100B model; wasted time per fault, lost work plus restart).
+Last, seeded jobs with a hung or slowed node (sim.progress) show how often the control plane's
+rule (engine.progress) names the node within 60 s, and how often it names a healthy one.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from bench._backends import print_table
 from engine import tiers
 from engine.checkpoint import CheckpointKind
 from engine.physics import Physics
+from sim.progress import localization_stats
 from sim.reliability import BUCKETS, DAY, RunPolicy, simulate_training
 
 POLICIES = {
@@ -107,6 +110,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--days", type=float, default=7.0)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--localize", type=int, default=300, help="localization trials")
     args = parser.parse_args()
     rows, cost_rows, fast_rows, figures = [], [], [], {}
     for gpus, params in JOBS:
@@ -186,6 +190,23 @@ def main() -> None:
         "Fidelity: the model beside published figures", fid_rows, ("setup", "figure", "published", "model")
     )
     figures.update(fid)
+    loc = localization_stats(args.localize, seed=0)
+    print_table(
+        f"Finding the node: {loc['trials']} seeded jobs (hang, straggler, healthy), per-rank progress",
+        [
+            (
+                kind,
+                loc[f"{kind}_trials"],
+                f"{100 * loc[f'{kind}_named_within_60s']:.1f}",
+                loc[f"{kind}_median_s"],
+            )
+            for kind in ("hang", "straggler")
+        ],
+        ("fault", "trials", "named within 60 s %", "median s"),
+    )
+    print(f"false cordons: {loc['false_cordons']} ({100 * loc['false_cordon_share']:.2f}% of cordons)")
+    figures["localized_within_60s"] = loc["named_within_60s"]
+    figures["false_cordon_share"] = loc["false_cordon_share"]
     print(json.dumps({"benchmark": "ettr", "days": args.days, **figures}))
 
 

@@ -208,6 +208,11 @@ def _process(p: dict, i: int) -> dict:
     for key in ("started_at", "ended_at"):
         if p.get(key) is not None:
             out[key] = _number(p[key], f"{where}.{key}", 0, 1e11)
+    adopted = p.get("adopted_from")
+    if adopted is not None:
+        if not isinstance(adopted, str) or not 1 <= len(adopted) <= 16:
+            raise ReportError(f"{where}.adopted_from", "must be the generation the process ran under")
+        out["adopted_from"] = adopted
     if p.get("log_tail") is not None:
         if not isinstance(p["log_tail"], str):
             raise ReportError(f"{where}.log_tail", "must be text")

@@ -204,6 +204,7 @@ class Agent:
         if desired is None:
             return
         self.supervisor.forget(desired)  # ended, heard of, no longer assigned
+        self._hand_over(desired)
         for proc in self.supervisor.running():
             if proc.key not in desired:
                 log.info(
@@ -227,6 +228,25 @@ class Agent:
                 self.supervisor.signal(proc, self.config.checkpoint_signal)
                 proc.signalled_checkpoint = asked
                 log.info("asked job %d to save (signal %d)", proc.job, self.config.checkpoint_signal)
+
+    def _hand_over(self, desired: dict) -> None:
+        """Warm restart: a job whose placement changed and whose policy keeps healthy nodes'
+        processes (``warm`` in its assignment) keeps this node's running process for the new
+        placement instead of stopping it and starting another."""
+        running = {
+            p.job: p for p in self.supervisor.running() if p.key not in desired and p.stop_deadline is None
+        }
+        for key, a in desired.items():
+            proc = running.get(a["job"])
+            if a.get("warm") and key not in self.supervisor.processes and proc is not None:
+                log.info(
+                    "job %d keeps its process for generation %s (rank %d of %d)",
+                    a["job"],
+                    a["generation"],
+                    a["rank"],
+                    a["nnodes"],
+                )
+                self.supervisor.adopt(proc, a, self.config.reconfigure_signal)
 
     def _forward_checkpoints(self) -> None:
         """Checkpoints the job wrote to $MYRIAD_CHECKPOINT_REPORT (JSON lines), reported by rank 0."""

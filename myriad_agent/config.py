@@ -26,6 +26,7 @@ class Config:
     address: str
     grace_s: float
     checkpoint_signal: int
+    reconfigure_signal: int
     checkpoint_root: Path
     buffer_reports: int
     nvml: str  # "auto", "real", or "fake:<state file>"
@@ -52,6 +53,12 @@ OPTIONS = [
     ),
     ("--grace", "MYRIAD_AGENT_GRACE_S", "30", "seconds between SIGTERM and SIGKILL when stopping a job"),
     ("--checkpoint-signal", "MYRIAD_AGENT_CHECKPOINT_SIGNAL", "SIGUSR1", "signal that asks a job to save"),
+    (
+        "--reconfigure-signal",
+        "MYRIAD_AGENT_RECONFIGURE_SIGNAL",
+        "SIGUSR2",
+        "signal that tells a warm-restarted job its new placement ($MYRIAD_ASSIGNMENT_FILE)",
+    ),
     (
         "--checkpoint-root",
         "MYRIAD_AGENT_CHECKPOINT_ROOT",
@@ -103,10 +110,7 @@ def load(argv: list[str] | None = None, environ: dict | None = None) -> tuple[Co
     if url.scheme not in ("http", "https") or not url.netloc:
         raise ConfigError(f"--server: {server!r} is not an http(s) URL")
     hostname = raw["--hostname"] or socket.getfqdn()
-    sig_name = raw["--checkpoint-signal"].upper()
-    sig_name = sig_name if sig_name.startswith("SIG") else f"SIG{sig_name}"
-    if not hasattr(signal, sig_name):
-        raise ConfigError(f"--checkpoint-signal: {raw['--checkpoint-signal']!r} is not a signal")
+    signals = {flag: _signal(flag, raw[flag]) for flag in ("--checkpoint-signal", "--reconfigure-signal")}
     nvml = raw["--nvml"]
     if nvml not in ("auto", "real") and not nvml.startswith("fake:"):
         raise ConfigError(f"--nvml: {nvml!r} is not auto, real or fake:<state file>")
@@ -120,7 +124,8 @@ def load(argv: list[str] | None = None, environ: dict | None = None) -> tuple[Co
             hostname=hostname,
             address=raw["--address"] or hostname,
             grace_s=_number("--grace", raw["--grace"], 0, 3600),
-            checkpoint_signal=int(getattr(signal, sig_name)),
+            checkpoint_signal=signals["--checkpoint-signal"],
+            reconfigure_signal=signals["--reconfigure-signal"],
             checkpoint_root=Path(raw["--checkpoint-root"])
             if raw["--checkpoint-root"]
             else work / "checkpoints",
@@ -131,3 +136,10 @@ def load(argv: list[str] | None = None, environ: dict | None = None) -> tuple[Co
         ),
         args,
     )
+
+
+def _signal(flag: str, value: str) -> int:
+    name = value.upper() if value.upper().startswith("SIG") else f"SIG{value.upper()}"
+    if not hasattr(signal, name):
+        raise ConfigError(f"{flag}: {value!r} is not a signal")
+    return int(getattr(signal, name))

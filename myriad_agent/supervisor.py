@@ -37,6 +37,7 @@ class Process:
     reported: str | None = None  # the state the control plane has accepted from us
     reported_tail_at: float = 0.0  # when its output tail was last sent
     checkpoint_offset: int = 0
+    adopted_from: str | None = None  # the generation it ran under before a warm restart
     progress_file: Path | None = None
     progress_offset: int = 0
     step: int | None = None  # the newest step the rank's compute finished ($MYRIAD_PROGRESS_FILE)
@@ -61,6 +62,8 @@ class Process:
             out["exit_code"] = self.exit_code
         if self.ended_at is not None:
             out["ended_at"] = self.ended_at
+        if self.adopted_from is not None:
+            out["adopted_from"] = self.adopted_from
         return out
 
 
@@ -81,6 +84,8 @@ class Supervisor:
         env["MYRIAD_CHECKPOINT_DIR"] = str(checkpoints)
         env["MYRIAD_CHECKPOINT_REPORT"] = str(folder / "checkpoints.jsonl")
         env["MYRIAD_PROGRESS_FILE"] = str(folder / "progress.jsonl")
+        env["MYRIAD_ASSIGNMENT_FILE"] = str(self._assignment_file(job))
+        _write_json(self._assignment_file(job), assignment)
         log = folder / "output.log"
         proc = Process(job, generation, None, log, folder / "checkpoints.jsonl", time.time())
         proc.progress_file = folder / "progress.jsonl"
@@ -127,6 +132,23 @@ class Supervisor:
                     self.changed.set()
                 elif proc.stop_deadline is not None and now >= proc.stop_deadline:
                     _signal_group(proc.popen, signal.SIGKILL)
+
+    def _assignment_file(self, job: int) -> Path:
+        return self.work_dir / "jobs" / f"{job}-assignment.json"
+
+    def adopt(self, proc: Process, assignment: dict, sig: int) -> None:
+        """Warm restart: the running process of an older placement serves the new one. Its new
+        assignment (peers, rank, world size) goes to $MYRIAD_ASSIGNMENT_FILE and the process gets
+        ``sig`` to read it and rebuild its communicators; it is reported under the new
+        generation, naming the old one."""
+        with self.lock:
+            self.processes.pop(proc.key, None)
+            proc.adopted_from, proc.generation = proc.generation, assignment["generation"]
+            proc.reported = None
+            self.processes[proc.key] = proc
+        _write_json(self._assignment_file(proc.job), assignment)
+        self.signal(proc, sig)
+        self.changed.set()
 
     def stop(self, proc: Process, grace_s: float) -> None:
         """SIGTERM to the process group now, SIGKILL after ``grace_s`` if it is still there."""
@@ -232,3 +254,9 @@ def _read_progress(proc: Process) -> None:
             proc.step, proc.step_at = step, now
             if compute > 0:
                 proc.compute_s.append(round(compute, 4))
+
+
+def _write_json(path: Path, body: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body))
+    os.replace(tmp, path)  # the job never reads half a file

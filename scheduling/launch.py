@@ -30,6 +30,7 @@ from django.dispatch import Signal
 from django.utils import timezone
 
 from cluster.models import GPU, Node, NodeCredential
+from engine import tiers
 from scheduling import trigger
 from scheduling.choices import EventKind, JobState, ProcessState
 from scheduling.locks import cycle_lock
@@ -59,6 +60,8 @@ LAUNCH_VARIABLES = frozenset(
         "MYRIAD_GENERATION",
         "MYRIAD_CHECKPOINT_DIR",
         "MYRIAD_CHECKPOINT_REPORT",
+        "MYRIAD_PROGRESS_FILE",
+        "MYRIAD_ASSIGNMENT_FILE",
     }
 )
 
@@ -139,7 +142,9 @@ def assignments(node: Node) -> list[dict]:
         )
     )
     hostnames = dict(Node.objects.filter(pk__in=all_nodes).values_list("pk", "hostname"))
-    jobs = Job.objects.filter(pk__in=list(found)).only("id", "command", "env", "checkpoint_requested_at")
+    jobs = Job.objects.filter(pk__in=list(found)).select_related(
+        "checkpoint_policy", "queue__default_checkpoint_policy"
+    )
     out = []
     for job in jobs:
         p = found[job.pk]
@@ -169,9 +174,16 @@ def assignments(node: Node) -> list[dict]:
                 "rank": rank,
                 "nnodes": len(p.nodes),
                 "checkpoint_requested_at": requested.timestamp() if requested else None,
+                "warm": _warm(job),
             }
         )
     return sorted(out, key=lambda a: a["job"])
+
+
+def _warm(job: Job) -> bool:
+    """Whether the job's recovery tier keeps healthy nodes' processes when its placement changes."""
+    policy = job.checkpoint_policy or job.queue.default_checkpoint_policy
+    return bool(policy) and tiers.has(policy.recovery_tier, tiers.RecoveryTier.WARM_RESTART)
 
 
 def changed() -> None:
@@ -278,6 +290,15 @@ def record_processes(node: Node, processes: list[dict], now: datetime) -> None:
     for r in processes:
         key = (r["job"], r["generation"])
         row = existing.get(key)
+        if row is None and r.get("adopted_from"):  # warm restart: the same process, a new placement
+            row = JobProcess.objects.filter(job_id=r["job"], node=node, generation=r["adopted_from"]).first()
+            if row is not None:
+                p = found.get(r["job"])
+                row.generation = r["generation"]
+                row.rank = (
+                    p.rank_of(node.pk) if p and p.generation == r["generation"] and node.pk in p.nodes else 0
+                )
+                existing[key] = row
         if row is None:
             p = found.get(r["job"])
             rank = p.rank_of(node.pk) if p and p.generation == r["generation"] and node.pk in p.nodes else 0

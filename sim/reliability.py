@@ -179,7 +179,7 @@ class _TrainingRun:
                 break
         self.groups_back = [b for b in self.groups_back if b > end]
         self.progress += done
-        self.buckets["degraded"] += dt - done
+        self.buckets["degraded"] += max(0.0, dt - done)
         self.t = end
 
     def run(self, end: float) -> RunReport:

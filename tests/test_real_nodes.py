@@ -314,78 +314,6 @@ def test_cancel_and_preemption_kill_the_real_processes(cluster):
     )
 
 
-def test_an_xid_from_nvml_takes_the_node_out_and_the_job_moves_with_measured_recovery(cluster):
-    _, api, agents = cluster
-    job = submit(api, sleep=600)
-    detail = wait_for("every rank running", launched(api, job), timeout=60)
-    victim = sorted(p["node"] for p in detail["processes"] if p["state"] == "running")[1]
-    agents[victim].inject_xid(gpu=1, xid=79)
-    fault = wait_for(  # recorded at the report, then handled by the fault task on its own queue
-        "the XID fault handled",
-        lambda: next(
-            (f for f in api.get("/api/v1/faults/")["results"] if f["source"] == "xid" and f["action"]), None
-        ),
-        timeout=30,
-    )
-    assert fault["xid"] == 79 and fault["action"] == "reboot_node"
-    node = next(n for n in api.get("/api/v1/nodes/")["results"] if n["hostname"] == victim)
-    assert node["state"] == "down"
-    detail = wait_for("the job running again elsewhere", launched(api, job, times=2), timeout=90)
-    assert victim not in current_nodes(detail) and len(current_nodes(detail)) == 2
-    wait_for(  # and its process on the node taken out ends
-        "the old process on the faulty node to end",
-        lambda: all(
-            p["state"] != "running"
-            for p in api.get(f"/api/v1/jobs/{job['id']}/")["processes"]
-            if p["node"] == victim
-        ),
-        timeout=30,
-    )
-    fault = wait_for(
-        "the measured recovery",
-        lambda: (f := api.get(f"/api/v1/faults/{fault['id']}/"))["recovery_s"] and f,
-        timeout=30,
-    )
-    recovered = next(e for e in detail["events"] if e["kind"] == "recovered")
-    assert recovered["data"]["measured"] is True
-    assert 0 < fault["recovery_s"] < 90
-    api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
-
-
-def test_the_work_runs_on_through_a_20_s_outage_and_no_report_is_lost_or_doubled(cluster):
-    stack, api, agents = cluster
-    job = submit(api, sleep=600, gpus=GPUS_PER_NODE, topology="node")
-    detail = wait_for("the job running", launched(api, job), timeout=60)
-    host = next(p["node"] for p in detail["processes"] if p["state"] == "running")
-    pid = wait_for("its pid", lambda: next(iter(agents[host].pids(job["id"]).values()), None))
-    stack.stop()
-    time.sleep(20)
-    assert alive(pid)  # the work runs on while the control plane is away
-    stack.start()
-    wait_for(
-        "the agents to catch up",
-        lambda: all(
-            c["last_seq"] >= agents[c["node"]].seq() - 1
-            for c in api.get("/api/v1/node-credentials/")["results"]
-            if c["node"] in agents and agents[c["node"]].process.poll() is None
-        ),
-        timeout=60,
-    )
-    detail = api.get(f"/api/v1/jobs/{job['id']}/")
-    assert detail["state"] == "running" and alive(pid)
-    assert [e["kind"] for e in detail["events"]].count("launched") == 1  # never restarted
-    assert not [f for f in api.get("/api/v1/faults/")["results"] if f["source"] == "heartbeat_loss"]
-    # stop one agent (it sends its last report): every report it made was accepted exactly once
-    agent = agents[host]
-    agent.stop()
-    assert agent.process.returncode == 0
-    wait_for("the job's processes to end", lambda: not alive(pid), timeout=15)
-    credential = next(c for c in api.get("/api/v1/node-credentials/")["results"] if c["node"] == host)
-    assert credential["last_seq"] == agent.seq() == credential["reports_accepted"]
-    log = (agent.folder / "agent.log").read_text()
-    assert "buffered, retrying" in log  # it did buffer through the outage
-
-
 # a synchronous training job in miniature: each rank "computes" for STEP_S (times SLOW on rank
 # SLOW_RANK), appends its step to $MYRIAD_PROGRESS_FILE, then waits for every rank to reach the
 # step (the collective, through files in SYNC_DIR); rank HANG_RANK stops at step HANG_AT and sleeps
@@ -487,6 +415,134 @@ def test_a_slow_rank_is_named_a_straggler_and_cordoned_by_its_policy(cluster, tm
     api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
     status, _ = api.call("POST", f"/api/v1/nodes/{node['id']}/uncordon/", {"reason": "looked at it"})
     assert status == 200
+
+
+# a job that follows warm restarts: on the reconfigure signal it reads its new placement and
+# records it in its checkpoint folder
+WARM_JOB = r"""
+import json, os, signal, time
+def reconfigure(*_):
+    a = json.load(open(os.environ["MYRIAD_ASSIGNMENT_FILE"]))
+    with open(os.path.join(os.environ["MYRIAD_CHECKPOINT_DIR"], "reconfigured"), "a") as f:
+        f.write(f"{a['generation']} {a['rank']} {a['nnodes']} {a['env']['MASTER_ADDR']}\n")
+signal.signal(signal.SIGUSR2, reconfigure)
+while True:
+    time.sleep(0.2)
+"""
+
+
+def test_a_warm_restart_keeps_the_healthy_nodes_process_and_tells_it_the_new_placement(cluster, tmp_path):
+    _, api, agents = cluster
+    status, _ = api.call(
+        "POST",
+        "/api/v1/checkpoint-policies/",
+        {"name": "warm", "kind": "async", "recovery_tier": "warm_restart"},
+    )
+    assert status == 201
+    script = tmp_path / "warm.py"
+    script.write_text(WARM_JOB)
+    body = {
+        "queue": "pretrain",
+        "gpus": 2 * GPUS_PER_NODE,
+        "chip_types": ["H100-SXM"],
+        "topology": "pod",
+        "command": f"exec {sys.executable} {script}",  # the signals reach the trainer, not a shell
+        "checkpoint_policy": "warm",
+    }
+    status, job = api.call("POST", "/api/v1/jobs/", body)
+    assert status == 201, job
+    detail = wait_for("every rank running", launched(api, job), timeout=60)
+    first = detail["launched_generation"]
+    ranks = {p["rank"]: p for p in detail["processes"] if p["generation"] == first}
+    healthy, victim = ranks[0], ranks[1]
+    agents[victim["node"]].inject_xid(gpu=0, xid=79)
+    detail = wait_for("the job running again on a replacement", launched(api, job, times=2), timeout=90)
+    now = detail["launched_generation"]
+    assert now != first and victim["node"] not in current_nodes(detail)
+    kept = next(p for p in detail["processes"] if p["node"] == healthy["node"] and p["generation"] == now)
+    assert kept["pid"] == healthy["pid"]  # the same process, not a new one
+    told = agents[healthy["node"]].folder / "work" / "checkpoints" / str(job["id"]) / "reconfigured"
+    line = wait_for("the new placement handed to the job", lambda: told.exists() and told.read_text())
+    generation, _, nnodes, _ = line.split()
+    assert generation == now and nnodes == "2"
+    api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
+
+
+def test_an_xid_from_nvml_takes_the_node_out_and_the_job_moves_with_measured_recovery(cluster):
+    _, api, agents = cluster
+    job = submit(api, sleep=600)
+    detail = wait_for("every rank running", launched(api, job), timeout=60)
+    victim = sorted(p["node"] for p in detail["processes"] if p["state"] == "running")[1]
+    agents[victim].inject_xid(gpu=1, xid=79)
+    fault = wait_for(  # recorded at the report, then handled by the fault task on its own queue
+        "the XID fault handled",
+        lambda: next(
+            (
+                f
+                for f in api.get("/api/v1/faults/")["results"]
+                if f["source"] == "xid" and f["action"] and f["hostname"] == victim
+            ),
+            None,
+        ),
+        timeout=30,
+    )
+    assert fault["xid"] == 79 and fault["action"] == "reboot_node"
+    node = next(n for n in api.get("/api/v1/nodes/")["results"] if n["hostname"] == victim)
+    assert node["state"] == "down"
+    detail = wait_for("the job running again elsewhere", launched(api, job, times=2), timeout=90)
+    assert victim not in current_nodes(detail) and len(current_nodes(detail)) == 2
+    wait_for(  # and its process on the node taken out ends
+        "the old process on the faulty node to end",
+        lambda: all(
+            p["state"] != "running"
+            for p in api.get(f"/api/v1/jobs/{job['id']}/")["processes"]
+            if p["node"] == victim
+        ),
+        timeout=30,
+    )
+    fault = wait_for(
+        "the measured recovery",
+        lambda: (f := api.get(f"/api/v1/faults/{fault['id']}/"))["recovery_s"] and f,
+        timeout=30,
+    )
+    recovered = next(e for e in detail["events"] if e["kind"] == "recovered")
+    assert recovered["data"]["measured"] is True
+    assert 0 < fault["recovery_s"] < 90
+    api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
+
+
+def test_the_work_runs_on_through_a_20_s_outage_and_no_report_is_lost_or_doubled(cluster):
+    stack, api, agents = cluster
+    job = submit(api, sleep=600, gpus=GPUS_PER_NODE, topology="node")
+    detail = wait_for("the job running", launched(api, job), timeout=60)
+    host = next(p["node"] for p in detail["processes"] if p["state"] == "running")
+    pid = wait_for("its pid", lambda: next(iter(agents[host].pids(job["id"]).values()), None))
+    stack.stop()
+    time.sleep(20)
+    assert alive(pid)  # the work runs on while the control plane is away
+    stack.start()
+    wait_for(
+        "the agents to catch up",
+        lambda: all(
+            c["last_seq"] >= agents[c["node"]].seq() - 1
+            for c in api.get("/api/v1/node-credentials/")["results"]
+            if c["node"] in agents and agents[c["node"]].process.poll() is None
+        ),
+        timeout=60,
+    )
+    detail = api.get(f"/api/v1/jobs/{job['id']}/")
+    assert detail["state"] == "running" and alive(pid)
+    assert [e["kind"] for e in detail["events"]].count("launched") == 1  # never restarted
+    assert not [f for f in api.get("/api/v1/faults/")["results"] if f["source"] == "heartbeat_loss"]
+    # stop one agent (it sends its last report): every report it made was accepted exactly once
+    agent = agents[host]
+    agent.stop()
+    assert agent.process.returncode == 0
+    wait_for("the job's processes to end", lambda: not alive(pid), timeout=15)
+    credential = next(c for c in api.get("/api/v1/node-credentials/")["results"] if c["node"] == host)
+    assert credential["last_seq"] == agent.seq() == credential["reports_accepted"]
+    log = (agent.folder / "agent.log").read_text()
+    assert "buffered, retrying" in log  # it did buffer through the outage
 
 
 def test_a_revoked_node_is_refused_and_its_agent_stops(cluster):
