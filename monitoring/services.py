@@ -260,6 +260,11 @@ def _recover(
     job_gpus = held.gpus_of(job.pk)
     plan, triggered_ok = _plan(job, fault, classification, faulty, held)
     _record_fault(job, fault, classification, triggered_ok)
+    if job.command and policy_kind(job)[0] == CheckpointKind.TRIGGERED and classification.memory_readable:
+        # on real nodes a triggered save is the job's: every rank gets the checkpoint signal (the
+        # healthy ones where they run on, the others before they are stopped)
+        job.checkpoint_requested_at = fault.detected_at
+        Job.objects.filter(pk=job.pk).update(checkpoint_requested_at=fault.detected_at)
     detected = fault.detected_at
     steps = {s.name: round(s.seconds, 3) for s in plan.steps}
     if plan.outcome == "requeue":

@@ -207,6 +207,9 @@ class Agent:
         self._hand_over(desired)
         for proc in self.supervisor.running():
             if proc.key not in desired:
+                if proc.save_on_stop and proc.stop_deadline is None:
+                    # its policy saves on demand (triggered): it saves before it is stopped
+                    self.supervisor.signal(proc, self.config.checkpoint_signal)
                 log.info(
                     "stopping job %d (generation %s): no longer assigned here", proc.job, proc.generation
                 )
@@ -239,6 +242,10 @@ class Agent:
         for key, a in desired.items():
             proc = running.get(a["job"])
             if a.get("warm") and key not in self.supervisor.processes and proc is not None:
+                asked = a.get("checkpoint_requested_at")
+                if asked and asked > proc.started_at and (proc.signalled_checkpoint or 0) < asked:
+                    self.supervisor.signal(proc, self.config.checkpoint_signal)  # save, then move on
+                    proc.signalled_checkpoint = asked
                 log.info(
                     "job %d keeps its process for generation %s (rank %d of %d)",
                     a["job"],

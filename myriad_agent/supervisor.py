@@ -37,6 +37,7 @@ class Process:
     reported: str | None = None  # the state the control plane has accepted from us
     reported_tail_at: float = 0.0  # when its output tail was last sent
     checkpoint_offset: int = 0
+    save_on_stop: bool = False  # its policy saves on demand: the checkpoint signal before SIGTERM
     adopted_from: str | None = None  # the generation it ran under before a warm restart
     progress_file: Path | None = None
     progress_offset: int = 0
@@ -89,6 +90,7 @@ class Supervisor:
         log = folder / "output.log"
         proc = Process(job, generation, None, log, folder / "checkpoints.jsonl", time.time())
         proc.progress_file = folder / "progress.jsonl"
+        proc.save_on_stop = bool(assignment.get("save_on_stop"))
         proc.tail = collections.deque(maxlen=self.tail_lines)
         try:
             out = open(log, "ab")  # noqa: SIM115 - handed to the reader thread, closed there
@@ -144,6 +146,7 @@ class Supervisor:
         with self.lock:
             self.processes.pop(proc.key, None)
             proc.adopted_from, proc.generation = proc.generation, assignment["generation"]
+            proc.save_on_stop = bool(assignment.get("save_on_stop"))
             proc.reported = None
             self.processes[proc.key] = proc
         _write_json(self._assignment_file(proc.job), assignment)

@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from cluster.models import GPU, Node, NodeCredential
 from engine import tiers
+from engine.lifecycle import saves_on_demand
 from scheduling import trigger
 from scheduling.choices import EventKind, JobState, ProcessState
 from scheduling.locks import cycle_lock
@@ -175,6 +176,7 @@ def assignments(node: Node) -> list[dict]:
                 "nnodes": len(p.nodes),
                 "checkpoint_requested_at": requested.timestamp() if requested else None,
                 "warm": _warm(job),
+                "save_on_stop": _saves_on_demand(job),
             }
         )
     return sorted(out, key=lambda a: a["job"])
@@ -184,6 +186,13 @@ def _warm(job: Job) -> bool:
     """Whether the job's recovery tier keeps healthy nodes' processes when its placement changes."""
     policy = job.checkpoint_policy or job.queue.default_checkpoint_policy
     return bool(policy) and tiers.has(policy.recovery_tier, tiers.RecoveryTier.WARM_RESTART)
+
+
+def _saves_on_demand(job: Job) -> bool:
+    """Whether the job's policy saves when asked (triggered): its ranks get the checkpoint signal
+    before they are stopped, wherever the stop comes from (a fault, a preemption, a drain)."""
+    policy = job.checkpoint_policy or job.queue.default_checkpoint_policy
+    return bool(policy) and saves_on_demand(policy.kind)
 
 
 def changed() -> None:

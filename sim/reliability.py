@@ -178,8 +178,9 @@ class _TrainingRun:
             if back >= end:
                 break
         self.groups_back = [b for b in self.groups_back if b > end]
+        done = min(done, dt)  # rounding never makes degraded time negative
         self.progress += done
-        self.buckets["degraded"] += max(0.0, dt - done)
+        self.buckets["degraded"] += dt - done
         self.t = end
 
     def run(self, end: float) -> RunReport:

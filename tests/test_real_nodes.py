@@ -418,25 +418,33 @@ def test_a_slow_rank_is_named_a_straggler_and_cordoned_by_its_policy(cluster, tm
 
 
 # a job that follows warm restarts: on the reconfigure signal it reads its new placement and
-# records it in its checkpoint folder
+# records it in its checkpoint folder; on the checkpoint signal it "saves" (a file per rank)
 WARM_JOB = r"""
-import json, os, signal, time
+import json, os, signal, sys, time
 def reconfigure(*_):
     a = json.load(open(os.environ["MYRIAD_ASSIGNMENT_FILE"]))
     with open(os.path.join(os.environ["MYRIAD_CHECKPOINT_DIR"], "reconfigured"), "a") as f:
         f.write(f"{a['generation']} {a['rank']} {a['nnodes']} {a['env']['MASTER_ADDR']}\n")
+def save(*_):
+    name = "saved-" + os.environ["NODE_RANK"]
+    with open(os.path.join(os.environ["MYRIAD_CHECKPOINT_DIR"], name), "w") as f:
+        f.write(os.environ["MYRIAD_GENERATION"])
 signal.signal(signal.SIGUSR2, reconfigure)
+signal.signal(signal.SIGUSR1, save)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a trainer finishes what it does, then leaves
 while True:
     time.sleep(0.2)
 """
 
 
-def test_a_warm_restart_keeps_the_healthy_nodes_process_and_tells_it_the_new_placement(cluster, tmp_path):
+def test_a_warm_restart_saves_keeps_the_healthy_nodes_process_and_tells_it_the_new_placement(
+    cluster, tmp_path
+):
     _, api, agents = cluster
     status, _ = api.call(
         "POST",
         "/api/v1/checkpoint-policies/",
-        {"name": "warm", "kind": "async", "recovery_tier": "warm_restart"},
+        {"name": "warm", "kind": "triggered", "recovery_tier": "warm_restart"},
     )
     assert status == 201
     script = tmp_path / "warm.py"
@@ -455,7 +463,10 @@ def test_a_warm_restart_keeps_the_healthy_nodes_process_and_tells_it_the_new_pla
     first = detail["launched_generation"]
     ranks = {p["rank"]: p for p in detail["processes"] if p["generation"] == first}
     healthy, victim = ranks[0], ranks[1]
-    agents[victim["node"]].inject_xid(gpu=0, xid=79)
+    # a maintenance notice: the node leaves, its memory is still readable, so a triggered save runs
+    node_id = next(n["id"] for n in api.get("/api/v1/nodes/")["results"] if n["hostname"] == victim["node"])
+    status, made = api.call("POST", "/api/v1/faults/", {"node": node_id, "source": "host_maintenance"})
+    assert status == 201, made
     detail = wait_for("the job running again on a replacement", launched(api, job, times=2), timeout=90)
     now = detail["launched_generation"]
     assert now != first and victim["node"] not in current_nodes(detail)
@@ -465,6 +476,9 @@ def test_a_warm_restart_keeps_the_healthy_nodes_process_and_tells_it_the_new_pla
     line = wait_for("the new placement handed to the job", lambda: told.exists() and told.read_text())
     generation, _, nnodes, _ = line.split()
     assert generation == now and nnodes == "2"
+    for node, rank in ((healthy["node"], 0), (victim["node"], 1)):  # both ranks saved at the fault
+        saved = agents[node].folder / "work" / "checkpoints" / str(job["id"]) / f"saved-{rank}"
+        assert wait_for(f"rank {rank}'s triggered save", saved.exists, timeout=15)
     api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
 
 

@@ -29,18 +29,8 @@ from scheduling.services import capacity_problem
 class CheckpointPolicySerializer(serializers.ModelSerializer):
     class Meta:
         model = CheckpointPolicy
-        fields = [
-            "id",
-            "name",
-            "description",
-            "kind",
-            "interval_s",
-            "triggered_success",
-            "recovery_tier",
-            "replica_groups",
-            "cordon_stragglers",
-            "updated_at",
-        ]
+        fields = ["id", "name", "description", "kind", "interval_s", "triggered_success"]
+        fields += ["recovery_tier", "replica_groups", "cordon_stragglers", "updated_at"]
         read_only_fields = ["updated_at"]
 
     def validate_replica_groups(self, value):
