@@ -244,6 +244,28 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.MultiPartParser",
     ],
 }
+# --- brute force and floods (cluster.api.throttling): 429 with Retry-After, nothing changed ------
+NUM_PROXIES = env_int("MYRIAD_TRUSTED_PROXIES", 0, minimum=0)  # proxies whose X-Forwarded-For is believed
+REST_FRAMEWORK["NUM_PROXIES"] = NUM_PROXIES
+REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {
+    "submit": env_str("MYRIAD_SUBMIT_RATE", "6000/min"),  # job submits per user
+    "enrol": env_str("MYRIAD_ENROL_RATE", "60/min"),  # enrolment attempts per address
+}
+FAILURE_LIMITS = {  # kind: (failed attempts from one address, seconds it is then locked out)
+    "login": (
+        env_int("MYRIAD_LOGIN_FAILURES", 10, minimum=1),
+        env_int("MYRIAD_LOGIN_LOCKOUT_S", 300, minimum=1),
+    ),
+    "token": (
+        env_int("MYRIAD_TOKEN_FAILURES", 20, minimum=1),
+        env_int("MYRIAD_TOKEN_LOCKOUT_S", 300, minimum=1),
+    ),
+}
+CACHES = (
+    {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    if REDIS_URL
+    else {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+)
 # Request bodies: at most this many bytes (a 413 says so) and this deep in JSON (a 400 says so)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 MYRIAD_API_MAX_JSON_DEPTH = 32

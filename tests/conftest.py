@@ -66,6 +66,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def fresh_throttles():
+    """Each test starts with no failed logins or submits counted (cluster.api.throttling)."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def fresh_topology_cache():
     """Each test builds its own cluster: never reuse a snapshot cached by an earlier test."""
     from cluster.snapshot import topology_cache

@@ -19,6 +19,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.authtoken.models import Token
 
+from cluster.api.throttling import blocked_for, client_address, record_failure
 from cluster.roles import remember_groups
 
 _query: dict[str, tuple] = {}
@@ -62,8 +63,27 @@ def _convert(value, col, converters):
     return value
 
 
+def _guarded(request, check):
+    """Run ``check`` unless the caller's address is locked out for failed credentials; count a
+    failure (cluster.api.throttling)."""
+    who = client_address(request)
+    wait = blocked_for("token", who)
+    if wait:
+        raise exceptions.Throttled(
+            wait, detail=f"too many failed credentials from {who}; try again in {wait} s"
+        )
+    try:
+        return check()
+    except exceptions.AuthenticationFailed:
+        record_failure("token", who)
+        raise
+
+
 class TokenAuthentication(authentication.TokenAuthentication):
     """``Authorization: Token <key>``, as DRF's, in one query that also reads the user's groups."""
+
+    def authenticate(self, request):
+        return _guarded(request, lambda: super(TokenAuthentication, self).authenticate(request))
 
     def authenticate_credentials(self, key):
         sql, attnames, converters = _statement()
@@ -117,6 +137,9 @@ class NodeCredentialAuthentication(authentication.BaseAuthentication):
         parts = authentication.get_authorization_header(request).split()
         if not parts or parts[0].lower() != self.keyword.lower().encode():
             return None
+        return _guarded(request, lambda: self._credential(parts))
+
+    def _credential(self, parts):
         if len(parts) != 2:
             raise exceptions.AuthenticationFailed("Invalid node credential header: Node <credential>.")
         from cluster.agents import REVOKED_CREDENTIAL, UNKNOWN_CREDENTIAL, credential_for

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from cluster.agents import EnrolmentError, enrol
+from cluster.api.throttling import EnrolThrottle
 from cluster.permissions import IsNodeAgent, node_of
 from monitoring.reports import handle_report
 from scheduling.launch import assignments, assignments_version
@@ -33,6 +34,7 @@ class EnrolView(APIView):
 
     authentication_classes: list = []
     permission_classes = [AllowAny]
+    throttle_classes = [EnrolThrottle]
 
     @extend_schema(request=EnrolSerializer, responses={201: OpenApiTypes.OBJECT})
     def post(self, request):

@@ -12,6 +12,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from cluster.api.throttling import SubmitThrottle
 from cluster.permissions import RolePermission, node_of
 from scheduling import filtersets
 from scheduling.api import serializers as s
@@ -117,6 +118,9 @@ class JobViewSet(
 
     def get_serializer_class(self):
         return s.JobDetailSerializer if self.action == "retrieve" else s.JobSerializer
+
+    def get_throttles(self):
+        return [SubmitThrottle()] if self.action == "create" else super().get_throttles()
 
     def get_queryset(self):
         qs = super().get_queryset()

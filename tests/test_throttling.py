@@ -1,0 +1,74 @@
+"""Brute force and floods (cluster.api.throttling): failed logins and credentials lock an address
+out for a while, enrolment and submits are rate-limited; each refusal is a 429 with Retry-After
+and changes nothing."""
+
+from __future__ import annotations
+
+from django.test import Client
+from rest_framework.test import APIClient
+
+from cluster.api.throttling import EnrolThrottle, SubmitThrottle
+from scheduling.models import Job
+
+
+def test_failed_logins_lock_the_address_out_even_for_the_right_password(operator, settings):
+    settings.FAILURE_LIMITS = {**settings.FAILURE_LIMITS, "login": (3, 120)}
+    browser = Client()
+    for _ in range(2):
+        assert (
+            browser.post("/accounts/login/", {"username": operator.username, "password": "no"}).status_code
+            == 200
+        )
+    locked = browser.post("/accounts/login/", {"username": operator.username, "password": "no"})
+    assert locked.status_code == 429 and 0 < int(locked["Retry-After"]) <= 120
+    right = browser.post("/accounts/login/", {"username": operator.username, "password": "pw"})
+    assert right.status_code == 429 and "_auth_user_id" not in browser.session  # not logged in
+    other = Client(REMOTE_ADDR="10.9.9.9")  # another address is not locked out
+    assert (
+        other.post("/accounts/login/", {"username": operator.username, "password": "pw"}).status_code == 302
+    )
+    assert Client().get("/admin/login/?next=/admin/")["Location"] == "/accounts/login/?next=/admin/"
+
+
+def test_guessing_tokens_locks_the_address_out_and_forwarded_addresses_are_not_believed(operator, settings):
+    from rest_framework.authtoken.models import Token
+
+    settings.FAILURE_LIMITS = {**settings.FAILURE_LIMITS, "token": (3, 60)}
+    good = Token.objects.create(user=operator)
+    guesser = APIClient()
+    for i in range(3):
+        guesser.credentials(HTTP_AUTHORIZATION=f"Token guess{i}", HTTP_X_FORWARDED_FOR=f"192.0.2.{i}")
+        assert guesser.get("/api/v1/jobs/").status_code == 401
+    guesser.credentials(HTTP_AUTHORIZATION=f"Token {good.key}", HTTP_X_FORWARDED_FOR="192.0.2.77")
+    r = guesser.get("/api/v1/jobs/")
+    assert r.status_code == 429 and int(r["Retry-After"]) > 0 and "failed credentials" in r.json()["detail"]
+    node_guess = APIClient(REMOTE_ADDR="10.1.1.1")
+    for _ in range(3):
+        node_guess.credentials(HTTP_AUTHORIZATION="Node myr-node-guess")
+        assert node_guess.get("/api/v1/agent/assignments/").status_code == 401
+    assert node_guess.get("/api/v1/agent/assignments/").status_code == 429
+
+
+def test_submits_are_limited_per_user_and_a_refused_one_writes_nothing(queues, operator_client, monkeypatch):
+    monkeypatch.setattr(SubmitThrottle, "rate", "2/min", raising=False)
+    body = {"queue": "vision", "chip_types": ["H100-SXM"], "gpus": 8}
+    assert [operator_client.post("/api/v1/jobs/", body, format="json").status_code for _ in range(2)] == [
+        201,
+        201,
+    ]
+    r = operator_client.post("/api/v1/jobs/", body, format="json")
+    assert r.status_code == 429 and int(r["Retry-After"]) > 0
+    assert Job.objects.count() == 2
+    assert operator_client.get("/api/v1/jobs/").status_code == 200  # reading is not limited
+
+
+def test_enrolment_attempts_are_limited_per_address(small_cluster, monkeypatch):
+    monkeypatch.setattr(EnrolThrottle, "rate", "2/min", raising=False)
+    agent = APIClient()
+    body = {"token": "myr-enrol-guess", "hostname": "nobody", "gpus": 8}
+    assert [agent.post("/api/v1/agent/enrol/", body, format="json").status_code for _ in range(2)] == [
+        403,
+        403,
+    ]
+    r = agent.post("/api/v1/agent/enrol/", body, format="json")
+    assert r.status_code == 429 and int(r["Retry-After"]) > 0
