@@ -12,7 +12,7 @@ urlpatterns = [
     path("", include("monitoring.urls")),
     path("accounts/login/", LoginView.as_view(), name="login"),
     # one login page, with its lockout, for the admin too
-    path("admin/login/", RedirectView.as_view(url="/accounts/login/", query_string=True)),
+    path("admin/login/", RedirectView.as_view(url="/accounts/login/", query_string=True), name="admin-login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("config.api")),
