@@ -87,3 +87,25 @@ def env_networks(name: str) -> list:
         except ValueError:
             raise ConfigError(f"{name}: {item!r} is not an address or network such as 10.0.0.0/8") from None
     return out
+
+
+SECRETS = ("MYRIAD_SECRET_KEY", "MYRIAD_DATABASE_URL", "MYRIAD_REDIS_URL", "MYRIAD_METRICS_TOKEN")
+
+
+def load_secret_files(names=SECRETS, environ=os.environ) -> None:
+    """``NAME_FILE`` (a mounted secret: Docker, Kubernetes, systemd credentials) supplies NAME when
+    NAME itself is unset; the file's content, without its final newline. Both set is an error."""
+    for name in names:
+        path = environ.get(f"{name}_FILE")
+        if not path:
+            continue
+        if environ.get(name):
+            raise ConfigError(f"{name} and {name}_FILE are both set; set one")
+        try:
+            with open(path, encoding="utf-8") as f:
+                value = f.read().rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(f"{name}_FILE={path!r} cannot be read ({exc.strerror})") from None
+        if not value:
+            raise ConfigError(f"{name}_FILE={path!r} is empty")
+        environ[name] = value

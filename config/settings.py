@@ -6,7 +6,9 @@ from pathlib import Path
 
 import dj_database_url
 
-from config.env import env_bool, env_int, env_list, env_networks, env_str, env_url
+from config.env import env_bool, env_int, env_list, env_networks, env_str, env_url, load_secret_files
+
+load_secret_files()  # MYRIAD_SECRET_KEY_FILE and the like: secrets from mounted files
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("MYRIAD_DATA_DIR", str(BASE_DIR / "var")))

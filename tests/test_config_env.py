@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from config.env import ConfigError, env_bool, env_int, env_list, env_url
+from config.env import ConfigError, env_bool, env_int, env_list, env_url, load_secret_files
 
 
 def test_it_reads_booleans_in_the_usual_spellings(monkeypatch):
@@ -61,3 +61,18 @@ def test_settings_refuse_to_start_on_a_bad_value():
     )
     assert out.returncode != 0
     assert "MYRIAD_DEBUG='perhaps' is not a boolean" in out.stderr
+
+
+def test_secrets_come_from_mounted_files_and_a_bad_file_is_named(tmp_path):
+    secret = tmp_path / "key"
+    secret.write_text("s3cr3t\n")
+    env = {"MYRIAD_SECRET_KEY_FILE": str(secret)}
+    load_secret_files(environ=env)
+    assert env["MYRIAD_SECRET_KEY"] == "s3cr3t"
+    with pytest.raises(ConfigError, match="both set"):
+        load_secret_files(environ={"MYRIAD_SECRET_KEY_FILE": str(secret), "MYRIAD_SECRET_KEY": "x"})
+    with pytest.raises(ConfigError, match="MYRIAD_METRICS_TOKEN_FILE='/nope' cannot be read"):
+        load_secret_files(environ={"MYRIAD_METRICS_TOKEN_FILE": "/nope"})
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(ConfigError, match="is empty"):
+        load_secret_files(environ={"MYRIAD_DATABASE_URL_FILE": str(tmp_path / "empty")})
