@@ -1,5 +1,5 @@
 """Hostile bodies get a 4xx that says why and change nothing: JSON nested past the limit, a
-body past the size limit, NUL bytes in a name."""
+body past the size limit, a 100k-element list or map, NUL bytes in a name; unicode names are kept."""
 
 import json
 
@@ -39,3 +39,39 @@ def test_bad_names_are_refused_by_field(operator_client, queues, name):
     )
     assert response.status_code == 400 and "name" in response.json()
     assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        ({"chip_types": ["H100-SXM"] * 100_000}, "chip_types"),
+        ({"env": {f"K{i}": "v" for i in range(100_000)}}, "env"),
+        ({"env": {"A\u0000": "b"}}, "env"),
+        ({"queue": "vis\u0000ion"}, "queue"),
+        ({"gpus": 10**30}, "gpus"),
+    ],
+)
+def test_huge_lists_and_odd_values_are_refused_by_field(operator_client, queues, extra, field):
+    body = {"queue": "vision", "gpus": 1, "chip_types": ["H100-SXM"], **extra}
+    response = _post(operator_client, json.dumps(body))
+    assert response.status_code == 400 and field in response.json(), response.json()
+    assert not Job.objects.exists()
+
+
+def test_unicode_names_are_kept_as_written(operator_client, queues):
+    name = "llama-训练-🚀"
+    response = _post(
+        operator_client, json.dumps({"queue": "vision", "gpus": 1, "chip_types": ["H100-SXM"], "name": name})
+    )
+    assert response.status_code == 201
+    assert operator_client.get(f"/api/v1/jobs/{response.json()['id']}/").json()["name"] == name
+
+
+def test_inventory_names_refuse_nul_bytes_and_overlong_text(operator_client, small_cluster):
+    from cluster.models import Region
+
+    before = Region.objects.count()
+    for name in ("we\u0000st", "x" * 1000):
+        r = operator_client.post("/api/v1/regions/", {"name": name}, format="json")
+        assert r.status_code == 400 and "name" in r.json(), (name, r.json())
+    assert Region.objects.count() == before
