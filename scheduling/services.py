@@ -210,12 +210,26 @@ def change_state(job_id: int, action: str, *, actor: str = "", reason: str = "",
 
 
 @transaction.atomic
+@transaction.atomic
 def record_checkpoint(job: Job, **fields) -> Checkpoint:
-    """A checkpoint reported by the job's nodes: its progress becomes the job's saved progress."""
+    """A checkpoint reported by the job's nodes: its progress becomes the job's saved progress.
+    The same report twice (a retry, a replay) records nothing new and returns the first; a report
+    older than the job's saved progress (out of order) is kept but never moves progress back."""
+    Job.objects.select_for_update().filter(pk=job.pk).values("pk").first()  # one report at a time
+    same = Checkpoint.objects.filter(
+        job=job,
+        step=fields.get("step", 0),
+        progress_s=fields["progress_s"],
+        durable=fields.get("durable", True),
+    ).first()
+    if same is not None:
+        same.duplicate = True
+        return same
     fields.setdefault("at", timezone.now())
     checkpoint = Checkpoint.objects.create(job=job, **fields)
+    checkpoint.duplicate = False
     if checkpoint.durable:
-        Job.objects.filter(pk=job.pk).update(
+        Job.objects.filter(pk=job.pk, progress_s__lte=checkpoint.progress_s).update(
             progress_s=checkpoint.progress_s, last_checkpoint_at=checkpoint.at
         )
     JobEvent.objects.create(

@@ -77,6 +77,17 @@ def test_running_jobs_report_checkpoints(
         operator_client.post(url, {"step": 1, "progress_s": -1, "kind": "async"}, format="json").status_code
         == 400
     )
+    # the same report again (an agent's retry) records nothing new
+    again = operator_client.post(
+        url, {"step": 100, "progress_s": 600, "kind": "async", "stall_s": 0.4}, format="json"
+    )
+    assert again.status_code == 200 and again.json()["id"] == response.json()["id"]
+    assert Checkpoint.objects.filter(job_id=job_id).count() == 1
+    assert JobEvent.objects.filter(job_id=job_id, kind="checkpointed").count() == 1
+    newer = operator_client.post(url, {"step": 200, "progress_s": 1200, "kind": "async"}, format="json")
+    older = operator_client.post(url, {"step": 150, "progress_s": 900, "kind": "async"}, format="json")
+    assert newer.status_code == older.status_code == 201
+    assert Job.objects.get(pk=job_id).progress_s == 1200  # a late report never moves progress back
     Job.objects.filter(pk=job_id).update(state="finished")
     late = operator_client.post(url, {"step": 101, "progress_s": 700, "kind": "async"}, format="json")
     assert late.status_code == 409

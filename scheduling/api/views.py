@@ -166,7 +166,10 @@ class JobViewSet(
         body = s.CheckpointSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         checkpoint = record_checkpoint(job, **body.validated_data)
-        return Response(s.CheckpointSerializer(checkpoint).data, status=status.HTTP_201_CREATED)
+        code = (
+            status.HTTP_200_OK if checkpoint.duplicate else status.HTTP_201_CREATED
+        )  # a replay: nothing new
+        return Response(s.CheckpointSerializer(checkpoint).data, status=code)
 
     @extend_schema(request=s.JobActionSerializer, responses=s.JobDetailSerializer)
     @action(detail=True, methods=["post"], url_path="request-checkpoint")
