@@ -231,3 +231,20 @@ def test_an_operator_injects_a_fault_in_the_admin_and_recovery_happens(
     bad = admin_client.post("/admin/monitoring/faultevent/add/", {**form, "xid": ""})
     assert bad.status_code == 200 and "an XID fault needs its code" in bad.content.decode()
     assert FaultEvent.objects.count() == 1
+
+
+def test_a_fault_reported_twice_is_handled_once(
+    running_job, operator_client, django_capture_on_commit_callbacks
+):
+    node = _job_node(running_job)
+    at = timezone.now().isoformat()
+    body = {"gpu": node.gpus.first().pk, "source": "xid", "xid": 13, "at": at}
+    first = _inject(operator_client, django_capture_on_commit_callbacks, **body)
+    again = _inject(operator_client, django_capture_on_commit_callbacks, **body)  # a retry, a replay
+    assert first.status_code == 201 and again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    assert FaultEvent.objects.count() == 1
+    assert running_job.events.filter(kind="faulted").count() == 1
+    later = _inject(
+        operator_client, django_capture_on_commit_callbacks, **{**body, "at": timezone.now().isoformat()}
+    )
+    assert later.status_code == 201 and FaultEvent.objects.count() == 2  # another time: another fault

@@ -5,7 +5,7 @@ from django.db import transaction
 from django.http import FileResponse, HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, viewsets
+from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -30,6 +30,21 @@ class FaultEventViewSet(
     serializer_class = FaultEventSerializer
     filterset_class = filtersets.FaultEventFilterSet
     ordering_fields = ["at", "recovery_s"]
+
+    IDENTITY = ("source", "xid", "node", "gpu", "pod", "link", "at")
+
+    def create(self, request, *args, **kwargs):
+        """A fault reported twice with the same time (a retry, a replay) is the first one: 200
+        with it, nothing handled again. Without ``at`` each report is a fault of its own."""
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        if "at" in data:
+            with transaction.atomic():
+                same = FaultEvent.objects.filter(**{f: data.get(f) for f in self.IDENTITY}).first()
+            if same is not None:
+                return Response(self.get_serializer(same).data, status=status.HTTP_200_OK)
+        return super().create(request, *args, **kwargs)
 
     def perform_create(self, serializer):
         serializer.instance = report_fault(
