@@ -59,9 +59,13 @@ class AgentReports:
             step = await loop.run_in_executor(self.pool, _guarded, prepare, authorization, body)
         if step[0] == "answer":
             code, answer = step[1], step[2]
+            if code == 401:  # a credential that failed: counted, and an address past the limit is told so
+                code, answer = await loop.run_in_executor(self.pool, _failed_credential, scope, code, answer)
         else:
             code, answer = await self._batched(loop, step[1], step[2])
         extra = [(b"www-authenticate", b"Node")] if code == 401 else []
+        if code == 429:
+            extra = [(b"retry-after", str(answer["retry_after"]).encode())]
         return await _answer(send, code, answer, extra)
 
     async def _batched(self, loop, identity, report) -> tuple[int, dict]:
@@ -121,3 +125,18 @@ async def _answer(send, code: int, payload: dict, extra: list | None = None) -> 
         }
     )
     await send({"type": "http.response.body", "body": data})
+
+
+def _failed_credential(scope, code: int, answer: dict) -> tuple[int, dict]:
+    """The lockout of cluster.api.throttling for the report path, which skips Django's views."""
+    from cluster.api.throttling import blocked_for, record_failure
+
+    client = scope.get("client") or ("unknown", 0)
+    who = client[0]
+    wait = blocked_for("token", who) or record_failure("token", who)
+    if wait:
+        return 429, {
+            "detail": f"too many failed credentials from {who}; try again in {wait} s",
+            "retry_after": wait,
+        }
+    return code, answer

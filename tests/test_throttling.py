@@ -72,3 +72,45 @@ def test_enrolment_attempts_are_limited_per_address(small_cluster, monkeypatch):
     ]
     r = agent.post("/api/v1/agent/enrol/", body, format="json")
     assert r.status_code == 429 and int(r["Retry-After"]) > 0
+
+
+def test_the_agents_fast_report_path_counts_failed_credentials_too(small_cluster, settings):
+    import asyncio
+    import json
+
+    from monitoring.agent_asgi import AgentReports
+
+    settings.FAILURE_LIMITS = {**settings.FAILURE_LIMITS, "token": (2, 60)}
+
+    async def inner(scope, receive, send):  # every other request: not reached here
+        raise AssertionError("the report path answers itself")
+
+    app = AgentReports(inner)
+
+    async def post():
+        body = json.dumps({"seq": 1}).encode()
+        sent = []
+        scope = {
+            "type": "http",
+            "path": "/api/v1/agent/report/",
+            "method": "POST",
+            "client": ("10.7.7.7", 5000),
+            "headers": [
+                (b"authorization", b"Node myr-node-wrong"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+        messages = iter([{"type": "http.request", "body": body, "more_body": False}])
+
+        async def receive():
+            return next(messages)
+
+        async def send(message):
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return sent[0]["status"], dict(sent[0]["headers"])
+
+    statuses = [asyncio.run(post()) for _ in range(3)]
+    assert [s for s, _ in statuses] == [401, 429, 429]
+    assert int(statuses[-1][1][b"retry-after"]) > 0
