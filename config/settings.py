@@ -280,6 +280,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "cluster.api.schema.add_error_responses",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "NodeStateEnum": "cluster.choices.NodeState",
         "GPUStateEnum": "cluster.choices.GPUState",

@@ -75,3 +75,24 @@ def test_inventory_names_refuse_nul_bytes_and_overlong_text(operator_client, sma
         r = operator_client.post("/api/v1/regions/", {"name": name}, format="json")
         assert r.status_code == 400 and "name" in r.json(), (name, r.json())
     assert Region.objects.count() == before
+
+
+def test_found_by_fuzzing_a_partial_quota_and_ids_that_are_not_ids(operator_client, queues):
+    queue = queues["vision"]
+    r = operator_client.patch(f"/api/v1/queues/{queue.pk}/", {"quotas": [{"nominal": 0}]}, format="json")
+    assert r.status_code == 400 and "chip_type is required" in r.json()["quotas"][0]  # was a 500
+    from django.test import Client
+
+    browser = Client(enforce_csrf_checks=True)  # a session's write to no endpoint: 404, not a CSRF 403
+    for path in ("/api/v1/jobs/0.5/cancel/", "/api/v1/nodes/-2.2e-311/", "/api/v1/nothing-here/"):
+        r = operator_client.post(path, {}, format="json")
+        assert r.status_code == 404 and r["Content-Type"] == "application/json", path
+        assert browser.post(path, {}).status_code == 404
+    assert "did you mean /api/v1/jobs/" in operator_client.get("/api/v1/jobs").json()["detail"]
+
+
+def test_the_api_description_lists_the_shared_refusals(anonymous_client):
+    schema = anonymous_client.get("/api/schema/?format=json").json()
+    create = schema["paths"]["/api/v1/jobs/"]["post"]["responses"]
+    assert {"201", "400", "401", "403", "409", "413", "429"} <= set(create)
+    assert create["429"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}

@@ -24,6 +24,7 @@ from cluster.models import Node
 #   (for a job on its node) or an operator
 API = {
     "api-root": "role",
+    "api-not-found": "public",  # a JSON 404 for anything under /api/v1/ that names no endpoint
     "schema": "public",
     "api-docs": "public",
     "api-redoc": "public",
@@ -150,7 +151,8 @@ def _methods(callback) -> tuple[str, ...]:
         return SAFE
     actions = getattr(callback, "actions", None)
     if actions:
-        return tuple(sorted(m for m in actions if m != "options"))
+        # DRF adds "head" to a route's actions on its first GET: it answers as GET does
+        return tuple(sorted(m for m in actions if m not in ("options", "head")))
     cls = getattr(callback, "cls", None) or getattr(callback, "view_class", None)
     if cls is not None:
         return tuple(m for m in ("get", "post", "put", "patch", "delete") if hasattr(cls, m))

@@ -49,9 +49,20 @@ class ChipTypeSerializer(serializers.ModelSerializer):
         return attrs
 
 
+class CountField(serializers.IntegerField):
+    """A count the list query annotates: 0 where nothing is counted, and on the answer to a create
+    or update (whose object was not read through the annotated query)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(read_only=True, **kwargs)
+
+    def get_attribute(self, instance):
+        return getattr(instance, self.source, None) or 0
+
+
 class RegionSerializer(serializers.ModelSerializer):
-    datacenter_count = serializers.IntegerField(read_only=True)
-    gpu_count = serializers.IntegerField(read_only=True)
+    datacenter_count = CountField()
+    gpu_count = CountField()
 
     class Meta:
         model = Region
@@ -60,8 +71,8 @@ class RegionSerializer(serializers.ModelSerializer):
 
 class DatacenterSerializer(serializers.ModelSerializer):
     region_name = serializers.CharField(source="region.name", read_only=True)
-    pod_count = serializers.IntegerField(read_only=True)
-    gpu_count = serializers.IntegerField(read_only=True)
+    pod_count = CountField()
+    gpu_count = CountField()
 
     class Meta:
         model = Datacenter
@@ -103,9 +114,9 @@ class DatacenterLinkSerializer(serializers.ModelSerializer):
 
 class PodSerializer(serializers.ModelSerializer):
     datacenter_name = serializers.CharField(source="datacenter.name", read_only=True)
-    rack_count = serializers.IntegerField(read_only=True)
-    node_count = serializers.IntegerField(read_only=True)
-    gpu_count = serializers.IntegerField(read_only=True)
+    rack_count = CountField()
+    node_count = CountField()
+    gpu_count = CountField()
 
     class Meta:
         model = Pod
@@ -122,8 +133,8 @@ class PodSerializer(serializers.ModelSerializer):
 
 
 class RackSerializer(serializers.ModelSerializer):
-    node_count = serializers.IntegerField(read_only=True)
-    gpu_count = serializers.IntegerField(read_only=True)
+    node_count = CountField()
+    gpu_count = CountField()
 
     class Meta:
         model = Rack

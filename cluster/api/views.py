@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.db.models import Count, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
@@ -56,7 +57,7 @@ class RegionViewSet(KeepsChildrenMixin, viewsets.ModelViewSet):
     children = "datacenters"
     queryset = Region.objects.annotate(
         datacenter_count=Count("datacenters", distinct=True),
-        gpu_count=Sum("datacenters__pods__racks__nodes__gpus_per_node"),
+        gpu_count=Coalesce(Sum("datacenters__pods__racks__nodes__gpus_per_node"), 0),
     ).order_by("name")
     serializer_class = s.RegionSerializer
     filterset_class = filtersets.RegionFilterSet
@@ -67,7 +68,10 @@ class DatacenterViewSet(KeepsChildrenMixin, viewsets.ModelViewSet):
     children = "pods"
     queryset = (
         Datacenter.objects.select_related("region")
-        .annotate(pod_count=Count("pods", distinct=True), gpu_count=Sum("pods__racks__nodes__gpus_per_node"))
+        .annotate(
+            pod_count=Count("pods", distinct=True),
+            gpu_count=Coalesce(Sum("pods__racks__nodes__gpus_per_node"), 0),
+        )
         .order_by("region__name", "name")
     )
     serializer_class = s.DatacenterSerializer
@@ -90,7 +94,7 @@ class PodViewSet(KeepsChildrenMixin, viewsets.ModelViewSet):
         .annotate(
             rack_count=Count("racks", distinct=True),
             node_count=Count("racks__nodes", distinct=True),
-            gpu_count=Sum("racks__nodes__gpus_per_node"),
+            gpu_count=Coalesce(Sum("racks__nodes__gpus_per_node"), 0),
         )
         .order_by("id")
     )
@@ -103,7 +107,7 @@ class PodViewSet(KeepsChildrenMixin, viewsets.ModelViewSet):
 class RackViewSet(KeepsChildrenMixin, viewsets.ModelViewSet):
     children = "nodes"
     queryset = Rack.objects.annotate(
-        node_count=Count("nodes", distinct=True), gpu_count=Sum("nodes__gpus_per_node")
+        node_count=Count("nodes", distinct=True), gpu_count=Coalesce(Sum("nodes__gpus_per_node"), 0)
     ).order_by("id")
     serializer_class = s.RackSerializer
     filterset_class = filtersets.RackFilterSet

@@ -133,6 +133,10 @@ class QueueSerializer(serializers.ModelSerializer):
         return value
 
     def validate_quotas(self, quotas):
+        # a partial update does not make nested fields required: a quota still names its chip type
+        missing = [i for i, q in enumerate(quotas) if "chip_type" not in q]
+        if missing:
+            raise serializers.ValidationError(f"quota {missing[0]}: chip_type is required")
         chips = [q["chip_type"].name for q in quotas]
         duplicates = sorted({c for c in chips if chips.count(c) > 1})
         if duplicates:
