@@ -32,11 +32,7 @@ class CheckpointPolicySerializer(serializers.ModelSerializer):
         fields = ["id", "name", "description", "kind", "interval_s", "triggered_success"]
         fields += ["recovery_tier", "replica_groups", "cordon_stragglers", "updated_at"]
         read_only_fields = ["updated_at"]
-
-    def validate_replica_groups(self, value):
-        if not 2 <= value <= 4096:
-            raise serializers.ValidationError("must be between 2 and 4096 (each group holds the whole model)")
-        return value
+        extra_kwargs = {"replica_groups": {"min_value": 2, "max_value": 4096}}  # each holds the model
 
     def validate_interval_s(self, value):
         if value is not None and value <= 0:
@@ -133,10 +129,9 @@ class QueueSerializer(serializers.ModelSerializer):
         return value
 
     def validate_quotas(self, quotas):
-        # a partial update does not make nested fields required: a quota still names its chip type
-        missing = [i for i, q in enumerate(quotas) if "chip_type" not in q]
-        if missing:
-            raise serializers.ValidationError(f"quota {missing[0]}: chip_type is required")
+        for i, q in enumerate(quotas):  # a partial update does not make nested fields required
+            if "chip_type" not in q:
+                raise serializers.ValidationError(f"quota {i}: chip_type is required")
         chips = [q["chip_type"].name for q in quotas]
         duplicates = sorted({c for c in chips if chips.count(c) > 1})
         if duplicates:
