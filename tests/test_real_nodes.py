@@ -432,6 +432,7 @@ def save(*_):
 signal.signal(signal.SIGUSR2, reconfigure)
 signal.signal(signal.SIGUSR1, save)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a trainer finishes what it does, then leaves
+open(os.path.join(os.environ["MYRIAD_CHECKPOINT_DIR"], "ready-" + os.environ["NODE_RANK"]), "w").close()
 while True:
     time.sleep(0.2)
 """
@@ -463,6 +464,9 @@ def test_a_warm_restart_saves_keeps_the_healthy_nodes_process_and_tells_it_the_n
     first = detail["launched_generation"]
     ranks = {p["rank"]: p for p in detail["processes"] if p["generation"] == first}
     healthy, victim = ranks[0], ranks[1]
+    for node, rank in ((healthy["node"], 0), (victim["node"], 1)):  # its signal handlers are in place
+        ready = agents[node].folder / "work" / "checkpoints" / str(job["id"]) / f"ready-{rank}"
+        wait_for(f"rank {rank} ready", ready.exists, timeout=30)
     # a maintenance notice: the node leaves, its memory is still readable, so a triggered save runs
     node_id = next(n["id"] for n in api.get("/api/v1/nodes/")["results"] if n["hostname"] == victim["node"])
     status, made = api.call("POST", "/api/v1/faults/", {"node": node_id, "source": "host_maintenance"})
