@@ -37,4 +37,10 @@ class BoundedJSONParser(JSONParser):
             raise ParseError(f"JSON parse error - nested deeper than {limit} levels") from None
         if _depth(data, limit) > limit:
             raise ParseError(f"JSON parse error - nested deeper than {limit} levels")
+        if isinstance(data, dict):  # PostgreSQL refuses NUL bytes in text: name the field instead
+            bad = [k for k, v in data.items() if "\x00" in str(k) or "\x00" in str(v)]
+            if bad:
+                from rest_framework.exceptions import ValidationError
+
+                raise ValidationError({str(bad[0]).replace("\x00", ""): ["must not contain NUL bytes"]})
         return data
