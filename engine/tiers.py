@@ -30,7 +30,6 @@ reported by ``costs``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -260,5 +259,5 @@ def validate_groups(groups: int, gpus: int | None = None) -> None:
         raise ValueError("replica_groups must be at least 2")
     if gpus is not None and replica_group_gpus(gpus, groups) < 8 and gpus >= 16:
         raise ValueError(f"replica_groups {groups} leaves groups under one node of {gpus} GPUs")
-    if groups > 4096 or not math.isfinite(groups):
+    if groups > 4096:
         raise ValueError("replica_groups must be at most 4096")
