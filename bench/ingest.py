@@ -33,15 +33,10 @@ import numpy as np
 
 from bench._backends import print_table, run_per_backend, setup_django
 from config.web import web_command
+from tests.browser_stack import free_port
 
 TARGET_RATE = 1250
 TARGET_P99_MS = 100.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _credentials() -> list[tuple[int, str]]:
@@ -280,7 +275,7 @@ def child(args) -> None:
     keys = _credentials()
     _settle()
     setup_s = time.perf_counter() - t0
-    port = _free_port()
+    port = free_port()
     procs = _serve(port, args.servers)
     seqs: dict[int, int] = {}
     # the generator's own pauses would count as the server's latency: no collector passes

@@ -234,7 +234,7 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": [
         "django_filters.rest_framework.DjangoFilterBackend",
         "rest_framework.filters.OrderingFilter",
-        "rest_framework.filters.SearchFilter",
+        "cluster.api.search.SearchFilter",
     ],
     "DEFAULT_PAGINATION_CLASS": "cluster.api.pagination.StandardPagination",
     "PAGE_SIZE": 100,

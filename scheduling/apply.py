@@ -4,7 +4,9 @@ admissions with their plans, allocations, pending reasons, drained nodes; bulk w
 from __future__ import annotations
 
 import functools
+import logging
 import re
+from dataclasses import replace
 from datetime import datetime
 
 from cluster.models import ChipType
@@ -19,6 +21,7 @@ from scheduling.services import REQUEUE_FIELDS, requeue, stop_job
 from scheduling.store import NewAllocations, allocations
 
 REASON_REFRESH_CYCLES = 10
+log = logging.getLogger("myriad.scheduling")
 _DIGITS = re.compile(r"\d+")
 
 
@@ -58,6 +61,7 @@ def apply_decisions(
     ranked: dict[int, str] | None = None,
 ) -> int:
     """Write a cycle's decisions; returns the number of GPUs newly allocated."""
+    result = still_current(result)
     chip_ids = dict(ChipType.objects.values_list("name", "id"))
     events: list[JobEvent] = []
 
@@ -172,6 +176,29 @@ def _shares(result: CycleResult) -> dict[int, int]:
     if not single:
         return {}
     return dict(Job.objects.filter(pk__in=single, share__lt=1000).values_list("id", "share"))
+
+
+def still_current(result: CycleResult) -> CycleResult:
+    """The decisions whose jobs are still in the state the cycle read, their rows locked until the
+    cycle commits. An operator's cancel or a node's finish does not take the scheduling lock: one
+    that committed after the cycle read its snapshot drops that job's decision (a job cancelled
+    while pending is not started; a running job that finished is not preempted or resized, and its
+    GPUs are already free). One that comes after this waits for the cycle, then acts on what it
+    wrote."""
+    decided = {a.job_id for a in result.admissions}
+    decided |= {p.job_id for p in result.preemptions} | {r.job_id for r in result.resizes}
+    if not decided:
+        return result
+    states = dict(Job.objects.select_for_update().filter(pk__in=decided).values_list("id", "state"))
+    admissions = [a for a in result.admissions if states.get(a.job_id) == JobState.PENDING]
+    preemptions = [p for p in result.preemptions if states.get(p.job_id) == JobState.RUNNING]
+    resizes = [r for r in result.resizes if states.get(r.job_id) == JobState.RUNNING]
+    dropped = len(result.admissions) + len(result.preemptions) + len(result.resizes)
+    dropped -= len(admissions) + len(preemptions) + len(resizes)
+    if not dropped:
+        return result
+    log.info("cycle: %d decisions dropped; their jobs changed state after the cycle read them", dropped)
+    return replace(result, admissions=admissions, preemptions=preemptions, resizes=resizes)
 
 
 def apply_preemptions(preemptions, now: datetime) -> list[JobEvent]:

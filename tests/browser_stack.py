@@ -30,7 +30,7 @@ CHROMIUM_ARGS = [
 PASSWORDS = {"operator": "operator-pw-1", "viewer": "viewer-pw-1"}
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -155,7 +155,7 @@ def start_stack(
     for role, password in PASSWORDS.items():
         out = manage(env, "create_login", role, "--role", role, "--password", password)
         tokens[role] = re.search(r"api_token=(\w+)", out).group(1)
-    port = _free_port()
+    port = free_port()
     log = log or data_dir / "stack.log"
     stack = Stack(
         url=f"http://127.0.0.1:{port}",

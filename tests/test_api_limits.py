@@ -96,3 +96,9 @@ def test_the_api_description_lists_the_shared_refusals(anonymous_client):
     create = schema["paths"]["/api/v1/jobs/"]["post"]["responses"]
     assert {"201", "400", "401", "403", "409", "413", "429"} <= set(create)
     assert create["429"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+
+
+def test_a_nul_byte_in_a_search_term_is_a_400_naming_the_parameter(operator_client, queues):
+    response = operator_client.get("/api/v1/jobs/", {"search": "a\x00b"})
+    assert response.status_code == 400
+    assert "search" in response.json()

@@ -26,9 +26,9 @@ from scheduling.worker import worker_command
 from tests.browser_stack import (
     PASSWORDS,
     ROOT,
-    _free_port,
     _postgres_copy,
     _redis_other_db,
+    free_port,
     manage,
     stop_group,
 )
@@ -60,7 +60,7 @@ class Deployment:
         )
         self.token = re.search(r"api_token=(\w+)", out).group(1)
         for i in range(2):
-            port = _free_port()
+            port = free_port()
             self._spawn(f"web{i}", web_command(port, workers=1))
             self.webs.append(f"http://127.0.0.1:{port}")
         for i in range(2):

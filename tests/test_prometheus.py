@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser_stack import ROOT, start_stack, stop_group
+from tests.browser_stack import ROOT, free_port, start_stack, stop_group
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 DOCS = ROOT / "docs" / "grafana"
@@ -24,12 +23,6 @@ TOKEN = "prometheus-scrape-token-1"
 pytestmark = pytest.mark.skipif(
     not Path(PROMETHEUS).exists(), reason="needs Debian's prometheus package (.ci/run installs it)"
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str, token: str | None = None) -> dict:
@@ -107,7 +100,7 @@ def scraped(tmp_path_factory):
             "scrape_timeout: 10s", "scrape_timeout: 2s"
         )
         (folder / "prometheus.yml").write_text(config)
-        port = _free_port()
+        port = free_port()
         prometheus = subprocess.Popen(
             [
                 PROMETHEUS,

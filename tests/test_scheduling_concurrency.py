@@ -1,8 +1,10 @@
 """Cycles running at once never double-allocate (lock + database constraint), and a real Celery
 worker runs the cycle a submit asks for."""
 
+import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -136,3 +138,83 @@ def test_a_real_celery_worker_runs_the_cycle_a_submit_asks_for(queues, operator_
         worker.terminate()
         worker.wait(20)
         log.close()
+
+
+def _decide_then(monkeypatch, act):
+    """Run one cycle whose decisions are taken, then ``act`` runs in another connection (as an
+    operator's cancel or a node's finish does, without the scheduling lock) before they are
+    written."""
+    import scheduling.cycle as cycle_module
+
+    decide = cycle_module.schedule
+
+    def deciding(*args, **kwargs):
+        result = decide(*args, **kwargs)
+        worker = threading.Thread(target=lambda: (act(), connection.close()))
+        worker.start()
+        worker.join()
+        return result
+
+    monkeypatch.setattr(cycle_module, "schedule", deciding)
+    return run_cycle(wait=True)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_job_cancelled_while_the_cycle_decides_is_not_started(queues, monkeypatch):
+    from scheduling.invariants import check_database
+    from scheduling.services import change_state
+
+    (job,) = _make_jobs(queues, 1, 8)
+    summary = _decide_then(monkeypatch, lambda: change_state(job.pk, "cancel", actor="operator"))
+    assert summary.ran
+    job.refresh_from_db()
+    assert job.state == "cancelled"
+    assert not Allocation.objects.filter(job=job, active=True).exists()
+    assert check_database().problems == []
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_job_that_finished_while_the_cycle_decides_is_not_preempted(queues, monkeypatch):
+    from scheduling.invariants import check_database
+    from scheduling.models import Queue
+    from scheduling.services import change_state
+
+    low = _make_jobs(queues, 6, 8)  # fill the 48 H100 GPUs outside the spares
+    assert run_cycle(wait=True).admitted == 6
+    Queue.objects.filter(pk=queues["vision"].pk).update(within_queue="lower_priority")
+    victim_ids = [j.pk for j in low]
+    Job.objects.create(
+        queue=queues["vision"], gpus=8, chip_types=["H100-SXM"], topology="any", priority=100,
+        submitted_at=timezone.now(),
+    )  # fmt: skip
+
+    def finish_all():
+        for pk in victim_ids:
+            change_state(pk, "finish", actor="node")
+
+    _decide_then(monkeypatch, finish_all)
+    assert set(Job.objects.filter(pk__in=victim_ids).values_list("state", flat=True)) == {"finished"}
+    assert not Job.objects.filter(pk__in=victim_ids, preemptions__gt=0).exists()
+    assert check_database().problems == []
+
+
+@pytest.mark.postgres
+def test_four_cycle_workers_under_churn_keep_every_invariant():
+    """bench.soak, short: four worker processes, submits, cancels, finishes, faults and node faults
+    throughout; the database checked after every 100 cycles."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MYRIAD_DATABASE")}
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.soak", "--cycles", "300", "--workers", "4", "--seed", "3"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert figures["cycles"] >= 300 and figures["checks"] >= 3
+    assert figures["failed_cycles"] == 0, out.stdout
+    assert figures["double_allocations"] == 0
+    assert figures["quota_violations"] == 0
+    assert figures["other_violations"] == 0, out.stdout
+    assert figures["submitted"] > 100 and figures["cancelled"] and figures["finished"] and figures["faults"]
