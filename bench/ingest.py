@@ -32,11 +32,13 @@ import time
 import numpy as np
 
 from bench._backends import print_table, run_per_backend, setup_django
+from bench._http import Connection
 from config.web import web_command
 from tests.browser_stack import free_port
 
 TARGET_RATE = 1250
 TARGET_P99_MS = 100.0
+REPORT_PATH = "/api/v1/agent/report/"
 
 
 def _credentials() -> list[tuple[int, str]]:
@@ -116,49 +118,6 @@ class Bodies:
         return head + str(seq).encode() + tail
 
 
-class Connection:
-    def __init__(self, port: int):
-        self.port = port
-        self.reader = self.writer = None
-
-    async def post(self, credential: str, body: bytes) -> int:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-        head = (
-            f"POST /api/v1/agent/report/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Node {credential}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        self.writer.write(head + body)
-        status_line = await self.reader.readline()
-        if not status_line:  # the server closed the connection without an answer
-            self.writer.close()
-            self.writer = None
-            raise ConnectionError("closed without an answer")
-        length, closing, chunked = 0, False, False
-        while (line := await self.reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode().partition(":")
-            name, value = name.lower(), value.strip().lower()
-            if name == "content-length":
-                length = int(value)
-            elif name == "connection" and value == "close":
-                closing = True
-            elif name == "transfer-encoding" and value == "chunked":
-                chunked = True
-        if chunked:
-            while (size := int((await self.reader.readline()).strip() or b"0", 16)) > 0:
-                await self.reader.readexactly(size + 2)
-            await self.reader.readline()
-        else:
-            await self.reader.readexactly(length)
-        if closing:
-            self.writer.close()
-            self.writer = None
-        parts = status_line.split()
-        if len(parts) < 2:
-            raise RuntimeError(f"unexpected answer line {status_line!r}")
-        return int(parts[1])
-
-
 async def _load(port: int, keys, rate: float | None, seconds: float, connections: int, seqs: dict) -> dict:
     """Reports at ``rate`` per second (None: as fast as answers come) for ``seconds``."""
     rng = random.Random(20261201)
@@ -183,7 +142,7 @@ async def _load(port: int, keys, rate: float | None, seconds: float, connections
         sent = time.perf_counter()
         lags.append(sent - due)  # waiting for a free connection, and the generator's own delay
         try:
-            code = await asyncio.wait_for(conn.post(secret, body), 30)
+            code, _ = await asyncio.wait_for(conn.post(REPORT_PATH, f"Node {secret}", body), 30)
             services.append(time.perf_counter() - sent)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             conn.writer, code = None, 0

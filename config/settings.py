@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dj_database_url
@@ -65,6 +66,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "cluster.outages.DatabaseOutageMiddleware",  # a lost database: 503 with a reason
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -92,7 +94,12 @@ DATABASE_URL = env_url(
     f"sqlite:///{DATA_DIR / 'myriad.sqlite3'}",
     schemes=("sqlite", "postgres", "postgresql"),
 )
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+# health checks: a connection the server dropped (a restart) is replaced at the next request
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
+if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    # pg_stat_activity and pg_locks name the process behind each connection (who holds the
+    # scheduling lock, for one)
+    DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = f"myriad:{os.getpid()}"
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["OPTIONS"] = {
@@ -143,6 +150,10 @@ else:
         "polling_interval": 0.05,
     }
 CELERY_TASK_ALWAYS_EAGER = env_bool("MYRIAD_CELERY_EAGER", False)
+# a broker that goes away (Redis restarting) is waited for, however long: the worker never exits
+# for it, and runs scheduling cycles from its own timer meanwhile (scheduling.tasks)
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_TIME_LIMIT = env_int("MYRIAD_TASK_TIME_LIMIT", 300, minimum=1)

@@ -22,7 +22,7 @@ from prometheus_client.utils import floatToGoString
 from cluster.models import GPU, ChipType, Rack
 from cluster.snapshot import topology_cache
 from engine.frames import decode_frame
-from monitoring.livestore import FRAME_KEY, live_store
+from monitoring.livestore import newest_frame
 from monitoring.models import FaultEvent
 
 GPU_METRICS = (
@@ -140,7 +140,7 @@ def gpu_values(table: GPUTable, snap=None) -> dict[str, np.ndarray]:
     temp = np.zeros(n)
     power_pct = np.zeros(n)
     memory_pct = np.zeros(n)
-    data = live_store().get(FRAME_KEY)
+    data = newest_frame()
     if data:
         try:
             _, _, frame = decode_frame(data)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from cluster.outages import LiveStoreDown
+
 FRAME_KEY = "myriad:telemetry:frame"
 STATE_KEY = "myriad:fleet:state"
 NETWORK_KEY = "myriad:network:util"
@@ -96,12 +98,16 @@ class RedisStore:
         import redis
 
         self.client = redis.Redis.from_url(url)
+        self.down = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
     def put(self, key: str, data: bytes) -> None:
         self.client.set(key, data)
 
     def get(self, key: str) -> bytes | None:
-        return self.client.get(key)
+        try:
+            return self.client.get(key)
+        except self.down as exc:
+            raise LiveStoreDown(str(exc)) from exc
 
     def delete(self, key: str) -> None:
         self.client.delete(key)
@@ -135,7 +141,10 @@ class RedisStore:
         pipe.execute()
 
     def counts(self, key: str) -> dict[str, float]:
-        return {k.decode(): float(v) for k, v in self.client.hgetall(key).items()}
+        try:
+            return {k.decode(): float(v) for k, v in self.client.hgetall(key).items()}
+        except self.down as exc:
+            raise LiveStoreDown(str(exc)) from exc
 
 
 _store = None
@@ -147,6 +156,15 @@ def live_store():
         url = getattr(settings, "REDIS_URL", None)
         _store = RedisStore(url) if url else FileStore(Path(settings.DATA_DIR) / "live")
     return _store
+
+
+def newest_frame() -> bytes | None:
+    """The newest telemetry frame, or None when there is none or the live store does not answer
+    (pages then show no live data; the API says why with a 503)."""
+    try:
+        return live_store().get(FRAME_KEY)
+    except LiveStoreDown:
+        return None
 
 
 def reset_store() -> None:

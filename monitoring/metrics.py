@@ -31,9 +31,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from cluster.outages import best_effort
 from engine.frames import decode_frame
 from engine.reasons import PENDING_KINDS, pending_kind
-from monitoring.livestore import CYCLE_COUNTS_KEY, FRAME_KEY, live_store
+from monitoring.livestore import CYCLE_COUNTS_KEY, live_store, newest_frame
 from monitoring.models import FaultEvent
 from scheduling.choices import EventKind, JobState
 from scheduling.models import Job, JobEvent, Queue
@@ -57,15 +58,19 @@ def record_cycle(seconds: float) -> None:
         log.exception("the cycle duration was not recorded")
 
 
-def _cycle_histogram() -> HistogramMetricFamily:
-    counts = live_store().counts(CYCLE_COUNTS_KEY)
+def _cycle_histogram():
+    """The cycles' histogram; nothing while the live store does not answer (a histogram of zeros
+    would read as a counter reset)."""
+    counts = best_effort("reading the cycle histogram", live_store().counts, CYCLE_COUNTS_KEY)
+    if counts is None:
+        return
     h = HistogramMetricFamily(
         "myriad_cycle_duration_seconds", "Scheduling cycles that ran, by duration (read, decide, apply)"
     )
     buckets = [(floatToGoString(b), counts.get(f"le:{b}", 0.0)) for b in CYCLE_BUCKETS]
     buckets.append(("+Inf", counts.get("count", 0.0)))
     h.add_metric([], buckets, counts.get("sum", 0.0))
-    return h
+    yield h
 
 
 # --- totals from the records, read incrementally ------------------------------------------------
@@ -159,7 +164,7 @@ class ControlPlaneCollector:
         yield from self._quota()
         yield from self._gpus()
         yield from self._faults()
-        yield _cycle_histogram()
+        yield from _cycle_histogram()
         yield from self._health()
 
     def _jobs(self):
@@ -293,7 +298,7 @@ class ControlPlaneCollector:
         age = GaugeMetricFamily(
             "myriad_live_frame_age_seconds", "Seconds since the newest telemetry frame was written"
         )
-        data = live_store().get(FRAME_KEY)
+        data = newest_frame()
         if data:
             with contextlib.suppress(ValueError):
                 age.add_metric([], max(0.0, time.time() - decode_frame(data)[1]))

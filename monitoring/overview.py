@@ -17,7 +17,7 @@ from django.utils import timezone
 from cluster.snapshot import topology_cache
 from engine.frames import decode_frame
 from engine.states import GPU_STATE_CODE, NODE_STATE_CODE
-from monitoring.livestore import FRAME_KEY, live_store
+from monitoring.livestore import newest_frame
 from monitoring.models import ClusterSample, FaultEvent
 from scheduling.choices import JobState
 from scheduling.models import Job
@@ -52,7 +52,7 @@ def overview() -> dict:
     held &= ~down & ~repairing & ~cordoned
     idle = np.zeros(n, dtype=bool)
     frame_seq = None
-    data = live_store().get(FRAME_KEY)
+    data = newest_frame()
     if data:
         try:
             frame_seq, _, values = decode_frame(data)

@@ -248,9 +248,9 @@ def _node_telemetry(node: Node) -> list[dict] | None:
     """The node's GPUs in the newest telemetry frame, or None when there is none."""
     from cluster.snapshot import topology_cache
     from engine.frames import decode_frame
-    from monitoring.livestore import FRAME_KEY, live_store
+    from monitoring.livestore import newest_frame
 
-    data = live_store().get(FRAME_KEY)
+    data = newest_frame()
     if not data:
         return None
     try:

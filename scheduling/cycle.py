@@ -19,6 +19,7 @@ from django.db import transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
+from cluster.outages import best_effort
 from cluster.snapshot import topology_cache
 from engine.scheduler import SchedulerConfig, schedule
 from scheduling import launch, store
@@ -94,7 +95,7 @@ def run_cycle(
             timings_ms={k: round(v, 1) for k, v in timings.items()},
         )
         # 4. after commit
-        transaction.on_commit(lambda: _publish(summary))
+        transaction.on_commit(lambda: best_effort("publishing the cycle's summary", _publish, summary))
         if result.admissions or result.preemptions or result.resizes:
             launch.changed()  # agents waiting on their assignments look again
         if result.start_limited:  # the jobs past this cycle's start limit go next, at once

@@ -30,6 +30,7 @@ from django.dispatch import Signal
 from django.utils import timezone
 
 from cluster.models import GPU, Node, NodeCredential
+from cluster.outages import best_effort
 from engine import tiers
 from engine.lifecycle import saves_on_demand
 from scheduling import trigger
@@ -197,7 +198,7 @@ def _saves_on_demand(job: Job) -> bool:
 
 def changed() -> None:
     """Tell waiting agents that assignments may have changed (after the current commit)."""
-    transaction.on_commit(_bump_version)
+    transaction.on_commit(lambda: best_effort("telling agents their assignments changed", _bump_version))
 
 
 def _version_path() -> Path:
@@ -219,8 +220,9 @@ def _bump_version() -> None:
 
 def assignments_version() -> int:
     """A number that grows whenever any node's assignments may have changed (agents long-poll it)."""
-    if settings.REDIS_URL:
-        return int(trigger._redis().get(VERSION_KEY) or 0)
+    if settings.REDIS_URL:  # while Redis is down agents see no change and poll again at their timeout
+        read = trigger._redis().get
+        return int(best_effort("reading the assignments' version", read, VERSION_KEY, default=0) or 0)
     try:
         return int(_version_path().read_bytes() or 0)
     except (FileNotFoundError, ValueError):

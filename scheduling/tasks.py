@@ -1,8 +1,11 @@
 import logging
+import threading
 
 from celery import shared_task
 from celery.signals import worker_ready
+from django.conf import settings
 
+from cluster.outages import best_effort
 from scheduling.cycle import run_cycle
 from scheduling.trigger import clear_requested
 
@@ -11,8 +14,50 @@ from scheduling.trigger import clear_requested
 def run_scheduling_cycle() -> dict:
     """One scheduling cycle. Cycles run one at a time (the scheduling lock); the request marker is
     cleared first so jobs submitted while this cycle runs queue the next one."""
-    clear_requested()
+    best_effort("clearing the cycle request", clear_requested)
     return run_cycle(wait=True).as_dict()
+
+
+def _cycles_while_broker_is_down(interval_s: float, stop: threading.Event) -> None:
+    """While the broker (Redis) does not answer, this worker runs the scheduling cycle itself every
+    interval: jobs keep being admitted from the database. The scheduling lock keeps cycles of
+    several workers one at a time; a worker that finds the lock taken skips its turn."""
+    import redis
+    from django.db import close_old_connections, connection
+
+    log = logging.getLogger("myriad.scheduling")
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=2, socket_timeout=2)
+    while not stop.wait(interval_s):
+        try:
+            client.ping()
+            continue
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            pass
+        try:
+            close_old_connections()
+            summary = run_cycle(wait=False)
+            log.warning("the broker is not answering: this worker ran the cycle itself (%s)", summary.ran)
+        except Exception:  # noqa: BLE001 - the next turn tries again; the database may be down too
+            log.exception("a cycle run while the broker is down failed")
+        finally:
+            connection.close()
+
+
+_timer: dict[str, threading.Event] = {}
+
+
+@worker_ready.connect
+def start_cycle_timer(sender=None, **_kwargs) -> None:
+    """Workers that take scheduling cycles, on a Redis broker, keep a timer for its outages."""
+    consumes = getattr(getattr(sender, "app", None), "amqp", None)
+    queues = set(consumes.queues.consume_from or {}) if consumes is not None else set()
+    if not settings.REDIS_URL or "cycle" not in queues or "stop" in _timer:
+        return
+    stop = _timer["stop"] = threading.Event()
+    interval = float(settings.SCHEDULING_CYCLE_INTERVAL_S)
+    threading.Thread(
+        target=_cycles_while_broker_is_down, args=(interval, stop), name="cycle-timer", daemon=True
+    ).start()
 
 
 @worker_ready.connect

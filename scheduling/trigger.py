@@ -16,6 +16,8 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
+from cluster.outages import best_effort
+
 MARKER_TTL_S = 60
 _KEY = "myriad:scheduling:cycle-requested"
 
@@ -71,4 +73,5 @@ def request_cycle() -> None:
 
             run_scheduling_cycle.delay()
 
-    transaction.on_commit(enqueue)
+    # without Redis the job is still saved: the workers' own timers run the cycle (scheduling.tasks)
+    transaction.on_commit(lambda: best_effort("asking for a scheduling cycle", enqueue))

@@ -14,14 +14,24 @@ from django.conf import settings
 from django.core.cache import cache
 from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
 
+from cluster.outages import best_effort
 
-class SubmitThrottle(UserRateThrottle):
+
+class _OpenWhileRedisIsDown:
+    """A throttle whose counts cannot be read lets the request through (with a warning): an
+    outage of the cache must not stop submits."""
+
+    def allow_request(self, request, view) -> bool:
+        return best_effort(f"the {self.scope} throttle", super().allow_request, request, view, default=True)
+
+
+class SubmitThrottle(_OpenWhileRedisIsDown, UserRateThrottle):
     """Job submits per user (MYRIAD_SUBMIT_RATE)."""
 
     scope = "submit"
 
 
-class EnrolThrottle(AnonRateThrottle):
+class EnrolThrottle(_OpenWhileRedisIsDown, AnonRateThrottle):
     """Enrolment attempts per client address (MYRIAD_ENROL_RATE): a token is not guessed."""
 
     scope = "enrol"
@@ -43,12 +53,16 @@ def _key(kind: str, who: str) -> str:
 
 
 def blocked_for(kind: str, who: str) -> int:
-    """Seconds until ``who`` may try ``kind`` again (0: now)."""
-    until = cache.get(_key(kind, who) + ":until")
+    """Seconds until ``who`` may try ``kind`` again (0: now, and while the counts cannot be read)."""
+    until = best_effort("reading a lockout", cache.get, _key(kind, who) + ":until")
     return max(0, math.ceil(until - time.time())) if until else 0
 
 
 def record_failure(kind: str, who: str) -> int:
+    return best_effort("counting a failed attempt", _record_failure, kind, who, default=0)
+
+
+def _record_failure(kind: str, who: str) -> int:
     """Count a failed attempt; returns the seconds ``who`` is now blocked for (0: not yet).
     ``settings.FAILURE_LIMITS[kind]`` is (attempts, window in seconds)."""
     limit, window = settings.FAILURE_LIMITS[kind]
@@ -66,4 +80,4 @@ def record_failure(kind: str, who: str) -> int:
 
 
 def clear_failures(kind: str, who: str) -> None:
-    cache.delete_many([_key(kind, who), _key(kind, who) + ":until"])
+    best_effort("clearing failed attempts", cache.delete_many, [_key(kind, who), _key(kind, who) + ":until"])
