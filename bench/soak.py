@@ -237,6 +237,8 @@ def soak(cycles: int, workers: int, cluster: str, seed: int, check_every: int = 
         churn.step()
         if done.value >= next_check:
             tally.add(check_database(), f"after {done.value} cycles")
+            if tally.checks % 10 == 0:
+                print(f"{done.value} cycles, {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
             next_check = (done.value // check_every + 1) * check_every
         time.sleep(0.002)
     for p in procs:

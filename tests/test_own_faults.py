@@ -14,6 +14,7 @@ Tests run in this order (each leaves the stack working for the next; the last ki
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -30,7 +31,7 @@ import pytest
 from scheduling.locks import LOCK_KEY
 from scheduling.worker import worker_command
 from tests import own_services
-from tests.browser_stack import PASSWORDS, ROOT, manage, start_stack, stop_group
+from tests.browser_stack import CHROMIUM, CHROMIUM_ARGS, PASSWORDS, ROOT, manage, start_stack, stop_group
 
 pytestmark = [
     pytest.mark.postgres,
@@ -118,20 +119,14 @@ def test_redis_stopped_for_a_minute_keeps_the_api_and_the_cycle_working(own):
     _until(lambda: _considered(stack, before), 60, "a job admitted through the broker before the outage")
     _until(lambda: _call(stack, "GET", "/api/v1/telemetry/frame/")[0] == 200, 60, "a first telemetry frame")
     cookie = _session(stack)
-    own.redis.stop()
-    during, end = [], time.monotonic() + 60
-    while time.monotonic() < end:
-        during.append(_submit(stack))  # nothing submitted is refused
-        assert _call(stack, "GET", "/api/v1/jobs/?page_size=5")[0] == 200
-        status, body = _call(stack, "GET", "/api/v1/telemetry/frame/")
-        assert status == 503 and "live data is unavailable" in body["detail"], (status, body)
-        status, page = _call(stack, "GET", "/live/", cookie=cookie)
-        assert status == 200, page[:2000]
-        time.sleep(4)
+    with _live_page(stack) as page:
+        own.redis.stop()
+        during = _through_the_outage(stack, cookie, page)
+        own.redis.start()  # empty: no persistence, as the machine's Redis
+        page.wait_for_function(STATUS_FRESH, timeout=90_000)  # it reconnected by itself
     # the cycle ran on PostgreSQL meanwhile: every job but the newest few was seen by a cycle
     seen = [job for job in during[:-2] if _considered(stack, job)]
     assert seen == during[:-2], f"{len(seen)} of {len(during) - 2} jobs seen by a cycle during the outage"
-    own.redis.start()  # empty: no persistence, as the machine's Redis
     _until(lambda: _call(stack, "GET", "/api/v1/telemetry/frame/")[0] == 200, 90, "live frames again")
     after = _submit(stack)
     _until(lambda: _considered(stack, after), 60, "a job admitted through the broker after the outage")
@@ -139,6 +134,49 @@ def test_redis_stopped_for_a_minute_keeps_the_api_and_the_cycle_working(own):
         assert _call(stack, "GET", f"/api/v1/jobs/{job}/")[0] == 200
     log = Path(stack.log).read_text(errors="replace")
     assert "the broker is not answering: this worker ran the cycle itself" in log
+
+
+STATUS_FRESH = "document.getElementById('status').textContent.startsWith('frame')"
+
+
+@contextlib.contextmanager
+def _live_page(stack):
+    """The live page in Chromium, logged in as a viewer, showing frames."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_context(base_url=stack.url).new_page()
+        page.goto("/accounts/login/")
+        page.fill("#id_username", "viewer")
+        page.fill("#id_password", PASSWORDS["viewer"])
+        page.click("button[type=submit]")
+        page.wait_for_url(lambda url: "/accounts/login/" not in url)
+        page.goto("/live/")
+        page.wait_for_function(STATUS_FRESH, timeout=30_000)
+        try:
+            yield page
+        finally:
+            browser.close()
+
+
+def _through_the_outage(stack, cookie: str, page) -> list[int]:
+    """60 s without Redis: submits, reads, the live data's readers and the live page; the jobs
+    submitted."""
+    during, start = [], time.monotonic()
+    while time.monotonic() < start + 60:
+        during.append(_submit(stack))  # nothing submitted is refused
+        assert _call(stack, "GET", "/api/v1/jobs/?page_size=5")[0] == 200
+        status, body = _call(stack, "GET", "/api/v1/telemetry/frame/")
+        assert status == 503 and "live data is unavailable" in body["detail"], (status, body)
+        status, html = _call(stack, "GET", "/live/", cookie=cookie)
+        assert status == 200, html[:2000]
+        if time.monotonic() - start > 20:  # the open page says its data is stale, and keeps its map
+            text = page.locator("#status").inner_text()
+            assert text.startswith("live data stale: frame "), text
+            assert page.evaluate("document.getElementById('heat').data[0].z.length") > 0
+        page.wait_for_timeout(4000)
+    return during
 
 
 def test_postgres_restarted_gets_503_meanwhile_and_everyone_reconnects(own):
