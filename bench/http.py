@@ -54,12 +54,12 @@ def _tenants(n: int) -> list[str]:
 
 
 def _bodies(rng: random.Random, n: int = 256) -> list[bytes]:
-    from cluster.models import ChipType
+    from cluster.models import Node
     from scheduling.models import Queue
 
     training = Queue.objects.filter(stopped=False).exclude(name="inference")
     queues = list(training.values_list("name", flat=True))
-    chips = list(ChipType.objects.values_list("name", flat=True))
+    chips = sorted(set(Node.objects.values_list("chip_type__name", flat=True)))  # those the cluster has
     return [
         json.dumps(
             {
@@ -80,7 +80,7 @@ async def _submits(port: int, tokens, bodies, rate: float | None, seconds: float
     pool: asyncio.Queue = asyncio.Queue()
     for _ in range(connections):
         pool.put_nowait(Connection(port))
-    latencies, statuses, created = [], {}, []
+    latencies, statuses, created, samples = [], {}, [], {}
     turn = iter(range(1 << 62))
     start = time.perf_counter()
 
@@ -93,6 +93,8 @@ async def _submits(port: int, tokens, bodies, rate: float | None, seconds: float
             )
             if code == 201:
                 created.append(json.loads(answer)["id"])
+            elif code not in statuses:
+                samples[code] = answer[:300].decode(errors="replace")
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             conn.writer, code = None, 0
         pool.put_nowait(conn)
@@ -123,6 +125,7 @@ async def _submits(port: int, tokens, bodies, rate: float | None, seconds: float
         "p99_ms": round(float(np.percentile(lat, 99)), 1),
         "max_ms": round(float(lat.max()), 1),
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "refusals": {str(k): v for k, v in samples.items()},  # one answer of each refused kind
         "created_ids": created,
     }
 
@@ -211,6 +214,8 @@ def run(args) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="myriad-http-") as tmp:
         stack = start_stack(Path(tmp), args.cluster, simulated_fleet=False, name="http")
+        if not args.scheduler:  # the web tier alone: the stack's worker (and its cycles) stopped
+            stack.stop()
         os.environ.update(stack.env)
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
         import django
@@ -255,7 +260,7 @@ def _serve(env: dict, port: int, servers: int, log: Path):
 
     return subprocess.Popen(
         web_command(port, servers),
-        env={**env, "MYRIAD_LOG_LEVEL": "WARNING"},
+        env={**env, "MYRIAD_LOG_LEVEL": "WARNING", "MYRIAD_DEBUG": "0"},  # as deployed: no query log
         stdout=subprocess.DEVNULL,
         stderr=open(log, "ab"),  # noqa: SIM115 - the server's errors, kept for failures
         start_new_session=True,
@@ -270,6 +275,12 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--tenants", type=int, default=16)
     parser.add_argument("--servers", type=int, default=2, help="uvicorn worker processes")
+    parser.add_argument(
+        "--scheduler",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the stack's worker running cycles on the same cores (--no-scheduler: web tier alone)",
+    )
     parser.add_argument("--ws-clients", type=int, default=50)
     parser.add_argument("--ws-seconds", type=float, default=600)
     args = parser.parse_args()
@@ -277,7 +288,10 @@ def main() -> None:
     database = "postgresql" if os.environ.get("MYRIAD_DATABASE_URL") else "sqlite"
     layer = "redis" if os.environ.get("MYRIAD_REDIS_URL") else "in-memory"
     steady, most = figures["steady"], figures["most"]
-    print(f"{database}, channel layer {layer}, {args.servers} web processes, {args.tenants} tenants")
+    worker = "with the scheduler's worker" if args.scheduler else "web tier alone"
+    print(
+        f"{database}, channel layer {layer}, {args.servers} web processes, {args.tenants} tenants, {worker}"
+    )
     print(f"{'figure':<44}{'value':>12}{'target':>12}")
     print(f"{'submits/s at the offered rate':<44}{steady['submits_per_s']:>12}{f'>= {args.rate:g}':>12}")
     print(f"{'submit latency p50 (ms, from due time)':<44}{steady['p50_ms']:>12}")
@@ -303,6 +317,7 @@ def main() -> None:
             {
                 "database": database,
                 "channel_layer": layer,
+                "scheduler": args.scheduler,
                 "submits_per_s": steady["submits_per_s"],
                 "p50_ms": steady["p50_ms"],
                 "p99_ms": steady["p99_ms"],

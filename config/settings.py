@@ -94,12 +94,23 @@ DATABASE_URL = env_url(
     f"sqlite:///{DATA_DIR / 'myriad.sqlite3'}",
     schemes=("sqlite", "postgres", "postgresql"),
 )
-# health checks: a connection the server dropped (a restart) is replaced at the next request
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_health_checks=True)}
 if DATABASES["default"]["ENGINE"].endswith("postgresql"):
-    # pg_stat_activity and pg_locks name the process behind each connection (who holds the
-    # scheduling lock, for one)
-    DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = f"myriad:{os.getpid()}"
+    # A pool of connections per process (psycopg's): the ASGI server runs each request on a
+    # thread of its own, and a connection kept per thread would hold one server connection per
+    # thread ever used (a few hundred submits a second exhaust max_connections). A connection is
+    # checked as it leaves the pool (the health checks), so one a database restart broke is
+    # replaced, not handed out.
+    DATABASES["default"]["OPTIONS"] = {
+        "pool": {
+            "min_size": 1,
+            "max_size": env_int("MYRIAD_DB_POOL_SIZE", 20, minimum=2),
+            "timeout": 10,
+        },
+        # pg_stat_activity and pg_locks name the process behind each connection (who holds the
+        # scheduling lock, for one)
+        "application_name": f"myriad:{os.getpid()}",
+    }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["OPTIONS"] = {
@@ -275,7 +286,7 @@ FAILURE_LIMITS = {  # kind: (failed attempts from one address, seconds it is the
     ),
 }
 CACHES = (
-    {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    {"default": {"BACKEND": "config.cache.SharedPoolRedisCache", "LOCATION": REDIS_URL}}
     if REDIS_URL
     else {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 )
