@@ -249,7 +249,7 @@ def _advance_jobs(wall: float, accelerate: float) -> tuple[int, int]:
             change_state(job.pk, "finish", actor="simulated fleet", reason="finished (simulated)")
             finished += 1
             continue
-        policy = job.checkpoint_policy or job.queue.default_checkpoint_policy
+        policy = job.effective_checkpoint_policy
         interval = (policy.interval_s if policy and policy.interval_s else None) or DEFAULT_CHECKPOINT_S
         last = job.last_checkpoint_at.timestamp() if job.last_checkpoint_at else job.started_at.timestamp()
         since = (wall - last) * accelerate

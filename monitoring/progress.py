@@ -132,7 +132,7 @@ def _hang(job: Job, placement, verdict: Verdict, front: int, now: datetime) -> l
 
 
 def _stragglers(job: Job, placement, verdict: Verdict, now: datetime) -> list[str]:
-    policy = job.checkpoint_policy or job.queue.default_checkpoint_policy
+    policy = job.effective_checkpoint_policy
     cordon = bool(policy and policy.cordon_stragglers)
     known = set(
         JobEvent.objects.filter(

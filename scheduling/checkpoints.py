@@ -20,7 +20,7 @@ MEASURED_AFTER = 3  # faults before the job's own MTBF replaces the default phys
 def policy_kind(job: Job) -> tuple[CheckpointKind | None, float]:
     """The job's checkpoint policy kind (its own, else its queue's default) and the success
     probability of a triggered save."""
-    policy = job.checkpoint_policy or job.queue.default_checkpoint_policy
+    policy = job.effective_checkpoint_policy
     if policy is None:
         return None, 0.95
     return CheckpointKind(policy.kind), policy.triggered_success
@@ -28,7 +28,7 @@ def policy_kind(job: Job) -> tuple[CheckpointKind | None, float]:
 
 def policy_tier(job: Job, step_s: float | None = None) -> TierChoice:
     """The recovery tier of the job's checkpoint policy (restart without one), for the planner."""
-    policy = job.checkpoint_policy or job.queue.default_checkpoint_policy
+    policy = job.effective_checkpoint_policy
     if step_s is None:
         step_s = tiers.step_seconds(job.parameters or 0.0, job.gpus)
     if policy is None:
@@ -47,7 +47,7 @@ def job_mtbf(job: Job) -> tuple[float, str]:
 
 
 def recommendation(job: Job) -> dict:
-    policy = job.checkpoint_policy or job.queue.default_checkpoint_policy
+    policy = job.effective_checkpoint_policy
     mtbf, source = job_mtbf(job)
     return {
         "policy": policy.name if policy else None,

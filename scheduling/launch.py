@@ -185,14 +185,14 @@ def assignments(node: Node) -> list[dict]:
 
 def _warm(job: Job) -> bool:
     """Whether the job's recovery tier keeps healthy nodes' processes when its placement changes."""
-    policy = job.checkpoint_policy or job.queue.default_checkpoint_policy
+    policy = job.effective_checkpoint_policy
     return bool(policy) and tiers.has(policy.recovery_tier, tiers.RecoveryTier.WARM_RESTART)
 
 
 def _saves_on_demand(job: Job) -> bool:
     """Whether the job's policy saves when asked (triggered): its ranks get the checkpoint signal
     before they are stopped, wherever the stop comes from (a fault, a preemption, a drain)."""
-    policy = job.checkpoint_policy or job.queue.default_checkpoint_policy
+    policy = job.effective_checkpoint_policy
     return bool(policy) and saves_on_demand(policy.kind)
 
 

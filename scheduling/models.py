@@ -351,6 +351,11 @@ class Job(models.Model):
     def __str__(self) -> str:
         return self.name or f"job {self.pk}"
 
+    @property
+    def effective_checkpoint_policy(self):
+        """The job's own checkpoint policy, else its queue's default (None: neither)."""
+        return self.checkpoint_policy or self.queue.default_checkpoint_policy
+
 
 class Allocation(models.Model):
     # No separate single-column indexes: (job, gpu) of active rows serves job lookups and the
