@@ -33,6 +33,7 @@ from pathlib import Path
 from bench._backends import PG_BASE
 
 DB_NAME = "myriad_soak"
+BACKLOG = 300
 COUNTS = ("submitted", "cancelled", "finished", "faults", "node_faults", "returned")
 
 
@@ -92,11 +93,16 @@ class Churn:
         self.queues = list(Queue.objects.filter(stopped=False).order_by("name"))
         self.counts = dict.fromkeys(COUNTS, 0)
         self.down: list[tuple[float, int]] = []  # (when to repair and return, node id)
+        self.steps, self.backlogged = 0, False
 
     def step(self) -> None:
-        action = self.rng.choices(
-            ("submit", "cancel", "finish", "fault", "node_fault"), weights=(10, 2, 5, 2, 0.3)
-        )[0]
+        self.steps += 1
+        if self.steps % 50 == 1:  # a backlog held near BACKLOG pending jobs: a steady state, not a pile
+            from scheduling.models import Job
+
+            self.backlogged = Job.objects.filter(state="pending").count() > BACKLOG
+        weights = (0 if self.backlogged else 10, 2, 5, 2, 0.3)
+        action = self.rng.choices(("submit", "cancel", "finish", "fault", "node_fault"), weights=weights)[0]
         getattr(self, action)()
         self.return_nodes()
 
