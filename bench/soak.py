@@ -101,6 +101,7 @@ class Churn:
             from scheduling.models import Job
 
             self.backlogged = Job.objects.filter(state="pending").count() > BACKLOG
+            self.repair_the_rest()
         weights = (0 if self.backlogged else 10, 2, 5, 2, 0.3)
         action = self.rng.choices(("submit", "cancel", "finish", "fault", "node_fault"), weights=weights)[0]
         getattr(self, action)()
@@ -175,6 +176,16 @@ class Churn:
         if gpu_id is not None:
             node_id = GPU.objects.values_list("node_id", flat=True).get(pk=gpu_id)
             self.down.append((time.monotonic() + self.rng.uniform(2, 10), node_id))
+
+    def repair_the_rest(self) -> None:
+        """Nodes the fault handling took down on its own (repeated XIDs on one node escalate) are
+        repaired too, a few seconds later, as a repair crew would: the cluster does not shrink."""
+        from cluster.models import Node
+
+        waiting = {n for _, n in self.down}
+        for node_id in Node.objects.filter(state__in=("down", "drained")).values_list("id", flat=True):
+            if node_id not in waiting:
+                self.down.append((time.monotonic() + self.rng.uniform(2, 10), node_id))
 
     def return_nodes(self) -> None:
         from cluster.models import Node
@@ -251,6 +262,7 @@ def soak(cycles: int, workers: int, cluster: str, seed: int, check_every: int = 
         p.join()
     seconds = time.monotonic() - t0
     tally.add(check_database(), "at the end")
+    from cluster.models import Node
     from scheduling.models import Job
 
     states = {s: Job.objects.filter(state=s).count() for s in ("pending", "running", "finished", "cancelled")}
@@ -263,6 +275,8 @@ def soak(cycles: int, workers: int, cluster: str, seed: int, check_every: int = 
         **tally.figures(),
         **churn.counts,
         "jobs_by_state": states,
+        "nodes_ready_at_end": Node.objects.filter(state="ready").count(),
+        "nodes": Node.objects.count(),
     }
 
 
