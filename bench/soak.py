@@ -15,7 +15,7 @@ jobs that hold nothing.
     python -m bench.soak [--cycles 10000] [--workers 4] [--cluster demo] [--seed 1]
 
 Needs PostgreSQL at MYRIAD_BENCH_PG (default postgres://postgres@127.0.0.1:5432); the database
-``myriad_soak`` is dropped and created.
+``myriad_soak`` (``--database``) is dropped and created.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ BACKLOG = 300
 COUNTS = ("submitted", "cancelled", "finished", "faults", "node_faults", "returned")
 
 
-def _environment(data_dir: Path) -> dict:
+def _environment(data_dir: Path, database: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "MYRIAD_REDIS_URL"}
     env.update(
-        MYRIAD_DATABASE_URL=f"{PG_BASE}/{DB_NAME}",
+        MYRIAD_DATABASE_URL=f"{PG_BASE}/{database}",
         MYRIAD_DATA_DIR=str(data_dir),
         DJANGO_SETTINGS_MODULE="config.settings",
         MYRIAD_LOG_LEVEL="WARNING",
@@ -48,14 +48,14 @@ def _environment(data_dir: Path) -> dict:
     return env
 
 
-def _setup_database(env: dict, cluster: str) -> None:
+def _setup_database(env: dict, cluster: str, database: str) -> None:
     import psycopg
 
     from tests.browser_stack import manage
 
     with psycopg.connect(f"{PG_BASE}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{DB_NAME}"')
+        conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{database}"')
     manage(env, "migrate", "--noinput")
     manage(env, "build_cluster", cluster)
     manage(env, "seed_queues")
@@ -231,10 +231,12 @@ class Tally:
         }
 
 
-def soak(cycles: int, workers: int, cluster: str, seed: int, check_every: int = 100) -> dict:
+def soak(
+    cycles: int, workers: int, cluster: str, seed: int, check_every: int = 100, database: str = DB_NAME
+) -> dict:
     data_dir = Path(tempfile.mkdtemp(prefix="myriad-soak-"))
-    env = _environment(data_dir)
-    _setup_database(env, cluster)
+    env = _environment(data_dir, database)
+    _setup_database(env, cluster, database)
     os.environ.update(env)
     import django
 
@@ -286,8 +288,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--cluster", default="demo")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--database", default=DB_NAME, help="the PostgreSQL database to drop and create")
     args = parser.parse_args()
-    figures = soak(args.cycles, args.workers, args.cluster, args.seed)
+    figures = soak(args.cycles, args.workers, args.cluster, args.seed, database=args.database)
     for key in ("cycles", "workers", "seconds", "cycles_per_s", "failed_cycles", "checks"):
         print(f"{key:<24}{figures[key]:>12}")
     for key in ("double_allocations", "quota_violations", "other_violations"):

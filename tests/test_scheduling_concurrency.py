@@ -207,7 +207,8 @@ def test_four_cycle_workers_under_churn_keep_every_invariant():
     env = {k: v for k, v in os.environ.items() if not k.startswith("MYRIAD_DATABASE")}
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run(
-        [sys.executable, "-m", "bench.soak", "--cycles", "300", "--workers", "4", "--seed", "3"],
+        [sys.executable, "-m", "bench.soak", "--cycles", "300", "--workers", "4", "--seed", "3",
+         "--database", "myriad_soak_test"],
         cwd=root, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
