@@ -5,6 +5,9 @@ with the server, so its own cost per request must stay small)."""
 from __future__ import annotations
 
 import asyncio
+import time
+
+import numpy as np
 
 
 class Connection:
@@ -50,3 +53,44 @@ class Connection:
         if len(parts) < 2:
             raise RuntimeError(f"unexpected answer line {status_line!r}")
         return int(parts[1]), answer
+
+
+def connections(port: int, n: int) -> asyncio.Queue:
+    """``n`` keep-alive connections to share: take one, send, put it back."""
+    pool: asyncio.Queue = asyncio.Queue()
+    for _ in range(n):
+        pool.put_nowait(Connection(port))
+    return pool
+
+
+async def drive(one, rate: float | None, seconds: float, concurrency: int) -> float:
+    """Call ``one(due)`` at ``rate`` per second for ``seconds`` (each call's due time is when it
+    should have started, so a server that falls behind shows it: no coordinated omission), or with
+    ``rate`` None from ``concurrency`` loops as fast as answers come. Returns the seconds taken."""
+    start = time.perf_counter()
+    if rate:
+        tasks = []
+        for i in range(int(rate * seconds)):
+            due = start + i / rate
+            if (delay := due - time.perf_counter()) > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(due)))
+        await asyncio.gather(*tasks)
+    else:
+
+        async def loop() -> None:
+            while time.perf_counter() - start < seconds:
+                await one(time.perf_counter())
+
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+    return time.perf_counter() - start
+
+
+def latency_figures(seconds: list[float]) -> dict:
+    """p50, p99 and max of latencies given in seconds, in milliseconds."""
+    ms = np.array(seconds) * 1000
+    return {
+        "p50_ms": round(float(np.percentile(ms, 50)), 1),
+        "p99_ms": round(float(np.percentile(ms, 99)), 1),
+        "max_ms": round(float(ms.max()), 1),
+    }

@@ -34,7 +34,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from bench._http import Connection
+from bench._http import connections as open_connections
+from bench._http import drive, latency_figures
 from config.web import web_command
 from tests.browser_stack import free_port, start_stack, stop_group
 
@@ -77,12 +78,9 @@ def _bodies(rng: random.Random, n: int = 256) -> list[bytes]:
 
 async def _submits(port: int, tokens, bodies, rate: float | None, seconds: float, connections: int) -> dict:
     """Submits at ``rate`` per second (None: as fast as answers come) for ``seconds``."""
-    pool: asyncio.Queue = asyncio.Queue()
-    for _ in range(connections):
-        pool.put_nowait(Connection(port))
+    pool = open_connections(port, connections)
     latencies, statuses, created, samples = [], {}, [], {}
     turn = iter(range(1 << 62))
-    start = time.perf_counter()
 
     async def one(due: float) -> None:
         i = next(turn)
@@ -101,29 +99,11 @@ async def _submits(port: int, tokens, bodies, rate: float | None, seconds: float
         latencies.append(time.perf_counter() - due)
         statuses[code] = statuses.get(code, 0) + 1
 
-    if rate:
-        tasks = []
-        for i in range(int(rate * seconds)):
-            due = start + i / rate
-            if (delay := due - time.perf_counter()) > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(due)))
-        await asyncio.gather(*tasks)
-    else:
-
-        async def worker() -> None:
-            while time.perf_counter() - start < seconds:
-                await one(time.perf_counter())
-
-        await asyncio.gather(*(worker() for _ in range(connections)))
-    elapsed = time.perf_counter() - start
-    lat = np.array(latencies) * 1000
+    elapsed = await drive(one, rate, seconds, connections)
     return {
         "offered_per_s": rate,
         "submits_per_s": round(statuses.get(201, 0) / elapsed, 1),
-        "p50_ms": round(float(np.percentile(lat, 50)), 1),
-        "p99_ms": round(float(np.percentile(lat, 99)), 1),
-        "max_ms": round(float(lat.max()), 1),
+        **latency_figures(latencies),
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "refusals": {str(k): v for k, v in samples.items()},  # one answer of each refused kind
         "created_ids": created,

@@ -32,7 +32,8 @@ import time
 import numpy as np
 
 from bench._backends import print_table, run_per_backend, setup_django
-from bench._http import Connection
+from bench._http import connections as open_connections
+from bench._http import drive, latency_figures
 from config.web import web_command
 from tests.browser_stack import free_port
 
@@ -122,12 +123,8 @@ async def _load(port: int, keys, rate: float | None, seconds: float, connections
     """Reports at ``rate`` per second (None: as fast as answers come) for ``seconds``."""
     rng = random.Random(20261201)
     bodies = Bodies(rng)
-    pool = asyncio.Queue()
-    for _ in range(connections):
-        pool.put_nowait(Connection(port))
+    pool = open_connections(port, connections)
     latencies, lags, services, statuses = [], [], [], {}
-    start = time.perf_counter()
-    tasks = []
 
     order = list(range(len(keys)))
     rng.shuffle(order)
@@ -150,30 +147,11 @@ async def _load(port: int, keys, rate: float | None, seconds: float, connections
         latencies.append(time.perf_counter() - due)
         statuses[code] = statuses.get(code, 0) + 1
 
-    if rate:
-        n = int(rate * seconds)
-        for i in range(n):
-            due = start + i / rate
-            delay = due - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(due)))
-        await asyncio.gather(*tasks)
-    else:
-
-        async def worker() -> None:
-            while time.perf_counter() - start < seconds:
-                await one(time.perf_counter())
-
-        await asyncio.gather(*(worker() for _ in range(connections)))
-    elapsed = time.perf_counter() - start
-    lat = np.array(latencies) * 1000
+    elapsed = await drive(one, rate, seconds, connections)
     return {
         "offered_per_s": rate,
-        "reports_per_s": round(len(lat) / elapsed, 1),
-        "p50_ms": round(float(np.percentile(lat, 50)), 1),
-        "p99_ms": round(float(np.percentile(lat, 99)), 1),
-        "max_ms": round(float(lat.max()), 1),
+        "reports_per_s": round(len(latencies) / elapsed, 1),
+        **latency_figures(latencies),
         "ok": statuses.get(200, 0),
         "errors": sum(v for k, v in statuses.items() if k != 200),
         "statuses": {str(k): v for k, v in sorted(statuses.items())},

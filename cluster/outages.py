@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 
@@ -29,6 +30,7 @@ class LiveStoreDown(Exception):
     """The live store could not be read (Redis not answering)."""
 
 
+@functools.cache
 def redis_errors() -> tuple[type[BaseException], ...]:
     """What a client of a Redis that is down raises (redis-py, and kombu for Celery's broker)."""
     import redis
@@ -46,7 +48,8 @@ def best_effort(what: str, fn, *args, default=None, **kwargs):
         return default
 
 
-def database_unavailable(request, message: str = MESSAGE) -> HttpResponse:
+def unavailable(request, message: str = MESSAGE) -> HttpResponse:
+    """503 with ``message`` (JSON on the API, a short page elsewhere) and a Retry-After."""
     for conn in connections.all(initialized_only=True):
         conn.close_if_unusable_or_obsolete()
     if request.path.startswith("/api/"):
@@ -74,7 +77,7 @@ class DatabaseOutageMiddleware:
     def process_exception(self, request, exception):
         if isinstance(exception, OperationalError | InterfaceError):
             log.warning("database unavailable for %s %s: %s", request.method, request.path, exception)
-            return database_unavailable(request)
+            return unavailable(request)
         if isinstance(exception, LiveStoreDown):
-            return database_unavailable(request, LIVE_MESSAGE)
+            return unavailable(request, LIVE_MESSAGE)
         return None

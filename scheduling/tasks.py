@@ -1,13 +1,16 @@
 import logging
 import threading
+import time
 
 from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 
-from cluster.outages import best_effort
+from cluster.outages import best_effort, redis_errors
 from scheduling.cycle import run_cycle
 from scheduling.trigger import clear_requested
+
+log = logging.getLogger("myriad.scheduling")
 
 
 @shared_task(ignore_result=True, time_limit=120, soft_time_limit=100)
@@ -18,46 +21,48 @@ def run_scheduling_cycle() -> dict:
     return run_cycle(wait=True).as_dict()
 
 
-def _cycles_while_broker_is_down(interval_s: float, stop: threading.Event) -> None:
+def _cycles_while_broker_is_down(interval_s: float) -> None:
     """While the broker (Redis) does not answer, this worker runs the scheduling cycle itself every
     interval: jobs keep being admitted from the database. The scheduling lock keeps cycles of
     several workers one at a time; a worker that finds the lock taken skips its turn."""
     import redis
-    from django.db import close_old_connections, connection
 
-    log = logging.getLogger("myriad.scheduling")
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=2, socket_timeout=2)
-    while not stop.wait(interval_s):
+    while True:
+        time.sleep(interval_s)
         try:
             client.ping()
-            continue
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-            pass
-        try:
-            close_old_connections()
-            summary = run_cycle(wait=False)
-            log.warning("the broker is not answering: this worker ran the cycle itself (%s)", summary.ran)
-        except Exception:  # noqa: BLE001 - the next turn tries again; the database may be down too
-            log.exception("a cycle run while the broker is down failed")
-        finally:
-            connection.close()
+        except redis_errors():
+            _cycle_without_broker()
 
 
-_timer: dict[str, threading.Event] = {}
+def _cycle_without_broker() -> None:
+    from django.db import close_old_connections, connection
+
+    try:
+        close_old_connections()
+        summary = run_cycle(wait=False)
+        log.warning("the broker is not answering: this worker ran the cycle itself (%s)", summary.ran)
+    except Exception:  # noqa: BLE001 - the next turn tries again; the database may be down too
+        log.exception("a cycle run while the broker is down failed")
+    finally:
+        connection.close()
+
+
+_timer: list[threading.Thread] = []  # this worker's one timer thread
 
 
 @worker_ready.connect
 def start_cycle_timer(sender=None, **_kwargs) -> None:
     """Workers that take scheduling cycles, on a Redis broker, keep a timer for its outages."""
-    consumes = getattr(getattr(sender, "app", None), "amqp", None)
-    queues = set(consumes.queues.consume_from or {}) if consumes is not None else set()
-    if not settings.REDIS_URL or "cycle" not in queues or "stop" in _timer:
+    amqp = getattr(getattr(sender, "app", None), "amqp", None)
+    queues = set(amqp.queues.consume_from or {}) if amqp is not None else set()
+    if not settings.REDIS_URL or "cycle" not in queues or _timer:
         return
-    stop = _timer["stop"] = threading.Event()
     interval = float(settings.SCHEDULING_CYCLE_INTERVAL_S)
-    threading.Thread(
-        target=_cycles_while_broker_is_down, args=(interval, stop), name="cycle-timer", daemon=True
-    ).start()
+    timer = threading.Thread(target=_cycles_while_broker_is_down, args=(interval,), daemon=True)
+    _timer.append(timer)
+    timer.start()
 
 
 @worker_ready.connect
@@ -72,7 +77,7 @@ def warm_up(**_kwargs) -> None:
         layouts.layout(topology_cache.current())
         allocations.active_pairs()
     except Exception:  # noqa: BLE001 - an empty or unmigrated database: the first cycle loads it
-        logging.getLogger("myriad.scheduling").warning("could not preload the topology", exc_info=True)
+        log.warning("could not preload the topology", exc_info=True)
 
 
 @shared_task(ignore_result=True, time_limit=60, soft_time_limit=50)
