@@ -193,7 +193,10 @@ def run(args) -> dict:
     from bench.dashboard import FleetPlayer, _session_cookie, _wait_for_frame
 
     with tempfile.TemporaryDirectory(prefix="myriad-http-") as tmp:
-        stack = start_stack(Path(tmp), args.cluster, simulated_fleet=False, name="http")
+        # the worker runs as deployed too: DEBUG off (no query log kept for every statement)
+        stack = start_stack(
+            Path(tmp), args.cluster, simulated_fleet=False, name="http", extra_env={"MYRIAD_DEBUG": "0"}
+        )
         if not args.scheduler:  # the web tier alone: the stack's worker (and its cycles) stopped
             stack.stop()
         os.environ.update(stack.env)

@@ -44,6 +44,9 @@ def _environment(data_dir: Path, database: str) -> dict:
         MYRIAD_DATA_DIR=str(data_dir),
         DJANGO_SETTINGS_MODULE="config.settings",
         MYRIAD_LOG_LEVEL="WARNING",
+        # the four workers run cycles back to back on purpose (they contend for the lock): no
+        # minimum interval between cycles
+        MYRIAD_CYCLE_MIN_INTERVAL_S="0",
     )
     return env
 

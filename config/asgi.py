@@ -1,5 +1,5 @@
-"""ASGI entry point: HTTP through Django (the node agents' reports on a shorter path), websockets
-through Channels (used by the live dashboard)."""
+"""ASGI entry point: HTTP through Django (the node agents' reports and machine clients' API calls on
+shorter paths), websockets through Channels (used by the live dashboard)."""
 
 import gc
 import os
@@ -13,6 +13,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from config.machine_api import MachineApi  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
 from monitoring.agent_asgi import AgentReports  # noqa: E402
 
@@ -22,7 +23,9 @@ gc.freeze()
 
 application = ProtocolTypeRouter(
     {
-        "http": AgentReports(django_asgi_app),  # the node agents' reports skip Django's request cycle
+        # the node agents' reports skip Django's request cycle; machine clients' API calls skip the
+        # browser's middleware and the per-request threads
+        "http": AgentReports(MachineApi(django_asgi_app)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

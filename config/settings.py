@@ -7,7 +7,16 @@ from pathlib import Path
 
 import dj_database_url
 
-from config.env import env_bool, env_int, env_list, env_networks, env_str, env_url, load_secret_files
+from config.env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_networks,
+    env_str,
+    env_url,
+    load_secret_files,
+)
 
 load_secret_files()  # MYRIAD_SECRET_KEY_FILE and the like: secrets from mounted files
 
@@ -170,6 +179,8 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_TIME_LIMIT = env_int("MYRIAD_TASK_TIME_LIMIT", 300, minimum=1)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 SCHEDULING_CYCLE_INTERVAL_S = env_int("MYRIAD_CYCLE_INTERVAL_S", 5, minimum=1)
+# the least time between the starts of two cycles that submits and changes ask for (scheduling.trigger)
+CYCLE_MIN_INTERVAL_S = env_float("MYRIAD_CYCLE_MIN_INTERVAL_S", 1.0, minimum=0.0)
 # GPUs one scheduling cycle may start; the rest go in the next cycle, run at once (0: no limit).
 # Each started GPU is one allocation row written inside the cycle's transaction: 50,000 keeps the
 # worst cycle at 100k GPUs near half a second and fills an empty 100k cluster in two cycles
@@ -191,6 +202,9 @@ PROGRESS_STRAGGLER_SHARE = env_int("MYRIAD_PROGRESS_STRAGGLER_PERCENT", 10, mini
 AGENT_WATCH_INTERVAL_S = env_int("MYRIAD_AGENT_WATCH_INTERVAL_S", 5, minimum=1)
 AGENT_REPORT_MAX_BYTES = env_int("MYRIAD_AGENT_REPORT_MAX_BYTES", 262_144, minimum=4096)
 AGENT_INGEST_THREADS = env_int("MYRIAD_AGENT_INGEST_THREADS", 8, minimum=1)
+# threads per server process that serve machine clients' API calls (config.machine_api; each keeps its
+# database connection)
+API_THREADS = env_int("MYRIAD_API_THREADS", 4, minimum=1)
 LAUNCH_READY_TIMEOUT_S = env_int("MYRIAD_LAUNCH_READY_TIMEOUT_S", 300, minimum=5)
 LAUNCH_FAILURE_LIMIT = env_int("MYRIAD_LAUNCH_FAILURE_LIMIT", 5, minimum=1)
 SIMULATION_LEASE_S = env_int("MYRIAD_SIMULATION_LEASE_S", 120, minimum=2)

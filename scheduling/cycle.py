@@ -99,7 +99,7 @@ def run_cycle(
         if result.admissions or result.preemptions or result.resizes:
             launch.changed()  # agents waiting on their assignments look again
         if result.start_limited:  # the jobs past this cycle's start limit go next, at once
-            request_cycle()
+            request_cycle(at_once=True)
         held_to = lock_clock()  # the last moment inside the lock, before the commit releases it
     seconds = time.perf_counter() - t0  # with the commit, which releases the lock
     cycle_ran.send(sender=CycleSummary, seconds=seconds, summary=summary)

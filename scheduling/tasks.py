@@ -8,17 +8,29 @@ from django.conf import settings
 
 from cluster.outages import best_effort, redis_errors
 from scheduling.cycle import run_cycle
-from scheduling.trigger import clear_requested
+from scheduling.trigger import clear_requested, note_cycle_ended, seconds_until_allowed
 
 log = logging.getLogger("myriad.scheduling")
 
 
 @shared_task(ignore_result=True, time_limit=120, soft_time_limit=100)
-def run_scheduling_cycle() -> dict:
+def run_scheduling_cycle(at_once: bool = False) -> dict:
     """One scheduling cycle. Cycles run one at a time (the scheduling lock); the request marker is
-    cleared first so jobs submitted while this cycle runs queue the next one."""
+    cleared first so jobs submitted while this cycle runs queue the next one. A cycle due before
+    the minimum interval since the last one ended (scheduling.trigger) is put off until then, the
+    marker kept, so submits meanwhile queue nothing more. Run inline (eager), it runs at once."""
+    inline = run_scheduling_cycle.request.is_eager or run_scheduling_cycle.app.conf.task_always_eager
+    wait = 0.0
+    if not (at_once or inline):
+        wait = best_effort("reading the last cycle's end", seconds_until_allowed, default=0.0)
+    if wait > 0:
+        run_scheduling_cycle.apply_async(countdown=wait)
+        return {"ran": False, "put_off_s": round(wait, 3)}
     best_effort("clearing the cycle request", clear_requested)
-    return run_cycle(wait=True).as_dict()
+    try:
+        return run_cycle(wait=True).as_dict()
+    finally:
+        best_effort("noting the cycle's end", note_cycle_ended)
 
 
 def _cycles_while_broker_is_down(interval_s: float) -> None:

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from config.env import ConfigError, env_bool, env_int, env_list, env_url, load_secret_files
+from config.env import ConfigError, env_bool, env_float, env_int, env_list, env_url, load_secret_files
 
 
 def test_it_reads_booleans_in_the_usual_spellings(monkeypatch):
@@ -42,6 +42,15 @@ def test_it_rejects_an_empty_host_list_and_bad_numbers(monkeypatch):
     monkeypatch.setenv("MYRIAD_TASK_TIME_LIMIT", "0")
     with pytest.raises(ConfigError, match="must be at least 1"):
         env_int("MYRIAD_TASK_TIME_LIMIT", 300, minimum=1)
+
+
+def test_it_reads_fractions_and_names_a_bad_one(monkeypatch):
+    monkeypatch.setenv("MYRIAD_CYCLE_MIN_INTERVAL_S", "0.5")
+    assert env_float("MYRIAD_CYCLE_MIN_INTERVAL_S", 1.0, minimum=0.0) == 0.5
+    for raw, message in (("soon", "is not a number"), ("nan", "not a finite"), ("-1", "at least 0")):
+        monkeypatch.setenv("MYRIAD_CYCLE_MIN_INTERVAL_S", raw)
+        with pytest.raises(ConfigError, match=f"MYRIAD_CYCLE_MIN_INTERVAL_S='{raw}' .*{message}"):
+            env_float("MYRIAD_CYCLE_MIN_INTERVAL_S", 1.0, minimum=0.0)
 
 
 def test_settings_refuse_to_start_on_a_bad_value():

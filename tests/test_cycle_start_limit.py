@@ -1,6 +1,9 @@
 """A cycle starts at most MYRIAD_CYCLE_MAX_START_GPUS GPUs; the jobs past the limit say so and the
 next cycle runs at once after the commit, without waiting for beat."""
 
+import time
+from types import SimpleNamespace
+
 from scheduling.cycle import run_cycle
 from scheduling.models import Job
 from scheduling.services import submit_job
@@ -30,3 +33,59 @@ def test_without_a_limit_one_cycle_starts_everything(queues, settings):
         submit_job(queue=queues["vision"], gpus=8, chip_types=["H100-SXM"], topology="any", name=f"j{i}")
     summary = run_cycle()
     assert summary.admitted == 3 and Job.objects.filter(state="running").count() == 3
+
+
+def _queued(monkeypatch):
+    """What asking for a cycle sends to the workers: (countdown or None, kwargs) per task."""
+    from scheduling.tasks import run_scheduling_cycle
+
+    sent = []
+    monkeypatch.setattr(run_scheduling_cycle, "delay", lambda **kw: sent.append((None, kw)))
+    monkeypatch.setattr(
+        run_scheduling_cycle, "apply_async", lambda countdown=None, **kw: sent.append((countdown, kw))
+    )
+    return sent
+
+
+def test_requested_cycles_keep_the_minimum_interval_after_the_last_one(
+    db, settings, tmp_path, monkeypatch, django_capture_on_commit_callbacks
+):
+    """Under a stream of submits cycles do not run back to back: the one asked for waits until the
+    interval since the last cycle's end has passed; a quiet cluster's cycle starts at once."""
+    from scheduling import trigger
+
+    settings.REDIS_URL, settings.DATA_DIR, settings.CYCLE_MIN_INTERVAL_S = None, tmp_path, 2.0
+    sent = _queued(monkeypatch)
+    with django_capture_on_commit_callbacks(execute=True):
+        trigger.request_cycle()  # no cycle ended yet: at once
+    assert sent == [(None, {"at_once": False})]
+    trigger.clear_requested()  # the cycle starts ...
+    trigger.note_cycle_ended()  # ... and ends
+    with django_capture_on_commit_callbacks(execute=True):
+        trigger.request_cycle()
+        trigger.request_cycle()  # one queued: the second asks nothing
+    assert len(sent) == 2 and 1.5 < sent[1][0] <= 2.0
+    trigger.clear_requested()
+    with django_capture_on_commit_callbacks(execute=True):
+        trigger.request_cycle(at_once=True)  # the start limit's follow-up does not wait
+    assert sent[2] == (None, {"at_once": True})
+    settings.CYCLE_MIN_INTERVAL_S = 0
+    assert trigger.seconds_until_allowed() == 0
+
+
+def test_a_cycle_that_comes_too_early_is_put_off_not_run(settings, tmp_path, monkeypatch):
+    from scheduling import tasks, trigger
+
+    settings.REDIS_URL, settings.DATA_DIR, settings.CYCLE_MIN_INTERVAL_S = None, tmp_path, 2.0
+    sent = _queued(monkeypatch)
+    ran = []
+    monkeypatch.setattr(tasks, "run_cycle", lambda **kw: ran.append(kw) or SimpleNamespace(as_dict=dict))
+    trigger.note_cycle_ended()
+    assert trigger.mark_requested()
+    answer = tasks.run_scheduling_cycle()
+    assert answer["ran"] is False and ran == [] and 1.5 < sent[0][0] <= 2.0
+    assert not trigger.mark_requested()  # the marker is kept: submits meanwhile queue nothing
+    settings.CYCLE_MIN_INTERVAL_S = 0.01
+    time.sleep(0.02)
+    tasks.run_scheduling_cycle()  # its time has come: it runs, and clears the marker
+    assert len(ran) == 1 and trigger.mark_requested()

@@ -1,0 +1,153 @@
+"""The machine clients' short path (config.machine_api): an API call with a token or a node
+credential gets the answer Django's full request cycle gives (status, body, the headers that
+matter), and it really was served on the short path; everything else goes the full way."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from django.db import connection
+from rest_framework.authtoken.models import Token
+
+from config.machine_api import MachineApi, machine_request
+
+SAME_HEADERS = (
+    "content-type",
+    "allow",
+    "www-authenticate",
+    "retry-after",
+    "x-frame-options",
+    "x-content-type-options",
+    "referrer-policy",
+    "cross-origin-opener-policy",
+)
+
+
+def _call(app, method: str, path: str, headers: dict, body: bytes = b""):
+    """(status, headers, body) of one request sent to an ASGI ``app`` as a server would."""
+    headers = {**headers, "Content-Length": str(len(body))} if body else headers
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path.split("?")[0],
+        "raw_path": path.encode(),
+        "query_string": path.partition("?")[2].encode(),
+        "root_path": "",
+        "headers": [(b"host", b"testserver")]
+        + [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        "client": ("127.0.0.1", 40000),
+        "server": ("testserver", 80),
+    }
+    answer = {"body": b""}
+
+    async def run():
+        sent = False
+
+        async def receive():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.sleep(3600)
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            if message["type"] == "http.response.start":
+                answer["status"] = message["status"]
+                answer["headers"] = {k.decode().lower(): v.decode() for k, v in message["headers"]}
+            else:
+                answer["body"] += message.get("body", b"")
+
+        await app(scope, receive, send)
+
+    asyncio.run(run())
+    return answer["status"], answer["headers"], answer["body"]
+
+
+@pytest.fixture
+def apps(settings):
+    from config.asgi import django_asgi_app
+
+    settings.API_THREADS = 1  # one thread: its connection is closed at the end
+    short = MachineApi(django_asgi_app)
+    served = []
+    serve = short.handler.serve
+
+    def counted(scope, body_file):
+        served.append(scope["path"])
+        return serve(scope, body_file)
+
+    short.handler.serve = counted
+    yield django_asgi_app, short, served
+    short.pool.submit(lambda: connection.close()).result()
+    short.pool.shutdown()
+
+
+def _without_ids(payload):
+    volatile = {"id", "submitted_at", "name", "created", "updated_at"}
+    if isinstance(payload, dict):
+        return {k: _without_ids(v) for k, v in payload.items() if k not in volatile}
+    if isinstance(payload, list):
+        return [_without_ids(v) for v in payload]
+    return payload
+
+
+@pytest.mark.django_db(transaction=True)
+def test_machine_calls_get_the_answers_of_the_full_request_cycle(apps, queues, operator, viewer):
+    full, short, served = apps
+    op = {"Authorization": f"Token {Token.objects.create(user=operator).key}"}
+    view = {"Authorization": f"Token {Token.objects.create(user=viewer).key}"}
+    js = {"Content-Type": "application/json"}
+    good = json.dumps({"queue": "vision", "gpus": 8, "chip_types": ["H100-SXM"], "topology": "any"}).encode()
+    cases = [
+        ("POST", "/api/v1/jobs/", {**op, **js}, good),  # created
+        ("POST", "/api/v1/jobs/", {**op, **js}, json.dumps({"queue": "vision", "gpus": -1}).encode()),
+        ("POST", "/api/v1/jobs/", {**op, **js}, json.dumps({"queue": "nope", "gpus": 8}).encode()),
+        ("POST", "/api/v1/jobs/", {**op, **js}, b'{"queue": '),  # broken JSON
+        ("POST", "/api/v1/jobs/", {**view, **js}, good),  # a viewer never writes
+        ("POST", "/api/v1/jobs/", {"Authorization": "Token not-a-token", **js}, good),
+        ("POST", "/api/v1/jobs/", {"Authorization": "Node myr-node-unknown", **js}, good),
+        ("GET", "/api/v1/jobs/?state=pending", op, b""),
+        ("GET", "/api/v1/queues/", view, b""),
+        ("DELETE", "/api/v1/jobs/", op, b""),  # not allowed
+        ("GET", "/api/v1/no-such-thing/", op, b""),  # the API's JSON 404
+    ]
+    for method, path, headers, body in cases:
+        before = len(served)
+        want = _call(full, method, path, headers, body)
+        got = _call(short, method, path, headers, body)
+        assert len(served) == before + 1, (method, path)  # served on the short path
+        assert got[0] == want[0], (method, path, got, want)
+        for name in SAME_HEADERS:
+            assert got[1].get(name) == want[1].get(name), (method, path, name)
+        if want[1].get("content-type", "").startswith("application/json"):
+            assert _without_ids(json.loads(got[2])) == _without_ids(json.loads(want[2])), (method, path)
+        else:
+            assert got[2] == want[2]
+    statuses = [_call(short, m, p, h, b)[0] for m, p, h, b in cases]
+    assert statuses == [201, 400, 400, 400, 403, 401, 401, 200, 200, 405, 404]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_browsers_and_anonymous_calls_go_the_full_way(apps, queues, operator):
+    full, short, served = apps
+    assert _call(short, "GET", "/api/v1/jobs/", {})[0] == 401  # anonymous
+    assert _call(short, "GET", "/api/v1/jobs/", {"Authorization": "Basic b3A6cHc="})[0] == 401
+    assert _call(short, "GET", "/accounts/login/", {"Authorization": "Token x"})[0] == 200  # not the API
+    assert served == []
+    assert machine_request(
+        {"type": "http", "path": "/api/v1/jobs/", "headers": [(b"authorization", b"token k")]}
+    )
+    assert not machine_request({"type": "websocket", "path": "/api/v1/jobs/", "headers": []})
+
+
+def test_the_production_entry_point_uses_the_short_path():
+    from config.asgi import application
+
+    http = application.application_mapping["http"]
+    assert isinstance(http.app, MachineApi)  # the agents' reports first, then machine clients
