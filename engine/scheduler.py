@@ -151,6 +151,7 @@ class Cycle(
         self.spare_free = self.topo.usable() & self.topo.node_spare[self.topo.gpu_node] & ~owned
         self._spare_pool: FreePool | None = None
         self.running_by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
+        self._lowest_cache: dict[tuple[int, int], tuple[list, float]] = {}  # PreemptionStep
         self.running_by_chip: dict[int, list[RunningJob]] = {}
         for job in self.running:
             for chip in self._chips_of(job):

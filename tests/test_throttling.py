@@ -114,3 +114,38 @@ def test_the_agents_fast_report_path_counts_failed_credentials_too(small_cluster
     statuses = [asyncio.run(post()) for _ in range(3)]
     assert [s for s, _ in statuses] == [401, 429, 429]
     assert int(statuses[-1][1][b"retry-after"]) > 0
+
+
+def test_the_sliding_window_holds_the_rate_at_a_constant_cost_and_says_when_to_come_back(
+    operator, monkeypatch
+):
+    """60/min from a client that asks 5 times a second for 10 minutes: about 60 a minute get
+    through, never more than 60 in one minute's fixed window, and each refusal's Retry-After is
+    when the next one gets through. The state per user is two counters, whatever the rate."""
+    from types import SimpleNamespace
+
+    from django.core.cache import cache
+
+    clock = [1_800_000_000.0]
+    monkeypatch.setattr(SubmitThrottle, "rate", "60/min", raising=False)
+    monkeypatch.setattr(SubmitThrottle, "timer", lambda self: clock[0])
+    request = SimpleNamespace(user=operator, META={"REMOTE_ADDR": "10.0.0.1"})
+    allowed, refused_waits = [], []
+    while clock[0] < 1_800_000_600:
+        throttle = SubmitThrottle()
+        if throttle.allow_request(request, None):
+            allowed.append(clock[0])
+        else:
+            refused_waits.append((clock[0], throttle.wait()))
+        clock[0] += 0.2
+    per_minute = {}
+    for t in allowed:
+        per_minute[int(t // 60)] = per_minute.get(int(t // 60), 0) + 1
+    assert max(per_minute.values()) <= 60
+    assert 560 <= len(allowed) <= 610  # ten minutes at 60/min (the first minute's burst included)
+    # a refusal names the moment the next request goes through (within one request's spacing)
+    for at, wait in refused_waits[:200]:
+        nxt = next(t for t in allowed if t > at)
+        assert nxt - 0.2 - 1e-6 <= at + wait <= nxt + 1e-6, (at, wait, nxt)
+    key = SubmitThrottle().get_cache_key(request, None)
+    assert cache.get(f"{key}:{int((clock[0] - 0.2) // 60)}") > 0  # counters, not a list of times

@@ -3,35 +3,97 @@ submits per user. Each answers 429 with Retry-After and changes nothing.
 
 Counts live in Django's cache: Redis when MYRIAD_REDIS_URL is set (shared by every web process),
 else each process's memory (the embedded default runs one web process).
+
+Rates (submits per user, enrolments per address) are counted as a sliding window over two fixed
+windows (the previous window's count weighted by how much of it the sliding window still covers,
+plus the current one's): a constant cost per request and one round trip to Redis, where DRF's own
+throttle reads and writes the whole list of a user's request times (6,000 of them at 6000/min).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 from django.conf import settings
 from django.core.cache import cache
-from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
+from rest_framework.throttling import AnonRateThrottle, SimpleRateThrottle, UserRateThrottle
 
 from cluster.outages import best_effort
 
+_local = threading.Lock()
 
-class _OpenWhileRedisIsDown:
-    """A throttle whose counts cannot be read lets the request through (with a warning): an
-    outage of the cache must not stop submits."""
+
+def _count(key: str, window: int, duration: int) -> tuple[int, int]:
+    """Adds one to ``key``'s count in ``window``; returns (the previous window's count, this
+    window's count with the one added). One round trip on Redis."""
+    current, previous = cache.make_key(f"{key}:{window}"), cache.make_key(f"{key}:{window - 1}")
+    if settings.REDIS_URL:
+        client = cache._cache.get_client(write=True)
+        pipe = client.pipeline(transaction=True)
+        pipe.incr(current).expire(current, 2 * duration).get(previous)
+        now, _, before = pipe.execute()
+        return int(before or 0), int(now)
+    with _local:  # this process's memory: one web process, its threads in turn
+        cache.add(f"{key}:{window}", 0, 2 * duration)
+        now = cache.incr(f"{key}:{window}")
+        return int(cache.get(f"{key}:{window - 1}") or 0), now
+
+
+def _take_back(key: str, window: int) -> None:
+    """A refused request does not count."""
+    if settings.REDIS_URL:
+        cache._cache.get_client(write=True).decr(cache.make_key(f"{key}:{window}"))
+    else:
+        with _local:
+            cache.decr(f"{key}:{window}")
+
+
+class SlidingWindowThrottle(SimpleRateThrottle):
+    """At most ``rate`` (N per second, minute, hour or day) in any window of that length, counted
+    from two fixed windows: the previous one's count weighted by the part of it still inside the
+    sliding window, plus the current one's. A refused request is not counted; ``wait()`` is the
+    time until one more would be allowed. A throttle whose counts cannot be read lets the request
+    through (with a warning): an outage of the cache must not stop submits."""
 
     def allow_request(self, request, view) -> bool:
-        return best_effort(f"the {self.scope} throttle", super().allow_request, request, view, default=True)
+        if self.rate is None:
+            return True
+        self.key = self.get_cache_key(request, view)
+        if self.key is None:
+            return True
+        return best_effort(f"the {self.scope} throttle", self._allow, default=True)
+
+    def _allow(self) -> bool:
+        n, duration = self.num_requests, self.duration
+        now = self.timer()
+        window = int(now // duration)
+        elapsed = now / duration - window  # the part of the current window gone, 0..1
+        previous, current = _count(self.key, window, duration)
+        if previous * (1 - elapsed) + current <= n:
+            return True
+        _take_back(self.key, window)
+        current -= 1
+        if current + 1 <= n:  # allowed once enough of the previous window has slid out
+            gone = 1 - (n - current - 1) / previous
+            self._wait = (gone - elapsed) * duration
+        else:  # not before the next window, once enough of this one has slid out
+            gone = 1 - (n - 1) / current if current else 0
+            self._wait = (1 - elapsed + gone) * duration
+        return False
+
+    def wait(self) -> float:
+        return max(getattr(self, "_wait", 0.0), 0.001)
 
 
-class SubmitThrottle(_OpenWhileRedisIsDown, UserRateThrottle):
+class SubmitThrottle(SlidingWindowThrottle, UserRateThrottle):
     """Job submits per user (MYRIAD_SUBMIT_RATE)."""
 
     scope = "submit"
 
 
-class EnrolThrottle(_OpenWhileRedisIsDown, AnonRateThrottle):
+class EnrolThrottle(SlidingWindowThrottle, AnonRateThrottle):
     """Enrolment attempts per client address (MYRIAD_ENROL_RATE): a token is not guessed."""
 
     scope = "enrol"

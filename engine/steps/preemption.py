@@ -24,11 +24,13 @@ class PreemptionStep:
         cohort = self.quota.cohort_of[qi]
         mine = []
         if own and queue.within_queue == WithinQueue.LOWER_PRIORITY:
-            mine = [
-                v
-                for v in self.running_by_queue_chip.get((qi, c), [])
-                if v.id not in self.victims and not v.fractional and v.priority < job.priority
-            ]
+            running = self.running_by_queue_chip.get((qi, c), [])
+            if running and job.priority > self._lowest_priority(qi, c, running):
+                mine = [
+                    v
+                    for v in running
+                    if v.id not in self.victims and not v.fractional and v.priority < job.priority
+                ]
         usage, nominal = self.quota.usage[qi, c], self.quota.nominal[qi, c]
         freeable = sum(dict(v.demand_by_chip()).get(chip, 0) for v in mine)
         within_nominal = usage - freeable + job.demand <= nominal
@@ -74,6 +76,17 @@ class PreemptionStep:
             candidates.append((1, victim, why))
         candidates.sort(key=lambda g: (g[0], g[1].priority, g[1].lost_work(self.now), -g[1].started_at))
         return [(victim, why) for _, victim, why in candidates]
+
+    def _lowest_priority(self, qi: int, c: int, running: list[RunningJob]) -> float:
+        """The lowest priority among the whole-GPU jobs of queue ``qi`` on chip ``c`` as the cycle
+        read them: a pending job at or below it can evict none of them (thousands of pending jobs
+        of one priority ask this in a cycle). Victims chosen later only raise the true lowest, so
+        the value stays a safe bound; a list replaced (a job resized) is read again."""
+        cached = self._lowest_cache.get((qi, c))
+        if cached is None or cached[0] is not running:
+            whole = [v.priority for v in running if not v.fractional]
+            cached = self._lowest_cache[(qi, c)] = (running, min(whole, default=float("inf")))
+        return cached[1]
 
     def _admit_by_preemption(
         self, qi: int, job: PendingJob, c: int, max_level: int, own: bool = True
