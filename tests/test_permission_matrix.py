@@ -34,6 +34,7 @@ API = {
     "telemetry-layout": "role",
     "telemetry-network": "role",
     "telemetry-frame": "role",
+    "telemetry-levels": "role",
     "agent-enrol": "public",
     "agent-report": "agent",
     "agent-assignments": "agent",

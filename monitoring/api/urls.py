@@ -14,6 +14,7 @@ urlpatterns = [
     path("telemetry/layout/", views.TelemetryLayoutView.as_view(), name="telemetry-layout"),
     path("telemetry/network/", views.NetworkView.as_view(), name="telemetry-network"),
     path("telemetry/frame/", views.TelemetryFrameView.as_view(), name="telemetry-frame"),
+    path("telemetry/levels/", views.TelemetryLevelsView.as_view(), name="telemetry-levels"),
     path("agent/enrol/", agent.EnrolView.as_view(), name="agent-enrol"),
     path("agent/report/", agent.ReportView.as_view(), name="agent-report"),
     path("agent/assignments/", agent.AssignmentsView.as_view(), name="agent-assignments"),

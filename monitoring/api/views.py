@@ -4,13 +4,14 @@ import numpy as np
 from django.db import transaction
 from django.http import FileResponse, HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from engine.frames import decode_frame
+from engine.frames import FRAME_METRICS, decode_frame
+from engine.levels import AGGREGATES, LEVELS
 from monitoring import filtersets
 from monitoring.api.serializers import FaultEventSerializer, SimulationSerializer
 from monitoring.livestore import FRAME_KEY, NETWORK_KEY, live_store
@@ -132,6 +133,43 @@ class TelemetryLayoutView(APIView):
                 "node_gpu_start": node_start,
             }
         )
+
+
+class TelemetryLevelsView(APIView):
+    """The newest frame a level at a time, for the operator's drill-down: the cells of ``level``
+    (datacenter, pod, rack, node or gpu; default pod) inside ``within`` (``LEVEL:ID`` of a level
+    above, e.g. ``datacenter:3``; default the whole cluster), each with ``aggregate`` (mean, max,
+    above: the share of GPUs at or over ``threshold``, unhealthy: GPUs not healthy) of ``metric``
+    (util, memory, temperature, power, health), its GPU count and its GPUs not healthy; ``path``
+    names the domains from the datacenter down to ``within``. Computed once per frame per server
+    process, whatever the number of viewers."""
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("level", str, enum=list(LEVELS)),
+            OpenApiParameter("within", str, description="LEVEL:ID of a domain above the level"),
+            OpenApiParameter("metric", str, enum=list(FRAME_METRICS)),
+            OpenApiParameter("aggregate", str, enum=list(AGGREGATES)),
+            OpenApiParameter("threshold", int, description="0-255, for aggregate=above (default 80)"),
+        ],
+        responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 404: OpenApiTypes.OBJECT},
+    )
+    def get(self, request):
+        from cluster.snapshot import topology_cache
+        from monitoring.levels import LevelQueryError, level_view, parse
+
+        try:
+            query = parse(request.query_params)
+        except LevelQueryError as exc:
+            return Response({exc.field: [exc.message]}, status=400)
+        frame = live_store().get(FRAME_KEY)
+        if frame is None:
+            return Response({"detail": "no telemetry yet"}, status=404)
+        try:
+            return Response(level_view(topology_cache.structure(), frame, query))
+        except LevelQueryError as exc:
+            code = 404 if exc.field == "within" else 409  # a frame of another inventory: wait for the next
+            return Response({exc.field: [exc.message]}, status=code)
 
 
 class OverviewView(APIView):

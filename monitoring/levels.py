@@ -1,0 +1,147 @@
+"""The live frame a level at a time (engine.levels over the inventory): the cells of one level
+inside one domain, each with the chosen aggregate of a metric, its GPU count and its GPUs not
+healthy. A frame's aggregates are computed once per process for every level and kept until a
+newer frame comes, so any number of viewers costs one pass over the frame."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from engine.frames import FRAME_METRICS, decode_frame
+from engine.levels import AGGREGATES, LEVELS, Hierarchy, aggregate_all
+
+_lock = threading.Lock()
+_hierarchies: dict[int, tuple] = {}  # id(snapshot) -> (snapshot, Hierarchy, rack names)
+_aggregates: OrderedDict = OrderedDict()  # (id(snapshot), seq, metric, how, threshold) -> arrays
+KEEP = 32  # aggregates kept per process (a few frames x the metrics and aggregates viewers chose)
+
+
+class LevelQueryError(ValueError):
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+
+def _hierarchy(snap):
+    entry = _hierarchies.get(id(snap))
+    if entry is None or entry[0] is not snap:
+        from cluster.models import Rack
+
+        names = dict(Rack.objects.values_list("id", "name"))
+        entry = (snap, Hierarchy.of(snap), tuple(names.get(int(r), str(r)) for r in snap.rack_id))
+        _hierarchies.clear()
+        _hierarchies[id(snap)] = entry
+    return entry[1], entry[2]
+
+
+def _ids(snap, level: str) -> np.ndarray:
+    return {
+        "datacenter": snap.datacenter_id,
+        "pod": snap.pod_id,
+        "rack": snap.rack_id,
+        "node": snap.node_id,
+        "gpu": snap.gpu_id,
+    }[level]
+
+
+def _names(snap, level: str, racks: tuple[str, ...], cells: np.ndarray) -> list[str]:
+    if level in ("datacenter", "pod"):
+        names = snap.names[level]
+        return [names[c] for c in cells]
+    if level == "rack":
+        pods = snap.names["pod"]
+        return [f"{pods[snap.rack_pod[c]]}/{racks[c]}" for c in cells]
+    if level == "node":
+        return [snap.node_hostname[c] for c in cells]
+    return [f"{snap.node_hostname[snap.gpu_node[c]]} GPU {snap.gpu_slot[c]}" for c in cells]
+
+
+def parse(params) -> dict:
+    """The query's parameters, checked; LevelQueryError names the one that is wrong."""
+    level = params.get("level", "pod")
+    if level not in LEVELS:
+        raise LevelQueryError("level", f"must be one of {', '.join(LEVELS)}")
+    metric = params.get("metric", "util")
+    if metric not in FRAME_METRICS:
+        raise LevelQueryError("metric", f"must be one of {', '.join(FRAME_METRICS)}")
+    how = params.get("aggregate", "mean")
+    if how not in AGGREGATES:
+        raise LevelQueryError("aggregate", f"must be one of {', '.join(AGGREGATES)}")
+    raw = params.get("threshold", "80")
+    if not raw.isdigit() or not 0 <= int(raw) <= 255:
+        raise LevelQueryError("threshold", "must be a whole number from 0 to 255")
+    within = params.get("within")
+    parent = None
+    if within:
+        name, _, ident = within.partition(":")
+        if name not in LEVELS or not ident.isdigit():
+            raise LevelQueryError("within", "must be LEVEL:ID, as datacenter:3 or rack:120")
+        if LEVELS.index(name) >= LEVELS.index(level):
+            raise LevelQueryError("within", f"a {name} is not above the level {level}")
+        parent = (name, int(ident))
+    return {"level": level, "metric": metric, "aggregate": how, "threshold": int(raw), "within": parent}
+
+
+def level_view(snap, frame: bytes, query: dict) -> dict:
+    """The cells of ``query['level']`` (inside ``query['within']``) with their figures."""
+    hierarchy, racks = _hierarchy(snap)
+    seq, t, values = decode_frame(frame)
+    if len(values["util"]) != hierarchy.num_gpus:
+        raise LevelQueryError(
+            "frame", f"the frame has {len(values['util'])} GPUs, the inventory {hierarchy.num_gpus}"
+        )
+    level, path = query["level"], []
+    cells = None
+    if query["within"] is not None:
+        name, ident = query["within"]
+        found = np.flatnonzero(_ids(snap, name) == ident)
+        if not len(found):
+            raise LevelQueryError("within", f"there is no {name} with id {ident}")
+        cells = hierarchy.within(level, name, int(found[0]))
+        path = [
+            {"level": lv, "id": int(_ids(snap, lv)[c]), "name": _names(snap, lv, racks, [c])[0]}
+            for lv, c in hierarchy.ancestors(name, int(found[0]))
+        ]
+    key = (id(snap), seq, query["metric"], query["aggregate"], query["threshold"])
+    with _lock:
+        figures = _aggregates.get(key)
+        if figures is None:
+            health = values["health"]
+            figures = _aggregates[key] = (
+                aggregate_all(
+                    hierarchy,
+                    values[query["metric"]],
+                    query["aggregate"],
+                    threshold=query["threshold"],
+                    health=health,
+                ),
+                aggregate_all(hierarchy, health, "unhealthy", health=health),
+            )
+            while len(_aggregates) > KEEP:
+                _aggregates.popitem(last=False)
+    if cells is None:
+        cells = np.arange(hierarchy.size(level))
+    value, unhealthy, gpus = figures[0][level][cells], figures[1][level][cells], hierarchy.gpus(level)[cells]
+    ids, names = _ids(snap, level)[cells], _names(snap, level, racks, cells)
+    return {
+        "frame": seq,
+        "t": t,
+        "level": level,
+        "metric": query["metric"],
+        "aggregate": query["aggregate"],
+        "threshold": query["threshold"],
+        "path": path,
+        "cells": [
+            {
+                "id": int(ids[i]),
+                "name": names[i],
+                "gpus": int(gpus[i]),
+                "value": None if np.isnan(value[i]) else round(float(value[i]), 1),
+                "unhealthy": 0 if np.isnan(unhealthy[i]) else int(unhealthy[i]),
+            }
+            for i in range(len(cells))
+        ],
+    }

@@ -1,0 +1,143 @@
+"""The operator's levels (engine.levels) and the aggregated view of the live frame a level at a
+time (GET /api/v1/telemetry/levels/): the numbers an operator reads at the top of a 100k-GPU
+cluster are the ones its GPUs add up to."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.levels import LEVELS, Hierarchy, aggregate, aggregate_all
+
+
+@pytest.fixture
+def tiny():
+    """2 datacenters; 3 pods (dc0: p0, p1; dc1: p2); 4 racks (p0: r0; p1: r1, r2; p2: r3); 6 nodes
+    of 2 GPUs, listed out of rack order (node 5 sits in rack 0)."""
+    node_rack = np.array([0, 1, 2, 3, 3, 0])
+    return Hierarchy(
+        gpu_node=np.repeat(np.arange(6), 2),
+        node_rack=node_rack,
+        rack_pod=np.array([0, 1, 1, 2]),
+        pod_datacenter=np.array([0, 0, 1]),
+        num_datacenters=2,
+    )
+
+
+def test_every_gpu_sits_in_one_cell_of_every_level_and_the_cells_add_up(tiny):
+    for level in LEVELS:
+        assert tiny.gpus(level).sum() == 12
+    assert tiny.cell_of_gpu("rack").tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 3, 3, 0, 0]
+    assert tiny.cell_of_gpu("datacenter").tolist() == [0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0]
+    assert tiny.within("rack", "pod", 1).tolist() == [1, 2]
+    assert tiny.within("node", "datacenter", 0).tolist() == [0, 1, 2, 5]
+    assert tiny.within("gpu", "node", 5).tolist() == [10, 11]
+    assert tiny.ancestors("gpu", 11) == [("datacenter", 0), ("pod", 0), ("rack", 0), ("node", 5), ("gpu", 11)]
+    with pytest.raises(ValueError, match="not above"):
+        tiny.within("pod", "rack", 0)
+    with pytest.raises(ValueError, match="no pod 7"):
+        tiny.within("rack", "pod", 7)
+    with pytest.raises(ValueError, match="unknown level 'row'"):
+        tiny.size("row")
+
+
+def test_each_aggregate_matches_the_gpus_it_stands_for(tiny):
+    util = np.array([10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 0, 95], dtype=np.uint8)
+    health = np.array([0, 0, 0, 2, 0, 0, 1, 0, 0, 0, 0, 3], dtype=np.uint8)
+    rack = tiny.cell_of_gpu("rack")
+    for r in range(4):
+        mine = util[rack == r].astype(float)
+        assert aggregate(tiny, "rack", util, "mean")[r] == pytest.approx(mine.mean())
+        assert aggregate(tiny, "rack", util, "max")[r] == mine.max()
+        assert aggregate(tiny, "rack", util, "above", threshold=80)[r] == pytest.approx(
+            100 * (mine >= 80).mean()
+        )
+        assert aggregate(tiny, "rack", util, "unhealthy", health=health)[r] == (health[rack == r] > 0).sum()
+    every = aggregate_all(tiny, util, "max")
+    assert every["datacenter"].tolist() == [95, 100] and every["gpu"].tolist() == util.tolist()
+    with pytest.raises(ValueError, match="unknown aggregate 'median'"):
+        aggregate(tiny, "pod", util, "median")
+    with pytest.raises(ValueError, match="11 values for 12 GPUs"):
+        aggregate(tiny, "pod", util[:11], "mean")
+
+
+def test_a_cell_without_gpus_has_no_value_not_zero(tiny):
+    empty_pod = Hierarchy(tiny.gpu_node, tiny.node_rack, tiny.rack_pod, np.array([0, 0, 1, 1]), 2)
+    util = np.full(12, 50, dtype=np.uint8)
+    assert np.isnan(aggregate(empty_pod, "pod", util, "mean")[3])
+    assert np.isnan(aggregate(empty_pod, "pod", util, "max")[3])
+
+
+@pytest.fixture
+def live_frame(small_cluster, settings, tmp_path):
+    """A frame of known values in the live store: GPU i's utilization is i % 100, its health is
+    bad on every seventh GPU."""
+    from cluster.snapshot import topology_cache
+    from engine.frames import FRAME_METRICS, encode_frame
+    from monitoring.livestore import FRAME_KEY, live_store, reset_store
+
+    settings.DATA_DIR = tmp_path
+    reset_store()
+    n = topology_cache.structure().num_gpus
+    values = {m: np.zeros(n, dtype=np.uint8) for m in FRAME_METRICS}
+    values["util"] = (np.arange(n) % 100).astype(np.uint8)
+    values["health"] = (np.arange(n) % 7 == 0).astype(np.uint8)
+    live_store().put(FRAME_KEY, encode_frame(11, 5.0, values))
+    yield values
+    live_store().delete(FRAME_KEY)
+    reset_store()
+
+
+def test_the_top_level_adds_up_to_the_frame_and_drilling_down_narrows_it(live_frame, viewer_client):
+    from cluster.snapshot import topology_cache
+
+    snap = topology_cache.structure()
+    util, health = live_frame["util"].astype(float), live_frame["health"]
+    top = viewer_client.get("/api/v1/telemetry/levels/").json()
+    assert top["frame"] == 11 and top["level"] == "pod" and top["path"] == []
+    assert sum(c["gpus"] for c in top["cells"]) == snap.num_gpus
+    pod_of_gpu = snap.rack_pod[snap.node_rack[snap.gpu_node]]
+    for cell in top["cells"]:
+        mine = pod_of_gpu == list(snap.pod_id).index(cell["id"])
+        assert cell["value"] == pytest.approx(util[mine].mean(), abs=0.05)
+        assert cell["unhealthy"] == int((health[mine] > 0).sum())
+    dc = int(snap.datacenter_id[0])
+    pods = viewer_client.get(f"/api/v1/telemetry/levels/?level=pod&within=datacenter:{dc}").json()
+    assert 0 < len(pods["cells"]) <= len(top["cells"])
+    assert pods["path"] == [{"level": "datacenter", "id": dc, "name": snap.names["datacenter"][0]}]
+    node = int(snap.node_id[1])
+    gpus = viewer_client.get(f"/api/v1/telemetry/levels/?level=gpu&within=node:{node}&aggregate=max").json()
+    mine = np.flatnonzero(snap.gpu_node == 1)
+    assert [c["value"] for c in gpus["cells"]] == util[mine].tolist()
+    assert [c["id"] for c in gpus["cells"]] == snap.gpu_id[mine].tolist()
+    assert [p["level"] for p in gpus["path"]] == ["datacenter", "pod", "rack", "node"]
+    hot = viewer_client.get("/api/v1/telemetry/levels/?level=datacenter&aggregate=above&threshold=90").json()
+    dc_of_gpu = snap.pod_datacenter[pod_of_gpu]
+    assert hot["cells"][0]["value"] == pytest.approx(100 * (util[dc_of_gpu == 0] >= 90).mean(), abs=0.05)
+
+
+@pytest.mark.parametrize(
+    "query, field",
+    [
+        ("level=row", "level"),
+        ("metric=fan", "metric"),
+        ("aggregate=median", "aggregate"),
+        ("threshold=300", "threshold"),
+        ("threshold=-1", "threshold"),
+        ("within=pod", "within"),
+        ("within=pod:x", "within"),
+        ("level=pod&within=rack:1", "within"),
+    ],
+)
+def test_a_bad_query_names_its_field(live_frame, viewer_client, query, field):
+    r = viewer_client.get(f"/api/v1/telemetry/levels/?{query}")
+    assert r.status_code == 400 and field in r.json()
+
+
+def test_an_unknown_domain_is_404_and_no_frame_yet_is_404(small_cluster, viewer_client, live_frame):
+    assert viewer_client.get("/api/v1/telemetry/levels/?level=rack&within=pod:999999").status_code == 404
+    from monitoring.livestore import FRAME_KEY, live_store
+
+    live_store().delete(FRAME_KEY)
+    r = viewer_client.get("/api/v1/telemetry/levels/")
+    assert r.status_code == 404 and "no telemetry" in r.json()["detail"]
