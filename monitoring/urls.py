@@ -6,6 +6,7 @@ urlpatterns = [
     path("metrics", metrics_views.control_plane, name="metrics"),
     path("metrics/gpus", metrics_views.gpus, name="metrics-gpus"),
     path("live/", views.live, name="live"),
+    path("live/levels/", views.live_levels, name="live-levels"),
     path("overview/", views.overview_page, name="overview"),
     path("topology/", views.topology, name="topology"),
     path("topology/<str:level>/<int:pk>/", views.topology, name="topology-level"),

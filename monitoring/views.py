@@ -44,6 +44,15 @@ def live(request):
 
 
 @viewer_page
+def live_levels(request):
+    """The fleet a level at a time: datacenters, pods, racks, nodes, GPUs (monitoring.levels)."""
+    from engine.frames import FRAME_METRICS
+    from engine.levels import AGGREGATES
+
+    return render(request, "monitoring/levels.html", {"metrics": FRAME_METRICS, "aggregates": AGGREGATES})
+
+
+@viewer_page
 def overview_page(request):
     from monitoring.overview import BUCKETS, ettr_last_day, overview
     from scheduling.usage import queue_health

@@ -156,6 +156,56 @@ def test_live_heatmap_shows_one_cell_per_gpu_and_a_table_view(browser, stack):
     page.context.close()
 
 
+def test_the_fleet_view_drills_from_the_cluster_to_a_gpu_and_back_by_mouse_and_keyboard(browser, stack):
+    page = _page(browser, stack, "viewer")
+    page.goto("/live/levels/")
+
+    def at(level: str) -> None:
+        page.wait_for_function(
+            f"document.getElementById('cells').dataset.level === {level!r}", timeout=20_000
+        )
+
+    at("pod")
+    top = _api(page, stack, "/api/v1/telemetry/levels/", role="viewer")
+    assert page.locator("#cells .cell").count() == len(top["cells"]) == 12  # the demo's pods
+    assert sum(c["gpus"] for c in top["cells"]) == 3072
+    assert page.locator("#path").inner_text() == "Cluster"
+    _shot(page, "fleet-cluster")
+    pod = top["cells"][0]
+    page.locator("#cells .cell").first.click()  # by mouse
+    at("rack")
+    assert f"within=pod%3A{pod['id']}" in page.url
+    racks = _api(page, stack, f"/api/v1/telemetry/levels/?level=rack&within=pod:{pod['id']}", role="viewer")
+    assert page.locator("#cells .cell").count() == len(racks["cells"])
+    assert sum(c["gpus"] for c in racks["cells"]) == pod["gpus"]  # the racks add up to their pod
+    _shot(page, "fleet-pod")
+    page.locator("#cells .cell").first.focus()
+    page.keyboard.press("Enter")  # by keyboard
+    at("node")
+    _shot(page, "fleet-rack")
+    page.locator("#cells .cell").first.focus()
+    page.keyboard.press("Enter")
+    at("gpu")
+    assert page.locator("#cells .cell").count() == 8
+    assert (
+        page.locator("#path").inner_text().startswith(f"Cluster › {racks['path'][0]['name']} › {pod['name']}")
+    )
+    _shot(page, "fleet-node")
+    page.go_back()  # the browser's back button
+    at("node")
+    page.keyboard.press("Escape")  # one level up
+    at("rack")
+    page.locator("#path a", has_text="Cluster").click()  # the path, back to the top
+    at("pod")
+    page.select_option("#aggregate", "unhealthy")
+    page.wait_for_function("location.search.includes('aggregate=unhealthy')")
+    page.locator("#table-view summary").focus()
+    page.keyboard.press("Enter")
+    assert page.locator("#cell-table tbody tr").count() == 12
+    assert page.errors == []
+    page.context.close()
+
+
 def test_an_injected_fault_shows_on_the_fault_view_and_the_node_within_seconds(browser, stack):
     page = _page(browser, stack, "operator")
     node = _api(page, stack, "/api/v1/nodes/?state=ready&is_spare=false&chip_type=H100-SXM&page_size=1")[

@@ -105,6 +105,7 @@ PAGES = {
     "metrics": "public",
     "metrics-gpus": "public",
     "live": "viewer",
+    "live-levels": "viewer",
     "overview": "viewer",
     "topology": "viewer",
     "topology-level": "viewer",
