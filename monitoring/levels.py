@@ -6,6 +6,7 @@ newer frame comes, so any number of viewers costs one pass over the frame."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -17,6 +18,9 @@ _lock = threading.Lock()
 _hierarchies: dict[int, tuple] = {}  # id(snapshot) -> (snapshot, Hierarchy, rack names)
 _aggregates: OrderedDict = OrderedDict()  # (id(snapshot), seq, metric, how, threshold) -> arrays
 KEEP = 32  # aggregates kept per process (a few frames x the metrics and aggregates viewers chose)
+MARKS_S = 2.0  # node states, lemons and open faults are read again after this many seconds
+_marks: dict = {}  # "at", "snap", "nodes": {mark: node mask}
+MARKS = ("cordoned", "draining", "drained", "down", "repairing", "spare", "lemon", "open_faults")
 
 
 class LevelQueryError(ValueError):
@@ -59,6 +63,63 @@ def _names(snap, level: str, racks: tuple[str, ...], cells: np.ndarray) -> list[
     return [f"{snap.node_hostname[snap.gpu_node[c]]} GPU {snap.gpu_slot[c]}" for c in cells]
 
 
+def _node_marks(snap) -> dict[str, np.ndarray]:
+    """Per node: its state when not ready, spare, lemon, and its open faults (a count)."""
+    now = time.monotonic()
+    if _marks.get("snap") is snap and now - _marks["at"] < MARKS_S:
+        return _marks["nodes"]
+    from cluster.models import Node
+    from engine.states import NODE_STATE_CODE
+    from monitoring.models import FaultEvent
+
+    nodes = {state: snap.node_state == NODE_STATE_CODE[state] for state in MARKS[:5]}
+    nodes["spare"] = np.asarray(snap.node_spare, dtype=bool)
+    index = {int(n): i for i, n in enumerate(snap.node_id)}
+    lemons = np.zeros(len(snap.node_id), dtype=bool)
+    lemons[
+        [index[n] for n in Node.objects.filter(is_lemon=True).values_list("id", flat=True) if n in index]
+    ] = True
+    nodes["lemon"] = lemons
+    faults = np.zeros(len(snap.node_id), dtype=np.int64)
+    for node, gpu_node in FaultEvent.objects.filter(cleared_at__isnull=True).values_list(
+        "node_id", "gpu__node_id"
+    ):
+        at = index.get(node if node is not None else gpu_node)
+        if at is not None:
+            faults[at] += 1
+    nodes["open_faults"] = faults
+    _marks.update(at=now, snap=snap, nodes=nodes)
+    return nodes
+
+
+def _job_overlay(snap, hierarchy: Hierarchy, level: str, job_id: int) -> tuple[dict, np.ndarray]:
+    """The job's summary and how many of its GPUs each cell of ``level`` holds."""
+    from scheduling.ettr import job_ettr
+    from scheduling.models import Allocation, Job
+
+    job = Job.objects.select_related("queue").filter(pk=job_id).first()
+    if job is None:
+        raise LevelQueryError("job", f"there is no job {job_id}")
+    held = np.array(
+        Allocation.objects.filter(job=job, active=True).values_list("gpu_id", flat=True), dtype=np.int64
+    )
+    order = np.argsort(snap.gpu_id)
+    found = np.searchsorted(snap.gpu_id, held, sorter=order)
+    gpus = order[found[(found < len(order))]] if len(held) else np.zeros(0, dtype=np.int64)
+    summary = {
+        "id": job.pk,
+        "name": job.name,
+        "state": job.state,
+        "queue": job.queue.name,
+        "gpus": job.gpus,
+        "allocated_gpus": int(len(gpus)),
+        "placement": job.placement,
+        "pending_reason": job.pending_reason,
+        "ettr": job_ettr([job]).get(job.pk),
+    }
+    return summary, hierarchy.count(level, gpus, of="gpu")
+
+
 def parse(params) -> dict:
     """The query's parameters, checked; LevelQueryError names the one that is wrong."""
     level = params.get("level", "pod")
@@ -82,7 +143,17 @@ def parse(params) -> dict:
         if LEVELS.index(name) >= LEVELS.index(level):
             raise LevelQueryError("within", f"a {name} is not above the level {level}")
         parent = (name, int(ident))
-    return {"level": level, "metric": metric, "aggregate": how, "threshold": int(raw), "within": parent}
+    job = params.get("job") or None
+    if job is not None and not job.isdigit():
+        raise LevelQueryError("job", "must be a job id")
+    return {
+        "level": level,
+        "metric": metric,
+        "aggregate": how,
+        "threshold": int(raw),
+        "within": parent,
+        "job": int(job) if job else None,
+    }
 
 
 def level_view(snap, frame: bytes, query: dict) -> dict:
@@ -126,7 +197,19 @@ def level_view(snap, frame: bytes, query: dict) -> dict:
         cells = np.arange(hierarchy.size(level))
     value, unhealthy, gpus = figures[0][level][cells], figures[1][level][cells], hierarchy.gpus(level)[cells]
     ids, names = _ids(snap, level)[cells], _names(snap, level, racks, cells)
-    return {
+    node_marks = _node_marks(snap)
+    if level == "gpu":  # a GPU carries its node's marks
+        counts = {m: v[snap.gpu_node][cells] for m, v in node_marks.items()}
+    else:
+        counts = {
+            m: hierarchy.count(level, v if v.dtype == bool else np.repeat(np.arange(len(v)), v))[cells]
+            for m, v in node_marks.items()
+        }
+    job, held = None, None
+    if query["job"] is not None:
+        job, held = _job_overlay(snap, hierarchy, level, query["job"])
+        held = held[cells]
+    answer = {
         "frame": seq,
         "t": t,
         "level": level,
@@ -141,7 +224,13 @@ def level_view(snap, frame: bytes, query: dict) -> dict:
                 "gpus": int(gpus[i]),
                 "value": None if np.isnan(value[i]) else round(float(value[i]), 1),
                 "unhealthy": 0 if np.isnan(unhealthy[i]) else int(unhealthy[i]),
+                # the overlays: nodes not ready, spares, lemons, open faults (only those present)
+                "marks": {m: int(c[i]) for m, c in counts.items() if c[i]},
+                **({"job_gpus": int(held[i])} if held is not None else {}),
             }
             for i in range(len(cells))
         ],
     }
+    if job is not None:
+        answer["job"] = job
+    return answer

@@ -141,3 +141,46 @@ def test_an_unknown_domain_is_404_and_no_frame_yet_is_404(small_cluster, viewer_
     live_store().delete(FRAME_KEY)
     r = viewer_client.get("/api/v1/telemetry/levels/")
     assert r.status_code == 404 and "no telemetry" in r.json()["detail"]
+
+
+def test_marks_are_counted_in_the_cells_that_hold_them(tiny):
+    down = np.array([False, False, False, True, True, True])  # nodes 3 and 4 (rack 3), node 5 (rack 0)
+    assert tiny.count("rack", down).tolist() == [1, 0, 0, 2]
+    assert tiny.count("datacenter", down).tolist() == [1, 2]
+    assert tiny.count("node", np.array([1, 10, 11]), of="gpu").tolist() == [1, 0, 0, 0, 0, 2]
+    assert tiny.count("gpu", np.array([3]), of="gpu")[3] == 1
+    with pytest.raises(ValueError, match="a rack is not inside a node"):
+        tiny.count("node", down, of="rack")
+
+
+def test_overlays_mark_nodes_faults_and_a_jobs_gpus_at_every_level(live_frame, viewer_client, queues):
+    from django.utils import timezone
+
+    from cluster.models import Node
+    from monitoring.models import FaultEvent
+    from scheduling.cycle import run_cycle
+    from scheduling.services import submit_job
+
+    nodes = list(Node.objects.order_by("id"))
+    Node.objects.filter(pk=nodes[0].pk).update(state="down", is_lemon=True)
+    FaultEvent.objects.create(node=nodes[0], at=timezone.now(), source="xid", xid=79)
+    FaultEvent.objects.create(
+        node=nodes[1], at=timezone.now(), source="xid", xid=43, cleared_at=timezone.now()
+    )
+    job = submit_job(queue=queues["vision"], gpus=8, chip_types=["H100-SXM"], topology="any", name="overlay")
+    run_cycle()
+    job.refresh_from_db()
+    assert job.state == "running"
+    for level in ("datacenter", "pod", "rack", "node"):
+        view = viewer_client.get(f"/api/v1/telemetry/levels/?level={level}&job={job.pk}").json()
+        assert sum(c.get("job_gpus", 0) for c in view["cells"]) == 8, level
+        marks = [c["marks"] for c in view["cells"]]
+        assert sum(m.get("down", 0) for m in marks) == 1 and sum(m.get("lemon", 0) for m in marks) == 1
+        assert sum(m.get("open_faults", 0) for m in marks) == 1  # the cleared one is not open
+    assert view["job"]["state"] == "running" and view["job"]["allocated_gpus"] == 8
+    down = next(c for c in view["cells"] if c["id"] == nodes[0].pk)
+    assert down["marks"] == {"down": 1, "lemon": 1, "open_faults": 1}
+    gpus = viewer_client.get(f"/api/v1/telemetry/levels/?level=gpu&within=node:{nodes[0].pk}").json()
+    assert all(c["marks"]["down"] == 1 for c in gpus["cells"])  # a GPU carries its node's marks
+    assert viewer_client.get("/api/v1/telemetry/levels/?job=999999").status_code == 404
+    assert "job" in viewer_client.get("/api/v1/telemetry/levels/?job=x").json()

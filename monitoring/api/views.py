@@ -168,7 +168,7 @@ class TelemetryLevelsView(APIView):
         try:
             return Response(level_view(topology_cache.structure(), frame, query))
         except LevelQueryError as exc:
-            code = 404 if exc.field == "within" else 409  # a frame of another inventory: wait for the next
+            code = 404 if exc.field in ("within", "job") else 409  # 409: a frame of another inventory
             return Response({exc.field: [exc.message]}, status=code)
 
 
