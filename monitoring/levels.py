@@ -234,3 +234,41 @@ def level_view(snap, frame: bytes, query: dict) -> dict:
     if job is not None:
         answer["job"] = job
     return answer
+
+
+def find(snap, text: str, limit: int = 20) -> list[dict]:
+    """Where ``text`` names something in the cluster: a datacenter, pod or rack by name, a node by
+    hostname, a GPU by UUID, a job by id or name; each with the view (level, within) that shows
+    it, and for a job its id for the overlay."""
+    from cluster.models import GPU, Node, Rack
+    from scheduling.models import Job
+
+    text = text.strip()
+    if not text:
+        return []
+    low, out = text.lower(), []
+    for level, child in (("datacenter", "pod"), ("pod", "rack")):
+        for i, name in enumerate(snap.names[level]):
+            if low in name.lower():
+                out.append(_hit(level, name, child, f"{level}:{int(_ids(snap, level)[i])}"))
+    pods = dict(zip(snap.pod_id.tolist(), snap.names["pod"], strict=True))
+    for rack, name, pod in Rack.objects.filter(name__icontains=text).values_list("id", "name", "pod_id")[
+        :limit
+    ]:
+        out.append(_hit("rack", f"{pods.get(pod, pod)}/{name}", "node", f"rack:{rack}"))
+    nodes = Node.objects.filter(hostname__icontains=text).values_list("id", "hostname")
+    for node, hostname in nodes[:limit]:
+        out.append(_hit("node", hostname, "gpu", f"node:{node}"))
+    gpus = GPU.objects.filter(uuid__istartswith=text).values_list(
+        "uuid", "index", "node_id", "node__hostname"
+    )
+    for uuid, index, node, hostname in gpus[:limit]:
+        out.append(_hit("gpu", f"{hostname} GPU {index} ({uuid})", "gpu", f"node:{node}"))
+    jobs = Job.objects.filter(pk=int(text)) if text.isdigit() else Job.objects.filter(name__icontains=text)
+    for job, name, state in jobs.order_by("-id").values_list("id", "name", "state")[:limit]:
+        out.append({**_hit("job", f"job {job} {name} ({state})".replace("  ", " "), "pod", ""), "job": job})
+    return out[:limit]
+
+
+def _hit(kind: str, label: str, level: str, within: str) -> dict:
+    return {"kind": kind, "label": label, "level": level, "within": within}

@@ -202,6 +202,36 @@ def test_the_fleet_view_drills_from_the_cluster_to_a_gpu_and_back_by_mouse_and_k
     page.locator("#table-view summary").focus()
     page.keyboard.press("Enter")
     assert page.locator("#cell-table tbody tr").count() == 12
+    _shot(page, "fleet-table")
+    # one box finds a node and jumps to its GPUs
+    node = _api(page, stack, "/api/v1/nodes/?is_spare=false&page_size=1", role="viewer")["results"][0]
+    page.fill("#find", node["hostname"])
+    page.keyboard.press("Enter")
+    page.locator("#found a", has_text=f"node: {node['hostname']}").click()
+    at("gpu")
+    assert f"within=node%3A{node['id']}" in page.url
+    # a running job's GPUs are outlined at every level, its summary beside the map
+    job = _api(
+        page,
+        stack,
+        "/api/v1/jobs/",
+        method="post",
+        queue="pretrain",
+        gpus=8,
+        chip_types=["H100-SXM"],
+        topology="any",
+        name="overlay-job",
+    )
+    deadline = time.monotonic() + 30
+    while _api(page, stack, f"/api/v1/jobs/{job['id']}/", role="viewer")["state"] != "running":
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.5)
+    page.goto(f"/live/levels/?job={job['id']}")
+    page.wait_for_selector("#cells .cell.job")
+    assert "running" in page.locator("#job-panel").inner_text()
+    outlined = page.locator("#cells .cell.job .job-mark").all_inner_texts()
+    assert sum(int(t.split(": ")[1].split()[0]) for t in outlined) == 8
+    _shot(page, "fleet-job")
     assert page.errors == []
     page.context.close()
 

@@ -184,3 +184,32 @@ def test_overlays_mark_nodes_faults_and_a_jobs_gpus_at_every_level(live_frame, v
     assert all(c["marks"]["down"] == 1 for c in gpus["cells"])  # a GPU carries its node's marks
     assert viewer_client.get("/api/v1/telemetry/levels/?job=999999").status_code == 404
     assert "job" in viewer_client.get("/api/v1/telemetry/levels/?job=x").json()
+
+
+def test_one_box_finds_a_domain_a_node_a_gpu_and_a_job_and_says_where_they_are(small_cluster, viewer_client):
+    from django.utils import timezone
+
+    from cluster.models import GPU, Node
+    from scheduling.models import Job, Queue
+
+    node = Node.objects.order_by("id").first()
+    gpu = GPU.objects.filter(node=node).order_by("index").last()
+    queue = Queue.objects.create(name="find-me")
+    job = Job.objects.create(queue=queue, gpus=8, name="llama-finetune", submitted_at=timezone.now())
+
+    def results(q):
+        r = viewer_client.get("/api/v1/telemetry/levels/find/", {"q": q})
+        assert r.status_code == 200
+        return r.json()["results"]
+
+    hit = next(h for h in results(node.hostname) if h["kind"] == "node")
+    assert hit == {"kind": "node", "label": node.hostname, "level": "gpu", "within": f"node:{node.pk}"}
+    hit = results(gpu.uuid[:12])[0]
+    assert hit["kind"] == "gpu" and hit["within"] == f"node:{node.pk}" and gpu.uuid in hit["label"]
+    assert [h["job"] for h in results("llama-fine") if h["kind"] == "job"] == [job.pk]
+    assert [h["job"] for h in results(str(job.pk)) if h["kind"] == "job"] == [job.pk]
+    pod = node.rack.pod
+    pods = [h for h in results(pod.name) if h["kind"] == "pod"]
+    assert any(h["within"] == f"pod:{pod.pk}" and h["level"] == "rack" for h in pods)
+    assert results("   ") == []
+    assert viewer_client.get("/api/v1/telemetry/levels/find/", {"q": "x" * 201}).status_code == 400

@@ -35,6 +35,7 @@ API = {
     "telemetry-network": "role",
     "telemetry-frame": "role",
     "telemetry-levels": "role",
+    "telemetry-levels-find": "role",
     "agent-enrol": "public",
     "agent-report": "agent",
     "agent-assignments": "agent",

@@ -15,6 +15,7 @@ urlpatterns = [
     path("telemetry/network/", views.NetworkView.as_view(), name="telemetry-network"),
     path("telemetry/frame/", views.TelemetryFrameView.as_view(), name="telemetry-frame"),
     path("telemetry/levels/", views.TelemetryLevelsView.as_view(), name="telemetry-levels"),
+    path("telemetry/levels/find/", views.TelemetryLevelsFindView.as_view(), name="telemetry-levels-find"),
     path("agent/enrol/", agent.EnrolView.as_view(), name="agent-enrol"),
     path("agent/report/", agent.ReportView.as_view(), name="agent-report"),
     path("agent/assignments/", agent.AssignmentsView.as_view(), name="agent-assignments"),

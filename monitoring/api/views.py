@@ -172,6 +172,23 @@ class TelemetryLevelsView(APIView):
             return Response({exc.field: [exc.message]}, status=code)
 
 
+class TelemetryLevelsFindView(APIView):
+    """Find a datacenter, pod or rack by name, a node by hostname, a GPU by UUID or a job by id or
+    name (``q``), with the fleet view (level, within) that shows each; at most 20."""
+
+    @extend_schema(
+        parameters=[OpenApiParameter("q", str, required=True)], responses={200: OpenApiTypes.OBJECT}
+    )
+    def get(self, request):
+        from cluster.snapshot import topology_cache
+        from monitoring.levels import find
+
+        q = request.query_params.get("q", "")
+        if len(q) > 200 or "\x00" in q:
+            return Response({"q": ["must be at most 200 characters, without NUL"]}, status=400)
+        return Response({"q": q, "results": find(topology_cache.structure(), q)})
+
+
 class OverviewView(APIView):
     """GPUs by state (free, allocated, allocated but idle, cordoned, down, in repair) as counts and
     shares, the busy share, running and pending jobs, faults per hour over 24 h, open faults."""
