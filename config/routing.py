@@ -2,6 +2,9 @@
 
 from django.urls import path
 
-from monitoring.consumers import TelemetryConsumer
+from monitoring.consumers import LevelsConsumer, TelemetryConsumer
 
-websocket_urlpatterns: list = [path("ws/telemetry/", TelemetryConsumer.as_asgi())]
+websocket_urlpatterns: list = [
+    path("ws/telemetry/", TelemetryConsumer.as_asgi()),
+    path("ws/levels/", LevelsConsumer.as_asgi()),
+]

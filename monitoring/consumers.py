@@ -1,4 +1,5 @@
-"""Live telemetry over websockets: /ws/telemetry/.
+"""Live telemetry over websockets: /ws/telemetry/ (every GPU) and /ws/levels/ (one level of the
+fleet view, monitoring.levels).
 
 A client gets a compressed snapshot of the newest frame on connect ("S", sim.fleet) and a
 compressed delta for each newer frame after it ("D": the change from the frame it names), at most
@@ -91,3 +92,66 @@ class TelemetryConsumer(AsyncWebsocketConsumer):
 
     async def telemetry_frame(self, event):
         await self.send(bytes_data=event["frame"])
+
+
+class LevelsConsumer(AsyncWebsocketConsumer):
+    """The fleet view of one level: the client sends the view it shows as JSON (``level``,
+    ``within``, ``metric``, ``aggregate``, ``threshold``, ``job``, as the levels API takes them) and
+    gets that view as JSON at once and again for every newer frame; each view is made once per
+    frame per server process (monitoring.levels.view_json), whatever the number of clients. A bad
+    view gets ``{"error": {field: [message]}}``."""
+
+    query = None
+
+    async def connect(self):
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated or not await database_sync_to_async(is_viewer)(user):
+            await self.close(code=4403)
+            return
+        await self.channel_layer.group_add(GROUP, self.channel_name)
+        await self.accept()
+        self.counted = True
+        ensure_broadcaster()
+
+    async def disconnect(self, code):
+        await self.channel_layer.group_discard(GROUP, self.channel_name)
+        if getattr(self, "counted", False):
+            release_broadcaster()
+
+    async def receive(self, text_data=None, bytes_data=None):
+        import json
+
+        from monitoring.levels import LevelQueryError, parse
+
+        try:
+            asked = json.loads(text_data or "")
+            if not isinstance(asked, dict):
+                raise ValueError
+            self.query = parse({str(k): str(v) for k, v in asked.items() if v is not None})
+        except ValueError as exc:
+            self.query = None
+            field, message = (
+                (exc.field, exc.message)
+                if isinstance(exc, LevelQueryError)
+                else ("view", "must be a JSON object")
+            )
+            await self.send(text_data=json.dumps({"error": {field: [message]}}))
+            return
+        await self._send_view(None)
+
+    async def telemetry_frame(self, event):
+        if self.query is not None:
+            await self._send_view(int.from_bytes(event["frame"][6:10], "little"))  # the new frame's number
+
+    async def _send_view(self, seq):
+        import json
+
+        from monitoring.levels import LevelQueryError, view_json
+
+        query = self.query
+        try:
+            text = await database_sync_to_async(view_json)(seq, query)
+        except LevelQueryError as exc:
+            text = json.dumps({"error": {exc.field: [exc.message]}})
+        if text is not None and query is self.query:
+            await self.send(text_data=text)

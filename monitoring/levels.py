@@ -236,6 +236,36 @@ def level_view(snap, frame: bytes, query: dict) -> dict:
     return answer
 
 
+_views: OrderedDict = OrderedDict()  # (frame seq, query) -> the view as JSON text
+_frame: dict = {}  # "seq", "data": the newest frame this process read
+
+
+def view_json(seq: int | None = None, query: dict | None = None) -> str | None:
+    """The view ``query`` asks for on frame ``seq`` (None: the newest) as JSON text, made once per
+    frame and query in this process however many websocket clients watch it; None without a
+    frame. A bad query raises LevelQueryError."""
+    import json
+
+    from cluster.snapshot import topology_cache
+    from monitoring.livestore import FRAME_KEY, live_store
+
+    key = (seq, tuple(sorted((k, str(v)) for k, v in query.items())))
+    with _lock:
+        if seq is not None and key in _views:
+            return _views[key]
+    if seq is None or _frame.get("seq") != seq:
+        data = live_store().get(FRAME_KEY)
+        if data is None:
+            return None
+        _frame.update(seq=decode_frame(data)[0], data=data)
+    text = json.dumps(level_view(topology_cache.structure(), _frame["data"], query), separators=(",", ":"))
+    with _lock:
+        _views[(_frame["seq"], key[1])] = text
+        while len(_views) > KEEP:
+            _views.popitem(last=False)
+    return text
+
+
 def find(snap, text: str, limit: int = 20) -> list[dict]:
     """Where ``text`` names something in the cluster: a datacenter, pod or rack by name, a node by
     hostname, a GPU by UUID, a job by id or name; each with the view (level, within) that shows

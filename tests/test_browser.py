@@ -158,6 +158,13 @@ def test_live_heatmap_shows_one_cell_per_gpu_and_a_table_view(browser, stack):
 
 def test_the_fleet_view_drills_from_the_cluster_to_a_gpu_and_back_by_mouse_and_keyboard(browser, stack):
     page = _page(browser, stack, "viewer")
+    pushed = []  # views the server pushed over /ws/levels/
+
+    def watch(ws):
+        if ws.url.endswith("/ws/levels/"):
+            ws.on("framereceived", lambda payload: pushed.append(payload))
+
+    page.on("websocket", watch)
     page.goto("/live/levels/")
 
     def at(level: str) -> None:
@@ -171,6 +178,9 @@ def test_the_fleet_view_drills_from_the_cluster_to_a_gpu_and_back_by_mouse_and_k
     assert sum(c["gpus"] for c in top["cells"]) == 3072
     assert page.locator("#path").inner_text() == "Cluster"
     _shot(page, "fleet-cluster")
+    first = page.locator("#status").inner_text()
+    page.wait_for_function(f"document.getElementById('status').textContent !== {first!r}", timeout=20_000)
+    assert any('"level":"pod"' in str(p) for p in pushed)  # newer frames came over the websocket
     pod = top["cells"][0]
     page.locator("#cells .cell").first.click()  # by mouse
     at("rack")

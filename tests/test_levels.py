@@ -213,3 +213,42 @@ def test_one_box_finds_a_domain_a_node_a_gpu_and_a_job_and_says_where_they_are(s
     assert any(h["within"] == f"pod:{pod.pk}" and h["level"] == "rack" for h in pods)
     assert results("   ") == []
     assert viewer_client.get("/api/v1/telemetry/levels/find/", {"q": "x" * 201}).status_code == 400
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_levels_websocket_sends_the_view_asked_for_and_again_for_each_new_frame(live_frame, viewer):
+    import json
+
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+    from channels.testing import WebsocketCommunicator
+
+    from engine.frames import delta_message, encode_frame
+    from monitoring.consumers import GROUP, LevelsConsumer
+    from monitoring.livestore import FRAME_KEY, live_store
+
+    async def run():
+        ws = WebsocketCommunicator(LevelsConsumer.as_asgi(), "/ws/levels/")
+        ws.scope["user"] = viewer
+        assert (await ws.connect())[0]
+        await ws.send_to(text_data=json.dumps({"level": "datacenter", "aggregate": "max"}))
+        first = json.loads(await ws.receive_from())
+        assert first["frame"] == 11 and first["level"] == "datacenter"
+        assert max(c["value"] for c in first["cells"]) == live_frame["util"].max()
+        old = live_store().get(FRAME_KEY)
+        newer = encode_frame(12, 6.0, {**live_frame, "util": np.full(len(live_frame["util"]), 3, np.uint8)})
+        live_store().put(FRAME_KEY, newer)
+        await get_channel_layer().group_send(
+            GROUP, {"type": "telemetry.frame", "frame": delta_message(old, newer)}
+        )
+        pushed = json.loads(await ws.receive_from())
+        assert pushed["frame"] == 12 and {c["value"] for c in pushed["cells"]} == {3}
+        await ws.send_to(text_data=json.dumps({"level": "row"}))
+        assert json.loads(await ws.receive_from()) == {
+            "error": {"level": [f"must be one of {', '.join(LEVELS)}"]}
+        }
+        await ws.send_to(text_data="[1, 2]")
+        assert "view" in json.loads(await ws.receive_from())["error"]
+        await ws.disconnect()
+
+    async_to_sync(run)()

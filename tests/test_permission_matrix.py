@@ -275,15 +275,20 @@ def test_the_websocket_needs_a_viewer(small_cluster, viewer, outsider):
     from channels.testing import WebsocketCommunicator
     from django.contrib.auth.models import AnonymousUser
 
-    from monitoring.consumers import TelemetryConsumer
+    from config.routing import websocket_urlpatterns
+    from monitoring.consumers import LevelsConsumer, TelemetryConsumer
 
-    async def connect(user):
-        communicator = WebsocketCommunicator(TelemetryConsumer.as_asgi(), "/ws/telemetry/")
+    consumers = {"/ws/telemetry/": TelemetryConsumer, "/ws/levels/": LevelsConsumer}
+    assert sorted(consumers) == sorted(f"/{p.pattern}" for p in websocket_urlpatterns)  # every websocket
+
+    async def connect(user, path):
+        communicator = WebsocketCommunicator(consumers[path].as_asgi(), path)
         communicator.scope["user"] = user or AnonymousUser()
         connected, code = await communicator.connect()
         await communicator.disconnect()
         return connected, code
 
-    for user in (None, outsider):
-        connected, code = asyncio.run(connect(user))
-        assert not connected and code == 4403
+    for path in consumers:
+        for user in (None, outsider):
+            connected, code = asyncio.run(connect(user, path))
+            assert not connected and code == 4403
