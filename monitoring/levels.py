@@ -29,6 +29,10 @@ class LevelQueryError(ValueError):
         self.field, self.message = field, message
 
 
+class UnknownDomain(LevelQueryError):
+    """The query names a domain or job that does not exist (404, where a malformed one is 400)."""
+
+
 def _hierarchy(snap):
     entry = _hierarchies.get(id(snap))
     if entry is None or entry[0] is not snap:
@@ -99,7 +103,7 @@ def _job_overlay(snap, hierarchy: Hierarchy, level: str, job_id: int) -> tuple[d
 
     job = Job.objects.select_related("queue").filter(pk=job_id).first()
     if job is None:
-        raise LevelQueryError("job", f"there is no job {job_id}")
+        raise UnknownDomain("job", f"there is no job {job_id}")
     held = np.array(
         Allocation.objects.filter(job=job, active=True).values_list("gpu_id", flat=True), dtype=np.int64
     )
@@ -170,7 +174,7 @@ def level_view(snap, frame: bytes, query: dict) -> dict:
         name, ident = query["within"]
         found = np.flatnonzero(_ids(snap, name) == ident)
         if not len(found):
-            raise LevelQueryError("within", f"there is no {name} with id {ident}")
+            raise UnknownDomain("within", f"there is no {name} with id {ident}")
         cells = hierarchy.within(level, name, int(found[0]))
         path = [
             {"level": lv, "id": int(_ids(snap, lv)[c]), "name": _names(snap, lv, racks, [c])[0]}

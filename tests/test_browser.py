@@ -301,3 +301,51 @@ def test_an_operator_edits_a_quota_and_a_viewer_cannot(browser, stack):
     r = viewer.goto(f"/queues/{queue_id}/edit/")
     assert r.status == 403
     viewer.context.close()
+
+
+def test_a_drain_preview_matches_the_api_and_drains_only_after_confirming(browser, stack):
+    page = _page(browser, stack, "operator")
+    job = _api(
+        page,
+        stack,
+        "/api/v1/jobs/",
+        method="post",
+        queue="pretrain",
+        gpus=8,
+        chip_types=["H100-SXM"],
+        topology="node",
+        name="drain-victim",
+    )
+    deadline = time.monotonic() + 30
+    while (detail := _api(page, stack, f"/api/v1/jobs/{job['id']}/"))["state"] != "running":
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.5)
+    node = _api(page, stack, f"/api/v1/nodes/?hostname={detail['placement'].split(',')[0]}")["results"][0]
+    rack = node["rack"]
+    page.goto(f"/live/levels/?level=node&within=rack:{rack}")
+    page.wait_for_function("document.getElementById('cells').dataset.level === 'node'", timeout=20_000)
+    page.click("#drain-preview")
+    page.wait_for_selector("#drain-jobs")
+    api = _api(page, stack, f"/api/v1/drain-preview/?within=rack:{rack}")
+    rows = page.locator("#drain-jobs tbody tr")
+    assert rows.count() == len(api["jobs"]) >= 1
+    mine = rows.filter(has_text=f"{job['id']} drain-victim")
+    assert "8 / 8" in mine.inner_text()
+    assert (
+        f"{api['nodes_drainable']} of its {api['nodes']} nodes" in page.locator("#drain-result").inner_text()
+    )
+    _shot(page, "fleet-drain-preview")
+    states = {n["id"]: n["state"] for n in _api(page, stack, f"/api/v1/nodes/?rack={rack}")["results"]}
+    assert "draining" not in states.values()  # a preview changes nothing
+    page.fill("#drain-reason", "replace the rack's top-of-rack switch")
+    page.click("#drain-confirm")
+    page.wait_for_function("document.getElementById('drain-result').textContent.startsWith('Draining')")
+    after = _api(page, stack, f"/api/v1/nodes/?rack={rack}")["results"]
+    assert all(
+        n["state"] in ("draining", "drained") for n in after if states[n["id"]] in ("ready", "cordoned")
+    )
+    for n in after:  # back in service for the tests after this one
+        if n["state"] in ("draining", "drained"):
+            _api(page, stack, f"/api/v1/nodes/{n['id']}/uncordon/", method="post", reason="test done")
+    assert page.errors == []
+    page.context.close()

@@ -252,3 +252,48 @@ def test_the_levels_websocket_sends_the_view_asked_for_and_again_for_each_new_fr
         await ws.disconnect()
 
     async_to_sync(run)()
+
+
+def test_a_drain_preview_names_what_a_drain_would_hit_and_the_drain_follows_it(
+    queues, viewer_client, operator_client
+):
+    from django.utils import timezone
+
+    from cluster.models import AuditRecord, Node
+    from scheduling.cycle import run_cycle
+    from scheduling.models import Allocation
+    from scheduling.services import submit_job
+
+    job = submit_job(queue=queues["vision"], gpus=8, chip_types=["H100-SXM"], topology="node", name="victim")
+    run_cycle()
+    job.refresh_from_db()
+    assert job.state == "running"
+    job.started_at = timezone.now() - timezone.timedelta(seconds=3600)
+    job.last_checkpoint_at = timezone.now() - timezone.timedelta(seconds=600)
+    job.save(update_fields=["started_at", "last_checkpoint_at"])
+    node = Node.objects.get(gpus__allocations__job=job, gpus__allocations__active=True, gpus__index=0)
+    rack = node.rack
+    seen = viewer_client.get(f"/api/v1/drain-preview/?within=rack:{rack.pk}").json()
+    assert seen["domain"]["level"] == "rack" and seen["nodes"] == rack.nodes.count()
+    assert seen["gpus_allocated"] == Allocation.objects.filter(active=True, gpu__node__rack=rack).count()
+    hit = next(j for j in seen["jobs"] if j["id"] == job.pk)
+    assert hit["gpus_here"] == hit["gpus"] == 8
+    assert 590 <= hit["since_checkpoint_s"] <= 700  # since its last checkpoint, not since it started
+    assert hit["lost_s"] == (0 if hit["saved_first"] else hit["since_checkpoint_s"])
+    assert hit["would_go"].startswith(("room now in", "no room now"))
+    # the viewer may look, not drain; the operator drains with a reason, audited
+    body = {"within": f"rack:{rack.pk}", "reason": "swap the rack's PDU"}
+    assert viewer_client.post("/api/v1/drain-preview/", body, format="json").status_code == 403
+    no_reason = operator_client.post("/api/v1/drain-preview/", {"within": f"rack:{rack.pk}"}, format="json")
+    assert no_reason.status_code == 400 and "reason" in no_reason.json()
+    assert Node.objects.filter(rack=rack, state="draining").count() == 0  # nothing changed
+    done = operator_client.post("/api/v1/drain-preview/", body, format="json").json()
+    assert sorted(done["drained"]) == sorted(rack.nodes.values_list("hostname", flat=True))
+    assert set(Node.objects.filter(rack=rack).values_list("state", flat=True)) <= {"draining", "drained"}
+    assert "swap the rack's PDU" in Node.objects.get(pk=node.pk).state_reason
+    audit = AuditRecord.objects.filter(action="drain", object_type="node", object_id=node.pk).get()
+    assert audit.actor == "otto-operator" and "swap the rack's PDU" in audit.reason
+    again = operator_client.post("/api/v1/drain-preview/", body, format="json").json()
+    assert again["drained"] == [] and set(again["skipped"]) == set(done["drained"])  # left as they are
+    for bad, code in (("rack:x", 400), ("datacenter:1", 400), ("rack:999999", 404)):
+        assert viewer_client.get(f"/api/v1/drain-preview/?within={bad}").status_code == code

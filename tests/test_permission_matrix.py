@@ -36,6 +36,7 @@ API = {
     "telemetry-frame": "role",
     "telemetry-levels": "role",
     "telemetry-levels-find": "role",
+    "drain-preview": "role",
     "agent-enrol": "public",
     "agent-report": "agent",
     "agent-assignments": "agent",

@@ -16,6 +16,7 @@ urlpatterns = [
     path("telemetry/frame/", views.TelemetryFrameView.as_view(), name="telemetry-frame"),
     path("telemetry/levels/", views.TelemetryLevelsView.as_view(), name="telemetry-levels"),
     path("telemetry/levels/find/", views.TelemetryLevelsFindView.as_view(), name="telemetry-levels-find"),
+    path("drain-preview/", views.DrainPreviewView.as_view(), name="drain-preview"),
     path("agent/enrol/", agent.EnrolView.as_view(), name="agent-enrol"),
     path("agent/report/", agent.ReportView.as_view(), name="agent-report"),
     path("agent/assignments/", agent.AssignmentsView.as_view(), name="agent-assignments"),

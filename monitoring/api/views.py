@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 from engine.frames import FRAME_METRICS, decode_frame
 from engine.levels import AGGREGATES, LEVELS
 from monitoring import filtersets
-from monitoring.api.serializers import FaultEventSerializer, SimulationSerializer
+from monitoring.api.serializers import DomainDrainSerializer, FaultEventSerializer, SimulationSerializer
 from monitoring.livestore import FRAME_KEY, NETWORK_KEY, live_store
 from monitoring.models import FaultEvent, Simulation
 from monitoring.services import report_fault
@@ -135,6 +135,13 @@ class TelemetryLayoutView(APIView):
         )
 
 
+def _refusal(exc, code: int = 400) -> Response:
+    """A fleet view's or drain's query refused: 404 for what does not exist, else ``code``."""
+    from monitoring.levels import UnknownDomain
+
+    return Response({exc.field: [exc.message]}, status=404 if isinstance(exc, UnknownDomain) else code)
+
+
 class TelemetryLevelsView(APIView):
     """The newest frame a level at a time, for the operator's drill-down: the cells of ``level``
     (datacenter, pod, rack, node or gpu; default pod) inside ``within`` (``LEVEL:ID`` of a level
@@ -168,8 +175,7 @@ class TelemetryLevelsView(APIView):
         try:
             return Response(level_view(topology_cache.structure(), frame, query))
         except LevelQueryError as exc:
-            code = 404 if exc.field in ("within", "job") else 409  # 409: a frame of another inventory
-            return Response({exc.field: [exc.message]}, status=code)
+            return _refusal(exc, 409)  # 409: a frame of another inventory than the one loaded
 
 
 class TelemetryLevelsFindView(APIView):
@@ -187,6 +193,50 @@ class TelemetryLevelsFindView(APIView):
         if len(q) > 200 or "\x00" in q:
             return Response({"q": ["must be at most 200 characters, without NUL"]}, status=400)
         return Response({"q": q, "results": find(topology_cache.structure(), q)})
+
+
+class DrainPreviewView(APIView):
+    """Before draining a node, rack or pod (``within``: ``node:ID``, ``rack:ID`` or ``pod:ID``):
+    the jobs it would hit, their GPUs there and in all, the work since each one's last checkpoint
+    and what the drain would lose of it, and where each could run instead right now. POST with a
+    ``reason`` (required, audited) and an optional ``grace_s`` drains every node of the domain that
+    may be drained (operators); nodes already draining, drained, down or in repair are left."""
+
+    @extend_schema(
+        parameters=[OpenApiParameter("within", str, required=True, description="node:ID, rack:ID or pod:ID")],
+        responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 404: OpenApiTypes.OBJECT},
+    )
+    def get(self, request):
+        from cluster.snapshot import topology_cache
+        from monitoring.drain_preview import preview
+        from monitoring.levels import LevelQueryError
+
+        try:
+            return Response(preview(topology_cache.current(), request.query_params.get("within", "")))
+        except LevelQueryError as exc:
+            return _refusal(exc)
+
+    @extend_schema(
+        request=DomainDrainSerializer, responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT}
+    )
+    def post(self, request):
+        from cluster.snapshot import topology_cache
+        from monitoring.drain_preview import drain
+        from monitoring.levels import LevelQueryError
+
+        body = DomainDrainSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            done = drain(
+                topology_cache.current(),
+                body.validated_data["within"],
+                actor=request.user.username,
+                reason=body.validated_data["reason"],
+                grace_s=body.validated_data["grace_s"],
+            )
+        except LevelQueryError as exc:
+            return _refusal(exc)
+        return Response(done)
 
 
 class OverviewView(APIView):

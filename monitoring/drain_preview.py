@@ -1,0 +1,151 @@
+"""What draining a node, rack or pod would hit, shown before an operator does it: the jobs with
+GPUs there, their GPUs there and in all, the work since each one's last checkpoint and how much of
+it the drain would lose (a policy that saves on demand saves first: engine.lifecycle.stop, the
+rule the drain itself follows), and where each could run instead right now (free GPUs of its chip
+types in one domain its topology allows, outside what is drained; before quota and priority,
+which the next cycle applies). Then the drain itself, of every node of the domain a drain may
+take, with the operator's reason in the audit."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+from django.utils import timezone
+
+from engine import lifecycle
+from engine.placement import LEVELS as PLACEMENT_LEVELS
+from engine.placement import level_limit
+from engine.states import NODE_ACTIONS, NODE_STATES
+from monitoring.levels import LevelQueryError, UnknownDomain, _hierarchy, _ids, _names
+
+DRAINABLE = ("pod", "rack", "node")
+
+
+def _domain(snap, within: str) -> tuple[str, int, np.ndarray]:
+    """(level, cell, node indices) of ``within`` (LEVEL:ID of a pod, rack or node)."""
+    level, _, ident = (within or "").partition(":")
+    if level not in DRAINABLE or not ident.isdigit():
+        raise LevelQueryError("within", "must be pod:ID, rack:ID or node:ID")
+    found = np.flatnonzero(_ids(snap, level) == int(ident))
+    if not len(found):
+        raise UnknownDomain("within", f"there is no {level} with id {ident}")
+    hierarchy, _ = _hierarchy(snap)
+    cell = int(found[0])
+    nodes = np.array([cell]) if level == "node" else hierarchy.within("node", level, cell)
+    return level, cell, nodes
+
+
+def _place_name(snap, level: int, domain: int) -> str:
+    name = PLACEMENT_LEVELS[level]
+    if name == "node":
+        return snap.node_hostname[domain]
+    if name == "rack":
+        _, racks = _hierarchy(snap)
+        return f"{snap.names['pod'][snap.rack_pod[domain]]}/{racks[domain]}"
+    if name in ("pod", "datacenter", "region"):
+        return snap.names[name][domain]
+    return "the cluster"
+
+
+def preview(snap, within: str, now=None) -> dict:
+    from scheduling.models import Job
+    from scheduling.store import allocations, layouts
+
+    now = now or timezone.now()
+    level, cell, nodes = _domain(snap, within)
+    _, racks = _hierarchy(snap)
+    in_domain = np.isin(snap.gpu_node, nodes)
+    pairs = allocations.active_pairs()
+    order = np.argsort(snap.gpu_id)
+    held = np.zeros(len(snap.gpu_id), dtype=bool)
+    jobs_here: dict[int, int] = {}
+    totals: dict[int, int] = {}
+    if len(pairs):
+        at = np.minimum(np.searchsorted(snap.gpu_id, pairs[:, 1], sorter=order), len(order) - 1)
+        known = snap.gpu_id[order[at]] == pairs[:, 1]
+        gpu = order[at[known]]
+        job_ids = pairs[known, 0]
+        held[gpu] = True
+        totals = dict(zip(*np.unique(job_ids, return_counts=True), strict=True))
+        here = job_ids[in_domain[gpu]]
+        jobs_here = dict(zip(*np.unique(here, return_counts=True), strict=True))
+    layout = layouts.layout(snap)
+    free = snap.schedulable() & ~held & ~in_domain
+    gpu_chip = snap.node_chip[snap.gpu_node]
+    jobs = []
+    for job in Job.objects.filter(pk__in=[int(j) for j in jobs_here]).select_related("queue").order_by("id"):
+        started = job.started_at.timestamp() if job.started_at else None
+        last = job.last_checkpoint_at.timestamp() if job.last_checkpoint_at else None
+        t = now.timestamp()
+        stop = lifecycle.stop(
+            t, progress_s=job.progress_s, started_at=started, last_checkpoint_at=last, policy=_kind(job)
+        )
+        chips = [snap.chip_names.index(c) for c in job.chip_types if c in snap.chip_names]
+        fits = free & (np.isin(gpu_chip, chips) if chips else True)
+        limit = level_limit(job.topology)
+        domains = layout.node_domain[limit][snap.gpu_node[fits]]
+        counts = np.bincount(domains, minlength=layout.domain_count[limit])
+        best = int(np.argmax(counts)) if len(counts) else 0
+        room = int(counts[best]) if len(counts) else 0
+        where = _place_name(snap, limit, best)
+        jobs.append(
+            {
+                "id": job.pk,
+                "name": job.name,
+                "queue": job.queue.name,
+                "state": job.state,
+                "gpus_here": int(jobs_here[job.pk]),
+                "gpus": int(totals.get(job.pk, job.allocated_gpus)),
+                "since_checkpoint_s": round(lifecycle.unsaved_s(t, started, last), 1),
+                "saved_first": stop.saved,
+                "lost_s": round(stop.lost_s, 1),
+                "would_go": (
+                    f"room now in {where}: {room} free GPUs"
+                    if room >= job.gpus
+                    else f"no room now: at most {room} free GPUs in one {PLACEMENT_LEVELS[limit]}; "
+                    f"it waits in queue {job.queue.name}"
+                ),
+            }
+        )
+    states = snap.node_state[nodes]
+    drainable = [NODE_STATES[s] in NODE_ACTIONS["drain"][0] for s in states]
+    return {
+        "domain": {
+            "level": level,
+            "id": int(_ids(snap, level)[cell]),
+            "name": _names(snap, level, racks, [cell])[0],
+        },
+        "nodes": len(nodes),
+        "nodes_drainable": int(sum(drainable)),
+        "gpus": int(in_domain.sum()),
+        "gpus_allocated": int((in_domain & held).sum()),
+        "jobs": jobs,
+        "lost_s": round(sum(j["lost_s"] for j in jobs), 1),
+    }
+
+
+def _kind(job):
+    """The job's checkpoint kind (its policy's, else its queue's default): whether a drain saves first."""
+    from scheduling.checkpoints import policy_kind
+
+    return policy_kind(job)[0]
+
+
+def drain(snap, within: str, *, actor: str, reason: str, grace_s: int = 0) -> dict:
+    """Drain every node of the domain a drain may take (all of them or none), the reason in the
+    audit; the nodes already draining, drained, down or in repair are left as they are."""
+    from cluster.models import Node
+    from cluster.services import apply_node_action
+
+    _, _, nodes = _domain(snap, within)
+    ids = [int(snap.node_id[n]) for n in nodes]
+    allowed = NODE_ACTIONS["drain"][0]
+    targets = list(Node.objects.filter(pk__in=ids, state__in=allowed).order_by("pk"))
+    others = Node.objects.filter(pk__in=ids).exclude(state__in=allowed)
+    skipped = dict(others.values_list("hostname", "state"))
+    deadline = timezone.now() + timedelta(seconds=grace_s) if grace_s else None
+    done = (
+        apply_node_action(targets, "drain", actor=actor, reason=reason, deadline=deadline) if targets else []
+    )
+    return {"drained": [n.hostname for n in done], "skipped": skipped}
