@@ -1,5 +1,7 @@
 """Live dashboard at scale: first paint of the every-GPU heatmap in headless Chromium, the size of
-the websocket frames, and the server's CPU for fanning 1 Hz frames out to 20 clients.
+the websocket frames, and the server's CPU for fanning 1 Hz frames out to 20 clients; the same for
+the fleet view a level at a time (/live/levels/: the cluster's pods, a pod's racks, a rack's nodes,
+a node's GPUs), each level opened straight from its URL, and 20 clients on mixed levels.
 
 A whole stack runs (ASGI server, Celery worker and beat) on the chosen preset; this process plays
 the fleet at exactly 1 Hz, as the simulated fleet's tick does (Fleet.step on 70% of the nodes busy,
@@ -206,6 +208,106 @@ def fan_out(stack, clients: int, seconds: float) -> dict:
     }
 
 
+def _api_json(stack, path: str) -> dict:
+    request = urllib.request.Request(
+        stack.url + path, headers={"Authorization": f"Token {stack.tokens['viewer']}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def level_views(stack) -> dict[str, str]:
+    """The URL query of each step down: the cluster (its pods), a pod (its racks), a rack (its
+    nodes), a node (its GPUs): the first cell of each."""
+    pod = _api_json(stack, "/api/v1/telemetry/levels/?level=pod")["cells"][0]["id"]
+    rack = _api_json(stack, f"/api/v1/telemetry/levels/?level=rack&within=pod:{pod}")["cells"][0]["id"]
+    node = _api_json(stack, f"/api/v1/telemetry/levels/?level=node&within=rack:{rack}")["cells"][0]["id"]
+    return {
+        "cluster": "level=pod",
+        "pod": f"level=rack&within=pod:{pod}",
+        "rack": f"level=node&within=rack:{rack}",
+        "node": f"level=gpu&within=node:{node}",
+    }
+
+
+def level_paint(stack, views: dict[str, str], loads: int) -> dict:
+    """First paint of each level opened from its URL in a fresh browser context, and the size of
+    the views the server pushes over /ws/levels/ for each."""
+    from playwright.sync_api import sync_playwright
+
+    times: dict[str, list[float]] = {name: [] for name in views}
+    sizes: dict[str, list[int]] = {name: [] for name in views}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        for _ in range(loads):
+            context = browser.new_context(base_url=stack.url, viewport={"width": 1500, "height": 1000})
+            page = context.new_page()
+            page.goto("/accounts/login/")
+            page.fill("#id_username", "viewer")
+            page.fill("#id_password", PASSWORDS["viewer"])
+            page.click("button[type=submit]")
+            page.wait_for_url(lambda url: "/accounts/login/" not in url)
+            for name, query in views.items():
+                current: list[int] = sizes[name]
+
+                def on_ws(ws, into=current):
+                    if ws.url.endswith("/ws/levels/"):
+                        ws.on("framereceived", lambda payload: into.append(len(str(payload).encode())))
+
+                page.on("websocket", on_ws)
+                page.goto(f"/live/levels/?{query}")
+                page.wait_for_function("window.myriadLevelPaint !== undefined", timeout=60_000)
+                times[name].append(page.evaluate("window.myriadLevelPaint"))
+                page.wait_for_timeout(2500)  # a pushed frame or two
+                page.remove_listener("websocket", on_ws)
+            context.close()
+        browser.close()
+    return {"times": times, "sizes": sizes}
+
+
+async def _level_clients(url: str, cookie: str, views: list[str], seconds: float) -> dict:
+    import websockets
+
+    counts = [0] * len(views)
+    sizes: list[int] = []
+
+    async def one(i: int) -> None:
+        view = dict(urllib.parse.parse_qsl(views[i]))
+        async with websockets.connect(
+            url,
+            additional_headers={"Cookie": cookie},
+            origin=url.replace("ws://", "http://").split("/ws/")[0],
+        ) as ws:
+            await ws.send(json.dumps(view))
+            end = time.monotonic() + seconds
+            while (left := end - time.monotonic()) > 0:
+                try:
+                    msg = await asyncio.wait_for(ws.recv(), timeout=left)
+                except TimeoutError:
+                    break
+                counts[i] += 1
+                sizes.append(len(msg))
+
+    await asyncio.gather(*(one(i) for i in range(len(views))))
+    return {"messages": counts, "bytes": sum(sizes)}
+
+
+def level_fan_out(stack, views: dict[str, str], clients: int, seconds: float) -> dict:
+    """``clients`` websocket clients on the levels in turn (mixed levels), the server's CPU."""
+    pid = stack.process.pid
+    cookie = _session_cookie(stack)
+    ws_url = stack.url.replace("http://", "ws://") + "/ws/levels/"
+    mixed = [list(views.values())[i % len(views)] for i in range(clients)]
+    c0, t0 = _cpu_seconds(pid), time.monotonic()
+    got = asyncio.run(_level_clients(ws_url, cookie, mixed, seconds))
+    return {
+        "level_clients": clients,
+        "level_server_cpu_with_clients": round((_cpu_seconds(pid) - c0) / (time.monotonic() - t0), 4),
+        "level_messages_per_client_min": min(got["messages"]),
+        "level_messages_per_client_max": max(got["messages"]),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cluster", default="100k")
@@ -233,6 +335,9 @@ def main() -> None:
             setup_s = time.perf_counter() - t
             paint = first_paint(stack, args.loads)
             fan = fan_out(stack, args.clients, args.seconds)
+            views = level_views(stack)
+            levels = level_paint(stack, views, max(3, args.loads))
+            level_fan = level_fan_out(stack, views, args.clients, args.seconds)
         finally:
             player.stopped.set()
             stack.stop()
@@ -258,6 +363,19 @@ def main() -> None:
         f"frames per client in {fan['seconds']:.0f} s               "
         f"{fan['messages_per_client_min']}-{fan['messages_per_client_max']}"
     )
+    print()
+    print("fleet view, opened from its URL           first paint p50 / max (ms)   pushed view (bytes, max)")
+    level_figures = {}
+    for name, ms in levels["times"].items():
+        size = max(levels["sizes"][name], default=0)
+        print(
+            f"{name + ' (' + views[name] + ')':<42}{statistics.median(ms):>8,.0f} / {max(ms):,.0f}{size:>22,}"
+        )
+        level_figures[f"first_paint_ms_p50_{name}"] = round(statistics.median(ms))
+        level_figures[f"frame_bytes_max_{name}"] = size
+    level_figures["top_level_frame_bytes_max"] = level_figures["frame_bytes_max_cluster"]
+    level_cpu = level_fan["level_server_cpu_with_clients"]
+    print(f"server CPU, {level_fan['level_clients']} clients on mixed levels    {level_cpu:.1%}        < 20%")
     print(
         json.dumps(
             {
@@ -271,6 +389,8 @@ def main() -> None:
                 "snapshot_bytes": paint["snapshot_bytes"],
                 "delta_bytes_max": paint["delta_bytes_max"],
                 **fan,
+                **level_figures,
+                **level_fan,
             }
         )
     )
