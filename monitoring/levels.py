@@ -8,8 +8,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from datetime import timedelta
 
 import numpy as np
+from django.utils import timezone
 
 from engine.frames import FRAME_METRICS, decode_frame
 from engine.levels import AGGREGATES, LEVELS, Hierarchy, aggregate_all
@@ -20,7 +22,10 @@ _aggregates: OrderedDict = OrderedDict()  # (id(snapshot), seq, metric, how, thr
 KEEP = 32  # aggregates kept per process (a few frames x the metrics and aggregates viewers chose)
 MARKS_S = 2.0  # node states, lemons and open faults are read again after this many seconds
 _marks: dict = {}  # "at", "snap", "nodes": {mark: node mask}
-MARKS = ("cordoned", "draining", "drained", "down", "repairing", "spare", "lemon", "open_faults")
+NODE_STATE_MARKS = ("cordoned", "draining", "drained", "down", "repairing")
+MARKS = (*NODE_STATE_MARKS, "spare", "lemon", "open_faults", "faults_24h")
+# the view's aggregates: a frame metric's (engine.levels), or the faults of the last 24 hours
+VIEW_AGGREGATES = (*AGGREGATES, "faults")
 
 
 class LevelQueryError(ValueError):
@@ -76,7 +81,7 @@ def _node_marks(snap) -> dict[str, np.ndarray]:
     from engine.states import NODE_STATE_CODE
     from monitoring.models import FaultEvent
 
-    nodes = {state: snap.node_state == NODE_STATE_CODE[state] for state in MARKS[:5]}
+    nodes = {state: snap.node_state == NODE_STATE_CODE[state] for state in NODE_STATE_MARKS}
     nodes["spare"] = np.asarray(snap.node_spare, dtype=bool)
     index = {int(n): i for i, n in enumerate(snap.node_id)}
     lemons = np.zeros(len(snap.node_id), dtype=bool)
@@ -84,14 +89,17 @@ def _node_marks(snap) -> dict[str, np.ndarray]:
         [index[n] for n in Node.objects.filter(is_lemon=True).values_list("id", flat=True) if n in index]
     ] = True
     nodes["lemon"] = lemons
-    faults = np.zeros(len(snap.node_id), dtype=np.int64)
-    for node, gpu_node in FaultEvent.objects.filter(cleared_at__isnull=True).values_list(
-        "node_id", "gpu__node_id"
-    ):
-        at = index.get(node if node is not None else gpu_node)
-        if at is not None:
-            faults[at] += 1
-    nodes["open_faults"] = faults
+
+    def per_node(faults) -> np.ndarray:
+        count = np.zeros(len(snap.node_id), dtype=np.int64)
+        for node, gpu_node in faults.values_list("node_id", "gpu__node_id"):
+            at = index.get(node if node is not None else gpu_node)
+            if at is not None:
+                count[at] += 1
+        return count
+
+    nodes["open_faults"] = per_node(FaultEvent.objects.filter(cleared_at__isnull=True))
+    nodes["faults_24h"] = per_node(FaultEvent.objects.filter(at__gte=timezone.now() - timedelta(hours=24)))
     _marks.update(at=now, snap=snap, nodes=nodes)
     return nodes
 
@@ -133,8 +141,8 @@ def parse(params) -> dict:
     if metric not in FRAME_METRICS:
         raise LevelQueryError("metric", f"must be one of {', '.join(FRAME_METRICS)}")
     how = params.get("aggregate", "mean")
-    if how not in AGGREGATES:
-        raise LevelQueryError("aggregate", f"must be one of {', '.join(AGGREGATES)}")
+    if how not in VIEW_AGGREGATES:
+        raise LevelQueryError("aggregate", f"must be one of {', '.join(VIEW_AGGREGATES)}")
     raw = params.get("threshold", "80")
     if not raw.isdigit() or not 0 <= int(raw) <= 255:
         raise LevelQueryError("threshold", "must be a whole number from 0 to 255")
@@ -185,11 +193,12 @@ def level_view(snap, frame: bytes, query: dict) -> dict:
         figures = _aggregates.get(key)
         if figures is None:
             health = values["health"]
+            how = "unhealthy" if query["aggregate"] == "faults" else query["aggregate"]  # faults: below
             figures = _aggregates[key] = (
                 aggregate_all(
                     hierarchy,
                     values[query["metric"]],
-                    query["aggregate"],
+                    how,
                     threshold=query["threshold"],
                     health=health,
                 ),
@@ -209,6 +218,8 @@ def level_view(snap, frame: bytes, query: dict) -> dict:
             m: hierarchy.count(level, v if v.dtype == bool else np.repeat(np.arange(len(v)), v))[cells]
             for m, v in node_marks.items()
         }
+    if query["aggregate"] == "faults":  # faults of the last 24 hours, from the database
+        value = counts["faults_24h"].astype(np.float32)
     job, held = None, None
     if query["job"] is not None:
         job, held = _job_overlay(snap, hierarchy, level, query["job"])

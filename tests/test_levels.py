@@ -179,7 +179,7 @@ def test_overlays_mark_nodes_faults_and_a_jobs_gpus_at_every_level(live_frame, v
         assert sum(m.get("open_faults", 0) for m in marks) == 1  # the cleared one is not open
     assert view["job"]["state"] == "running" and view["job"]["allocated_gpus"] == 8
     down = next(c for c in view["cells"] if c["id"] == nodes[0].pk)
-    assert down["marks"] == {"down": 1, "lemon": 1, "open_faults": 1}
+    assert down["marks"] == {"down": 1, "lemon": 1, "open_faults": 1, "faults_24h": 1}
     gpus = viewer_client.get(f"/api/v1/telemetry/levels/?level=gpu&within=node:{nodes[0].pk}").json()
     assert all(c["marks"]["down"] == 1 for c in gpus["cells"])  # a GPU carries its node's marks
     assert viewer_client.get("/api/v1/telemetry/levels/?job=999999").status_code == 404
@@ -297,3 +297,26 @@ def test_a_drain_preview_names_what_a_drain_would_hit_and_the_drain_follows_it(
     assert again["drained"] == [] and set(again["skipped"]) == set(done["drained"])  # left as they are
     for bad, code in (("rack:x", 400), ("datacenter:1", 400), ("rack:999999", 404)):
         assert viewer_client.get(f"/api/v1/drain-preview/?within={bad}").status_code == code
+
+
+def test_faults_of_the_last_day_colour_the_levels_and_older_ones_do_not(live_frame, viewer_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from cluster.models import Node
+    from monitoring.models import FaultEvent
+
+    node, other = list(Node.objects.order_by("id")[:2])
+    now = timezone.now()
+    for _ in range(3):
+        FaultEvent.objects.create(
+            node=node, at=now - timedelta(hours=1), source="xid", xid=79, cleared_at=now
+        )
+    FaultEvent.objects.create(node=other, at=now - timedelta(hours=30), source="xid", xid=79, cleared_at=now)
+    racks = viewer_client.get("/api/v1/telemetry/levels/?level=node&aggregate=faults").json()
+    by_id = {c["id"]: c for c in racks["cells"]}
+    assert by_id[node.pk]["value"] == 3 and by_id[node.pk]["marks"] == {"faults_24h": 3}
+    assert by_id[other.pk]["value"] == 0  # 30 hours ago
+    top = viewer_client.get("/api/v1/telemetry/levels/?aggregate=faults").json()
+    assert sum(c["value"] for c in top["cells"]) == 3

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from engine.frames import FRAME_METRICS, decode_frame
-from engine.levels import AGGREGATES, LEVELS
+from engine.levels import LEVELS
 from monitoring import filtersets
 from monitoring.api.serializers import DomainDrainSerializer, FaultEventSerializer, SimulationSerializer
 from monitoring.livestore import FRAME_KEY, NETWORK_KEY, live_store
@@ -156,7 +156,7 @@ class TelemetryLevelsView(APIView):
             OpenApiParameter("level", str, enum=list(LEVELS)),
             OpenApiParameter("within", str, description="LEVEL:ID of a domain above the level"),
             OpenApiParameter("metric", str, enum=list(FRAME_METRICS)),
-            OpenApiParameter("aggregate", str, enum=list(AGGREGATES)),
+            OpenApiParameter("aggregate", str, enum=["mean", "max", "above", "unhealthy", "faults"]),
             OpenApiParameter("threshold", int, description="0-255, for aggregate=above (default 80)"),
         ],
         responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 404: OpenApiTypes.OBJECT},
