@@ -132,6 +132,44 @@ def _job_overlay(snap, hierarchy: Hierarchy, level: str, job_id: int) -> tuple[d
     return summary, hierarchy.count(level, gpus, of="gpu")
 
 
+def _uplinks(snap, level: str, cells: np.ndarray, path: list[dict]) -> list[dict]:
+    """The uplinks the view touches, each labelled by its pod or rack, in % of capacity (over
+    100: congested): the pods' or racks' shown, and those of the pod and rack the view is inside.
+    Empty until the fleet or the agents' collector has written the network figures."""
+    import json
+
+    from monitoring.livestore import NETWORK_KEY, live_store
+
+    raw = live_store().get(NETWORK_KEY)
+    if raw is None:
+        return []
+    net = json.loads(raw)
+    util = {
+        "pod": dict(zip(net.get("pod_ids", []), net.get("pod_util", []), strict=False)),
+        "rack": dict(zip(net.get("rack_ids", []), net.get("rack_util", []), strict=False)),
+    }
+    _, racks = _hierarchy(snap)
+    out = [
+        {
+            "kind": p["level"],
+            "id": p["id"],
+            "name": p["name"],
+            "util": round(100 * util[p["level"]][p["id"]], 1),
+        }
+        for p in path
+        if p["level"] in util and p["id"] in util[p["level"]]
+    ]
+    if level in util:
+        ids = _ids(snap, level)[cells]
+        names = _names(snap, level, racks, cells)
+        out += [
+            {"kind": level, "id": int(i), "name": n, "util": round(100 * util[level][int(i)], 1)}
+            for i, n in zip(ids, names, strict=True)
+            if int(i) in util[level]
+        ]
+    return out
+
+
 def parse(params) -> dict:
     """The query's parameters, checked; LevelQueryError names the one that is wrong."""
     level = params.get("level", "pod")
@@ -248,6 +286,7 @@ def level_view(snap, frame: bytes, query: dict) -> dict:
     }
     if job is not None:
         answer["job"] = job
+    answer["uplinks"] = _uplinks(snap, level, cells, path)
     return answer
 
 

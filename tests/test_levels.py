@@ -320,3 +320,36 @@ def test_faults_of_the_last_day_colour_the_levels_and_older_ones_do_not(live_fra
     assert by_id[other.pk]["value"] == 0  # 30 hours ago
     top = viewer_client.get("/api/v1/telemetry/levels/?aggregate=faults").json()
     assert sum(c["value"] for c in top["cells"]) == 3
+
+
+def test_uplinks_are_labelled_by_the_pod_or_rack_they_belong_to(live_frame, viewer_client):
+    import json
+
+    from cluster.snapshot import topology_cache
+    from monitoring.livestore import NETWORK_KEY, live_store
+
+    snap = topology_cache.structure()
+    racks, pods = snap.rack_id.tolist(), snap.pod_id.tolist()
+    net = {
+        "rack_ids": racks,
+        "rack_util": [0.1 * (i + 1) for i in range(len(racks))],
+        "pod_ids": pods,
+        "pod_util": [1.25] * len(pods),
+    }
+    live_store().put(NETWORK_KEY, json.dumps(net).encode())
+    try:
+        top = viewer_client.get("/api/v1/telemetry/levels/").json()
+        assert [u["name"] for u in top["uplinks"]] == [c["name"] for c in top["cells"]]
+        assert {u["util"] for u in top["uplinks"]} == {125.0}  # over 100: congested
+        node = viewer_client.get(
+            f"/api/v1/telemetry/levels/?level=gpu&within=node:{int(snap.node_id[0])}"
+        ).json()
+        rack = int(snap.rack_id[snap.node_rack[0]])
+        assert [(u["kind"], u["id"]) for u in node["uplinks"]] == [
+            ("pod", pods[snap.rack_pod[snap.node_rack[0]]]),
+            ("rack", rack),
+        ]
+        assert node["uplinks"][1]["util"] == round(100 * net["rack_util"][racks.index(rack)], 1)
+    finally:
+        live_store().delete(NETWORK_KEY)
+    assert viewer_client.get("/api/v1/telemetry/levels/").json()["uplinks"] == []
