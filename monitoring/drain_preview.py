@@ -1,10 +1,10 @@
-"""What draining a node, rack or pod would hit, shown before an operator does it: the jobs with
-GPUs there, their GPUs there and in all, the work since each one's last checkpoint and how much of
-it the drain would lose (a policy that saves on demand saves first: engine.lifecycle.stop, the
-rule the drain itself follows), and where each could run instead right now (free GPUs of its chip
-types in one domain its topology allows, outside what is drained; before quota and priority,
-which the next cycle applies). Then the drain itself, of every node of the domain a drain may
-take, with the operator's reason in the audit."""
+"""What draining or marking down a node, rack or pod would hit, shown before an operator does it:
+the jobs with GPUs there, their GPUs there and in all, the work since each one's last checkpoint
+and how much of it the action would lose (a drain lets a policy that saves on demand save first; a
+node marked down stops its work at once: engine.lifecycle.stop, the rule both actions follow), and
+where each job could run instead right now (free GPUs of its chip types in one domain its topology
+allows, outside the domain; before quota and priority, which the next cycle applies). Then the
+action itself, on every node of the domain it may take, with the operator's reason in the audit."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from engine.states import NODE_ACTIONS, NODE_STATES
 from monitoring.levels import LevelQueryError, UnknownDomain, _hierarchy, _ids, _names
 
 DRAINABLE = ("pod", "rack", "node")
+ACTIONS = {"drain": "drain", "mark-down": "mark_down"}  # as the API spells them: engine.states' name
 
 
 def _domain(snap, within: str) -> tuple[str, int, np.ndarray]:
@@ -48,10 +49,12 @@ def _place_name(snap, level: int, domain: int) -> str:
     return "the cluster"
 
 
-def preview(snap, within: str, now=None) -> dict:
+def preview(snap, within: str, now=None, action: str = "drain") -> dict:
     from scheduling.models import Job
     from scheduling.store import allocations, layouts
 
+    if action not in ACTIONS:
+        raise LevelQueryError("action", f"must be one of {', '.join(ACTIONS)}")
     now = now or timezone.now()
     level, cell, nodes = _domain(snap, within)
     _, racks = _hierarchy(snap)
@@ -79,7 +82,12 @@ def preview(snap, within: str, now=None) -> dict:
         last = job.last_checkpoint_at.timestamp() if job.last_checkpoint_at else None
         t = now.timestamp()
         stop = lifecycle.stop(
-            t, progress_s=job.progress_s, started_at=started, last_checkpoint_at=last, policy=_kind(job)
+            t,
+            progress_s=job.progress_s,
+            started_at=started,
+            last_checkpoint_at=last,
+            policy=_kind(job),
+            graceful=action == "drain",
         )
         chips = [snap.chip_names.index(c) for c in job.chip_types if c in snap.chip_names]
         fits = free & (np.isin(gpu_chip, chips) if chips else True)
@@ -109,8 +117,9 @@ def preview(snap, within: str, now=None) -> dict:
             }
         )
     states = snap.node_state[nodes]
-    drainable = [NODE_STATES[s] in NODE_ACTIONS["drain"][0] for s in states]
+    drainable = [NODE_STATES[s] in NODE_ACTIONS[ACTIONS[action]][0] for s in states]
     return {
+        "action": action,
         "domain": {
             "level": level,
             "id": int(_ids(snap, level)[cell]),
@@ -132,20 +141,25 @@ def _kind(job):
     return policy_kind(job)[0]
 
 
-def drain(snap, within: str, *, actor: str, reason: str, grace_s: int = 0) -> dict:
-    """Drain every node of the domain a drain may take (all of them or none), the reason in the
-    audit; the nodes already draining, drained, down or in repair are left as they are."""
+def drain(snap, within: str, *, actor: str, reason: str, grace_s: int = 0, action: str = "drain") -> dict:
+    """Drain (or mark down) every node of the domain the action may take (all of them or none), the
+    reason in the audit; the nodes it may not take (already draining, down or in repair, say) are
+    left as they are."""
     from cluster.models import Node
     from cluster.services import apply_node_action
 
     _, _, nodes = _domain(snap, within)
     ids = [int(snap.node_id[n]) for n in nodes]
-    allowed = NODE_ACTIONS["drain"][0]
+    if action not in ACTIONS:
+        raise LevelQueryError("action", f"must be one of {', '.join(ACTIONS)}")
+    if grace_s and action != "drain":
+        raise LevelQueryError("grace_s", "only a drain takes a grace period")
+    allowed = NODE_ACTIONS[ACTIONS[action]][0]
     targets = list(Node.objects.filter(pk__in=ids, state__in=allowed).order_by("pk"))
     others = Node.objects.filter(pk__in=ids).exclude(state__in=allowed)
     skipped = dict(others.values_list("hostname", "state"))
     deadline = timezone.now() + timedelta(seconds=grace_s) if grace_s else None
-    done = (
-        apply_node_action(targets, "drain", actor=actor, reason=reason, deadline=deadline) if targets else []
-    )
-    return {"drained": [n.hostname for n in done], "skipped": skipped}
+    done = []
+    if targets:
+        done = apply_node_action(targets, ACTIONS[action], actor=actor, reason=reason, deadline=deadline)
+    return {"action": action, "drained": [n.hostname for n in done], "skipped": skipped}

@@ -353,3 +353,31 @@ def test_uplinks_are_labelled_by_the_pod_or_rack_they_belong_to(live_frame, view
     finally:
         live_store().delete(NETWORK_KEY)
     assert viewer_client.get("/api/v1/telemetry/levels/").json()["uplinks"] == []
+
+
+def test_marking_a_node_down_is_previewed_as_losing_the_unsaved_work_and_takes_no_grace(
+    queues, viewer_client, operator_client
+):
+    from django.utils import timezone
+
+    from cluster.models import Node
+    from scheduling.cycle import run_cycle
+    from scheduling.services import submit_job
+
+    job = submit_job(queue=queues["vision"], gpus=8, chip_types=["H100-SXM"], topology="node", name="abrupt")
+    run_cycle()
+    job.refresh_from_db()
+    job.started_at = timezone.now() - timezone.timedelta(seconds=900)
+    job.save(update_fields=["started_at"])
+    node = Node.objects.get(gpus__allocations__job=job, gpus__allocations__active=True, gpus__index=0)
+    seen = viewer_client.get(f"/api/v1/drain-preview/?within=node:{node.pk}&action=mark-down").json()
+    hit = next(j for j in seen["jobs"] if j["id"] == job.pk)
+    assert seen["action"] == "mark-down" and not hit["saved_first"]
+    assert hit["lost_s"] == hit["since_checkpoint_s"] >= 890  # no checkpoint: everything since it started
+    assert viewer_client.get(f"/api/v1/drain-preview/?within=node:{node.pk}&action=reboot").status_code == 400
+    body = {"within": f"node:{node.pk}", "reason": "PSU smoke", "action": "mark-down", "grace_s": 60}
+    refused = operator_client.post("/api/v1/drain-preview/", body, format="json")
+    assert refused.status_code == 400 and "grace_s" in refused.json()
+    done = operator_client.post("/api/v1/drain-preview/", {**body, "grace_s": 0}, format="json").json()
+    assert done == {"action": "mark-down", "drained": [node.hostname], "skipped": {}}
+    assert Node.objects.get(pk=node.pk).state == "down"

@@ -122,6 +122,7 @@ class SimulationSerializer(serializers.ModelSerializer):
 
 class DomainDrainSerializer(serializers.Serializer):
     within = serializers.CharField(max_length=40, help_text="node:ID, rack:ID or pod:ID")
+    action = serializers.ChoiceField(choices=["drain", "mark-down"], default="drain")
     reason = serializers.CharField(max_length=200, help_text="Why: kept in the audit of every node drained")
     grace_s = serializers.IntegerField(
         required=False,

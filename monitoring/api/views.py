@@ -196,14 +196,18 @@ class TelemetryLevelsFindView(APIView):
 
 
 class DrainPreviewView(APIView):
-    """Before draining a node, rack or pod (``within``: ``node:ID``, ``rack:ID`` or ``pod:ID``):
-    the jobs it would hit, their GPUs there and in all, the work since each one's last checkpoint
-    and what the drain would lose of it, and where each could run instead right now. POST with a
-    ``reason`` (required, audited) and an optional ``grace_s`` drains every node of the domain that
-    may be drained (operators); nodes already draining, drained, down or in repair are left."""
+    """Before draining or marking down (``action``: drain, the default, or mark-down) a node, rack
+    or pod (``within``: ``node:ID``, ``rack:ID`` or ``pod:ID``): the jobs it would hit, their GPUs
+    there and in all, the work since each one's last checkpoint and what the action would lose of
+    it, and where each could run instead right now. POST with a ``reason`` (required, audited) and,
+    for a drain, an optional ``grace_s`` takes the action on every node of the domain it may take
+    (operators); the others (already draining, down or in repair, say) are left as they are."""
 
     @extend_schema(
-        parameters=[OpenApiParameter("within", str, required=True, description="node:ID, rack:ID or pod:ID")],
+        parameters=[
+            OpenApiParameter("within", str, required=True, description="node:ID, rack:ID or pod:ID"),
+            OpenApiParameter("action", str, enum=["drain", "mark-down"]),
+        ],
         responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 404: OpenApiTypes.OBJECT},
     )
     def get(self, request):
@@ -212,7 +216,9 @@ class DrainPreviewView(APIView):
         from monitoring.levels import LevelQueryError
 
         try:
-            return Response(preview(topology_cache.current(), request.query_params.get("within", "")))
+            params = request.query_params
+            within, action = params.get("within", ""), params.get("action", "drain")
+            return Response(preview(topology_cache.current(), within, action=action))
         except LevelQueryError as exc:
             return _refusal(exc)
 
@@ -233,6 +239,7 @@ class DrainPreviewView(APIView):
                 actor=request.user.username,
                 reason=body.validated_data["reason"],
                 grace_s=body.validated_data["grace_s"],
+                action=body.validated_data["action"],
             )
         except LevelQueryError as exc:
             return _refusal(exc)
