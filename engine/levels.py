@@ -112,17 +112,22 @@ class Hierarchy:
             path.append((LEVELS[LEVELS.index(lower) - 1], int(self.parents(lower)[path[-1][1]])))
         return path[::-1]
 
+    def up(self, level: str, indices: np.ndarray, of: str = "node") -> np.ndarray:
+        """The cell of ``level`` that holds each of ``indices`` (cells of ``of``, a level at or
+        below it)."""
+        if LEVELS.index(_known(of)) < LEVELS.index(_known(level)):
+            raise ValueError(f"a {of} is not inside a {level}")
+        up = np.asarray(indices, dtype=np.int64)
+        for lower in reversed(LEVELS[LEVELS.index(level) + 1 : LEVELS.index(of) + 1]):
+            up = self.parents(lower)[up]
+        return up
+
     def count(self, level: str, where: np.ndarray, of: str = "node") -> np.ndarray:
         """How many cells of ``of`` (node or gpu) marked in ``where`` (a mask or a list of
         indices) each cell of ``level`` holds: the marks the overlays draw (nodes down, open
         faults, a job's GPUs)."""
-        if LEVELS.index(_known(of)) < LEVELS.index(_known(level)):
-            raise ValueError(f"a {of} is not inside a {level}")
         marked = np.flatnonzero(where) if where.dtype == bool else np.asarray(where, dtype=np.int64)
-        up = marked
-        for lower in reversed(LEVELS[LEVELS.index(level) + 1 : LEVELS.index(of) + 1]):
-            up = self.parents(lower)[up]
-        return np.bincount(up, minlength=self.size(level))
+        return np.bincount(self.up(level, marked, of), minlength=self.size(level))
 
 
 def _known(level: str) -> str:

@@ -90,7 +90,7 @@ def _node_marks(snap) -> dict[str, np.ndarray]:
     ] = True
     nodes["lemon"] = lemons
 
-    def per_node(faults) -> np.ndarray:
+    def per_node(faults) -> np.ndarray:  # faults per node
         count = np.zeros(len(snap.node_id), dtype=np.int64)
         for node, gpu_node in faults.values_list("node_id", "gpu__node_id"):
             at = index.get(node if node is not None else gpu_node)
@@ -99,7 +99,15 @@ def _node_marks(snap) -> dict[str, np.ndarray]:
         return count
 
     nodes["open_faults"] = per_node(FaultEvent.objects.filter(cleared_at__isnull=True))
-    nodes["faults_24h"] = per_node(FaultEvent.objects.filter(at__gte=timezone.now() - timedelta(hours=24)))
+    day_ago = timezone.now() - timedelta(hours=24)
+    recent = FaultEvent.objects.filter(at__gte=day_ago).values_list("node_id", "gpu__node_id", "at")
+    hourly = [
+        (index.get(n if n is not None else g), int((at - day_ago).total_seconds() // 3600))
+        for n, g, at in recent
+    ]
+    hourly = np.array([(n, min(h, 23)) for n, h in hourly if n is not None], dtype=np.int64).reshape(-1, 2)
+    nodes["faults_24h"] = np.bincount(hourly[:, 0], minlength=len(snap.node_id))
+    _marks["hourly"] = hourly  # (node, hour from 24 h ago) of each fault of the last day
     _marks.update(at=now, snap=snap, nodes=nodes)
     return nodes
 
@@ -256,8 +264,18 @@ def level_view(snap, frame: bytes, query: dict) -> dict:
             m: hierarchy.count(level, v if v.dtype == bool else np.repeat(np.arange(len(v)), v))[cells]
             for m, v in node_marks.items()
         }
-    if query["aggregate"] == "faults":  # faults of the last 24 hours, from the database
+    hours = None
+    if query["aggregate"] == "faults":  # faults of the last 24 hours, from the database, hour by hour
         value = counts["faults_24h"].astype(np.float32)
+        hourly = _marks["hourly"]
+        grid = np.zeros((hierarchy.size(level), 24), dtype=np.int64)
+        if level == "gpu":  # a GPU shows its node's
+            by_node = np.zeros((len(snap.node_id), 24), dtype=np.int64)
+            np.add.at(by_node, (hourly[:, 0], hourly[:, 1]), 1)
+            grid = by_node[snap.gpu_node]
+        elif len(hourly):
+            np.add.at(grid, (hierarchy.up(level, hourly[:, 0]), hourly[:, 1]), 1)
+        hours = grid[cells]
     job, held = None, None
     if query["job"] is not None:
         job, held = _job_overlay(snap, hierarchy, level, query["job"])
@@ -280,6 +298,7 @@ def level_view(snap, frame: bytes, query: dict) -> dict:
                 # the overlays: nodes not ready, spares, lemons, open faults (only those present)
                 "marks": {m: int(c[i]) for m, c in counts.items() if c[i]},
                 **({"job_gpus": int(held[i])} if held is not None else {}),
+                **({"faults_by_hour": hours[i].tolist()} if hours is not None else {}),
             }
             for i in range(len(cells))
         ],

@@ -213,6 +213,9 @@ def test_the_fleet_view_drills_from_the_cluster_to_a_gpu_and_back_by_mouse_and_k
     page.keyboard.press("Enter")
     assert page.locator("#cell-table tbody tr").count() == 12
     _shot(page, "fleet-table")
+    page.select_option("#aggregate", "faults")  # faults hour by hour, in the same layout
+    page.wait_for_function("document.querySelectorAll('#cells .cell .spark').length === 12")
+    assert page.locator("#cells .cell .spark").first.locator("i").count() == 24
     # one box finds a node and jumps to its GPUs
     node = _api(page, stack, "/api/v1/nodes/?is_spare=false&page_size=1", role="viewer")["results"][0]
     page.fill("#find", node["hostname"])

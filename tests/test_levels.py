@@ -144,6 +144,7 @@ def test_an_unknown_domain_is_404_and_no_frame_yet_is_404(small_cluster, viewer_
 
 
 def test_marks_are_counted_in_the_cells_that_hold_them(tiny):
+    assert tiny.up("pod", np.array([0, 3, 5])).tolist() == [0, 2, 0]
     down = np.array([False, False, False, True, True, True])  # nodes 3 and 4 (rack 3), node 5 (rack 0)
     assert tiny.count("rack", down).tolist() == [1, 0, 0, 2]
     assert tiny.count("datacenter", down).tolist() == [1, 2]
@@ -318,8 +319,14 @@ def test_faults_of_the_last_day_colour_the_levels_and_older_ones_do_not(live_fra
     by_id = {c["id"]: c for c in racks["cells"]}
     assert by_id[node.pk]["value"] == 3 and by_id[node.pk]["marks"] == {"faults_24h": 3}
     assert by_id[other.pk]["value"] == 0  # 30 hours ago
+    assert by_id[node.pk]["faults_by_hour"][22] == 3 and sum(by_id[node.pk]["faults_by_hour"]) == 3
     top = viewer_client.get("/api/v1/telemetry/levels/?aggregate=faults").json()
     assert sum(c["value"] for c in top["cells"]) == 3
+    assert sum(sum(c["faults_by_hour"]) for c in top["cells"]) == 3  # the same hour by hour, per pod
+    gpus = viewer_client.get(
+        f"/api/v1/telemetry/levels/?level=gpu&within=node:{node.pk}&aggregate=faults"
+    ).json()
+    assert all(c["faults_by_hour"][22] == 3 for c in gpus["cells"])  # a GPU shows its node's
 
 
 def test_uplinks_are_labelled_by_the_pod_or_rack_they_belong_to(live_frame, viewer_client):
