@@ -217,13 +217,15 @@ def _api_json(stack, path: str) -> dict:
 
 
 def level_views(stack) -> dict[str, str]:
-    """The URL query of each step down: the cluster (its pods), a pod (its racks), a rack (its
-    nodes), a node (its GPUs): the first cell of each."""
-    pod = _api_json(stack, "/api/v1/telemetry/levels/?level=pod")["cells"][0]["id"]
+    """The URL query of each step down: the cluster (its pods), a datacenter (its pods), a pod (its
+    racks), a rack (its nodes), a node (its GPUs): the first cell of each."""
+    dc = _api_json(stack, "/api/v1/telemetry/levels/?level=datacenter")["cells"][0]["id"]
+    pod = _api_json(stack, f"/api/v1/telemetry/levels/?level=pod&within=datacenter:{dc}")["cells"][0]["id"]
     rack = _api_json(stack, f"/api/v1/telemetry/levels/?level=rack&within=pod:{pod}")["cells"][0]["id"]
     node = _api_json(stack, f"/api/v1/telemetry/levels/?level=node&within=rack:{rack}")["cells"][0]["id"]
     return {
         "cluster": "level=pod",
+        "datacenter": f"level=pod&within=datacenter:{dc}",
         "pod": f"level=rack&within=pod:{pod}",
         "rack": f"level=node&within=rack:{rack}",
         "node": f"level=gpu&within=node:{node}",
