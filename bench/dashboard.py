@@ -113,6 +113,18 @@ MARKS_JS = (
 )
 
 
+def _logged_in(browser, stack):
+    """A fresh browser context (empty cache) logged in as the viewer, and its page."""
+    context = browser.new_context(base_url=stack.url, viewport={"width": 1500, "height": 1000})
+    page = context.new_page()
+    page.goto("/accounts/login/")
+    page.fill("#id_username", "viewer")
+    page.fill("#id_password", PASSWORDS["viewer"])
+    page.click("button[type=submit]")
+    page.wait_for_url(lambda url: "/accounts/login/" not in url)
+    return context, page
+
+
 def first_paint(stack, loads: int) -> dict:
     """Each load in a fresh browser context (empty cache: plotly.js is fetched and parsed every
     time) against a running server that has served the page before, as an operator meets it."""
@@ -133,13 +145,7 @@ def first_paint(stack, loads: int) -> dict:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         for i in range(loads):
-            context = browser.new_context(base_url=stack.url, viewport={"width": 1500, "height": 1000})
-            page = context.new_page()
-            page.goto("/accounts/login/")
-            page.fill("#id_username", "viewer")
-            page.fill("#id_password", PASSWORDS["viewer"])
-            page.click("button[type=submit]")
-            page.wait_for_url(lambda url: "/accounts/login/" not in url)
+            context, page = _logged_in(browser, stack)
             page.on("websocket", on_ws)
             page.goto("/live/")
             page.wait_for_function("window.myriadFirstPaint !== undefined", timeout=60_000)
@@ -161,7 +167,9 @@ def first_paint(stack, loads: int) -> dict:
     }
 
 
-async def _clients(url: str, cookie: str, n: int, seconds: float) -> dict:
+async def _clients(url: str, cookie: str, n: int, seconds: float, first: list[str] | None = None) -> dict:
+    """``n`` websocket clients that each receive every message for ``seconds``; client i first
+    sends ``first[i]`` when given (the view it shows)."""
     import websockets
 
     counts = [0] * n
@@ -174,6 +182,8 @@ async def _clients(url: str, cookie: str, n: int, seconds: float) -> dict:
             origin=url.replace("ws://", "http://").split("/ws/")[0],
             max_size=None,
         ) as ws:
+            if first:
+                await ws.send(first[i])
             end = time.monotonic() + seconds
             while (left := end - time.monotonic()) > 0:
                 try:
@@ -242,13 +252,7 @@ def level_paint(stack, views: dict[str, str], loads: int) -> dict:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         for _ in range(loads):
-            context = browser.new_context(base_url=stack.url, viewport={"width": 1500, "height": 1000})
-            page = context.new_page()
-            page.goto("/accounts/login/")
-            page.fill("#id_username", "viewer")
-            page.fill("#id_password", PASSWORDS["viewer"])
-            page.click("button[type=submit]")
-            page.wait_for_url(lambda url: "/accounts/login/" not in url)
+            context, page = _logged_in(browser, stack)
             for name, query in views.items():
                 current: list[int] = sizes[name]
 
@@ -267,41 +271,15 @@ def level_paint(stack, views: dict[str, str], loads: int) -> dict:
     return {"times": times, "sizes": sizes}
 
 
-async def _level_clients(url: str, cookie: str, views: list[str], seconds: float) -> dict:
-    import websockets
-
-    counts = [0] * len(views)
-    sizes: list[int] = []
-
-    async def one(i: int) -> None:
-        view = dict(urllib.parse.parse_qsl(views[i]))
-        async with websockets.connect(
-            url,
-            additional_headers={"Cookie": cookie},
-            origin=url.replace("ws://", "http://").split("/ws/")[0],
-        ) as ws:
-            await ws.send(json.dumps(view))
-            end = time.monotonic() + seconds
-            while (left := end - time.monotonic()) > 0:
-                try:
-                    msg = await asyncio.wait_for(ws.recv(), timeout=left)
-                except TimeoutError:
-                    break
-                counts[i] += 1
-                sizes.append(len(msg))
-
-    await asyncio.gather(*(one(i) for i in range(len(views))))
-    return {"messages": counts, "bytes": sum(sizes)}
-
-
 def level_fan_out(stack, views: dict[str, str], clients: int, seconds: float) -> dict:
     """``clients`` websocket clients on the levels in turn (mixed levels), the server's CPU."""
     pid = stack.process.pid
     cookie = _session_cookie(stack)
     ws_url = stack.url.replace("http://", "ws://") + "/ws/levels/"
-    mixed = [list(views.values())[i % len(views)] for i in range(clients)]
+    queries = list(views.values())
+    mixed = [json.dumps(dict(urllib.parse.parse_qsl(queries[i % len(queries)]))) for i in range(clients)]
     c0, t0 = _cpu_seconds(pid), time.monotonic()
-    got = asyncio.run(_level_clients(ws_url, cookie, mixed, seconds))
+    got = asyncio.run(_clients(ws_url, cookie, clients, seconds, mixed))
     return {
         "level_clients": clients,
         "level_server_cpu_with_clients": round((_cpu_seconds(pid) - c0) / (time.monotonic() - t0), 4),

@@ -34,32 +34,27 @@ def env_bool(name: str, default: bool) -> bool:
     raise ConfigError(f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off")
 
 
-def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+def _number(name: str, default, parse, what: str, minimum):
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
-        value = int(raw)
+        value = parse(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"{name}={raw!r} must be at least {minimum}")
-    return value
-
-
-def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
+        raise ConfigError(f"{name}={raw!r} is not {what}") from None
     if value != value or value in (float("inf"), float("-inf")):
         raise ConfigError(f"{name}={raw!r} is not a finite number")
     if minimum is not None and value < minimum:
         raise ConfigError(f"{name}={raw!r} must be at least {minimum:g}")
     return value
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    return _number(name, default, int, "a whole number", minimum)
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    return _number(name, default, float, "a number", minimum)
 
 
 def env_list(name: str, default: list[str]) -> list[str]:

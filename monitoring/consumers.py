@@ -64,22 +64,31 @@ def release_broadcaster() -> None:
         _broadcaster.pop("task", None)
 
 
-class TelemetryConsumer(AsyncWebsocketConsumer):
-    async def connect(self):
+class _FrameConsumer(AsyncWebsocketConsumer):
+    """A viewer's websocket woken by every new frame (the group ``telemetry``); anyone else is
+    closed with 4403."""
+
+    async def connect(self) -> bool:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated or not await database_sync_to_async(is_viewer)(user):
             await self.close(code=4403)
-            return
+            return False
         await self.channel_layer.group_add(GROUP, self.channel_name)
         await self.accept()
         self.counted = True
         ensure_broadcaster()
-        await self._send_snapshot()
+        return True
 
     async def disconnect(self, code):
         await self.channel_layer.group_discard(GROUP, self.channel_name)
         if getattr(self, "counted", False):
             release_broadcaster()
+
+
+class TelemetryConsumer(_FrameConsumer):
+    async def connect(self):
+        if await super().connect():
+            await self._send_snapshot()
 
     async def receive(self, text_data=None, bytes_data=None):
         if text_data == "resync":
@@ -94,7 +103,7 @@ class TelemetryConsumer(AsyncWebsocketConsumer):
         await self.send(bytes_data=event["frame"])
 
 
-class LevelsConsumer(AsyncWebsocketConsumer):
+class LevelsConsumer(_FrameConsumer):
     """The fleet view of one level: the client sends the view it shows as JSON (``level``,
     ``within``, ``metric``, ``aggregate``, ``threshold``, ``job``, as the levels API takes them) and
     gets that view as JSON at once and again for every newer frame; each view is made once per
@@ -102,21 +111,6 @@ class LevelsConsumer(AsyncWebsocketConsumer):
     view gets ``{"error": {field: [message]}}``."""
 
     query = None
-
-    async def connect(self):
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated or not await database_sync_to_async(is_viewer)(user):
-            await self.close(code=4403)
-            return
-        await self.channel_layer.group_add(GROUP, self.channel_name)
-        await self.accept()
-        self.counted = True
-        ensure_broadcaster()
-
-    async def disconnect(self, code):
-        await self.channel_layer.group_discard(GROUP, self.channel_name)
-        if getattr(self, "counted", False):
-            release_broadcaster()
 
     async def receive(self, text_data=None, bytes_data=None):
         import json

@@ -57,6 +57,17 @@ def _api(page, stack, path: str, method: str = "get", role: str = "operator", **
     return r.json()
 
 
+def _running_job(page, stack, **fields) -> dict:
+    """An 8-GPU H100 job submitted as the operator, once it runs."""
+    body = {"queue": "pretrain", "gpus": 8, "chip_types": ["H100-SXM"], **fields}
+    job = _api(page, stack, "/api/v1/jobs/", method="post", **body)
+    deadline = time.monotonic() + 30
+    while _api(page, stack, f"/api/v1/jobs/{job['id']}/", role="viewer")["state"] != "running":
+        assert time.monotonic() < deadline, f"job {job['id']} did not start"
+        time.sleep(0.5)
+    return job
+
+
 def _shot(page, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=False)
@@ -224,21 +235,7 @@ def test_the_fleet_view_drills_from_the_cluster_to_a_gpu_and_back_by_mouse_and_k
     at("gpu")
     assert f"within=node%3A{node['id']}" in page.url
     # a running job's GPUs are outlined at every level, its summary beside the map
-    job = _api(
-        page,
-        stack,
-        "/api/v1/jobs/",
-        method="post",
-        queue="pretrain",
-        gpus=8,
-        chip_types=["H100-SXM"],
-        topology="any",
-        name="overlay-job",
-    )
-    deadline = time.monotonic() + 30
-    while _api(page, stack, f"/api/v1/jobs/{job['id']}/", role="viewer")["state"] != "running":
-        assert time.monotonic() < deadline, "the job did not start"
-        time.sleep(0.5)
+    job = _running_job(page, stack, topology="any", name="overlay-job")
     page.goto(f"/live/levels/?job={job['id']}")
     page.wait_for_selector("#cells .cell.job")
     assert "running" in page.locator("#job-panel").inner_text()
@@ -308,21 +305,8 @@ def test_an_operator_edits_a_quota_and_a_viewer_cannot(browser, stack):
 
 def test_a_drain_preview_matches_the_api_and_drains_only_after_confirming(browser, stack):
     page = _page(browser, stack, "operator")
-    job = _api(
-        page,
-        stack,
-        "/api/v1/jobs/",
-        method="post",
-        queue="pretrain",
-        gpus=8,
-        chip_types=["H100-SXM"],
-        topology="node",
-        name="drain-victim",
-    )
-    deadline = time.monotonic() + 30
-    while (detail := _api(page, stack, f"/api/v1/jobs/{job['id']}/"))["state"] != "running":
-        assert time.monotonic() < deadline, "the job did not start"
-        time.sleep(0.5)
+    job = _running_job(page, stack, topology="node", name="drain-victim")
+    detail = _api(page, stack, f"/api/v1/jobs/{job['id']}/")
     node = _api(page, stack, f"/api/v1/nodes/?hostname={detail['placement'].split(',')[0]}")["results"][0]
     rack = node["rack"]
     page.goto(f"/live/levels/?level=node&within=rack:{rack}")
@@ -341,12 +325,15 @@ def test_a_drain_preview_matches_the_api_and_drains_only_after_confirming(browse
     states = {n["id"]: n["state"] for n in _api(page, stack, f"/api/v1/nodes/?rack={rack}")["results"]}
     assert "draining" not in states.values()  # a preview changes nothing
     page.fill("#drain-reason", "replace the rack's top-of-rack switch")
-    page.click("#drain-confirm")
+    posted = lambda r: r.url.endswith("/api/v1/drain-preview/") and r.request.method == "POST"  # noqa: E731
+    with page.expect_response(posted) as answer:
+        page.click("#drain-confirm")
+    done = answer.value.json()
     page.wait_for_function("document.getElementById('drain-result').textContent.startsWith('Draining')")
     after = _api(page, stack, f"/api/v1/nodes/?rack={rack}")["results"]
-    assert all(
-        n["state"] in ("draining", "drained") for n in after if states[n["id"]] in ("ready", "cordoned")
-    )
+    drained = {n["hostname"]: n["state"] for n in after if n["hostname"] in done["drained"]}
+    assert drained and set(drained.values()) <= {"draining", "drained"}
+    assert not set(done["skipped"].values()) & {"ready", "cordoned"}  # only nodes a drain may not take
     for n in after:  # back in service for the tests after this one
         if n["state"] in ("draining", "drained"):
             _api(page, stack, f"/api/v1/nodes/{n['id']}/uncordon/", method="post", reason="test done")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from cluster.api.serializers import MAX_DRAIN_GRACE_S
+from cluster.api.serializers import NodeDrainSerializer
 from monitoring.models import FaultEvent, Simulation
 from monitoring.services import fault_problem
 
@@ -120,14 +120,7 @@ class SimulationSerializer(serializers.ModelSerializer):
         return value
 
 
-class DomainDrainSerializer(serializers.Serializer):
+class DomainDrainSerializer(NodeDrainSerializer):
     within = serializers.CharField(max_length=40, help_text="node:ID, rack:ID or pod:ID")
     action = serializers.ChoiceField(choices=["drain", "mark-down"], default="drain")
-    reason = serializers.CharField(max_length=200, help_text="Why: kept in the audit of every node drained")
-    grace_s = serializers.IntegerField(
-        required=False,
-        min_value=0,
-        max_value=MAX_DRAIN_GRACE_S,
-        default=0,
-        help_text="Seconds running work may keep running before it is checkpointed and moved (0: at once)",
-    )
+    reason = serializers.CharField(max_length=200, help_text="Why: kept in the audit of every node it takes")
