@@ -17,7 +17,7 @@ from engine import lifecycle
 from engine.placement import LEVELS as PLACEMENT_LEVELS
 from engine.placement import level_limit
 from engine.states import NODE_ACTIONS, NODE_STATES
-from monitoring.levels import LevelQueryError, UnknownDomain, _hierarchy, _ids, _names
+from monitoring.levels import LevelQueryError, UnknownDomain, _an_id, _hierarchy, _ids, _names
 
 DRAINABLE = ("pod", "rack", "node")
 ACTIONS = {"drain": "drain", "mark-down": "mark_down"}  # as the API spells them: engine.states' name
@@ -26,7 +26,7 @@ ACTIONS = {"drain": "drain", "mark-down": "mark_down"}  # as the API spells them
 def _domain(snap, within: str) -> tuple[str, int, np.ndarray]:
     """(level, cell, node indices) of ``within`` (LEVEL:ID of a pod, rack or node)."""
     level, _, ident = (within or "").partition(":")
-    if level not in DRAINABLE or not ident.isdigit():
+    if level not in DRAINABLE or not _an_id(ident):
         raise LevelQueryError("within", "must be pod:ID, rack:ID or node:ID")
     found = np.flatnonzero(_ids(snap, level) == int(ident))
     if not len(found):

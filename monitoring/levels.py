@@ -178,6 +178,11 @@ def _uplinks(snap, level: str, cells: np.ndarray, path: list[dict]) -> list[dict
     return out
 
 
+def _an_id(text: str) -> bool:
+    """Digits that fit a database id (a 64-bit integer)."""
+    return 0 < len(text) <= 19 and text.isascii() and text.isdigit() and int(text) < 2**63
+
+
 def parse(params) -> dict:
     """The query's parameters, checked; LevelQueryError names the one that is wrong."""
     level = params.get("level", "pod")
@@ -190,19 +195,19 @@ def parse(params) -> dict:
     if how not in VIEW_AGGREGATES:
         raise LevelQueryError("aggregate", f"must be one of {', '.join(VIEW_AGGREGATES)}")
     raw = params.get("threshold", "80")
-    if not raw.isdigit() or not 0 <= int(raw) <= 255:
+    if not (0 < len(raw) <= 3 and raw.isascii() and raw.isdigit()) or int(raw) > 255:
         raise LevelQueryError("threshold", "must be a whole number from 0 to 255")
     within = params.get("within")
     parent = None
     if within:
         name, _, ident = within.partition(":")
-        if name not in LEVELS or not ident.isdigit():
+        if name not in LEVELS or not _an_id(ident):
             raise LevelQueryError("within", "must be LEVEL:ID, as datacenter:3 or rack:120")
         if LEVELS.index(name) >= LEVELS.index(level):
             raise LevelQueryError("within", f"a {name} is not above the level {level}")
         parent = (name, int(ident))
     job = params.get("job") or None
-    if job is not None and not job.isdigit():
+    if job is not None and not _an_id(job):
         raise LevelQueryError("job", "must be a job id")
     return {
         "level": level,
@@ -367,7 +372,7 @@ def find(snap, text: str, limit: int = 20) -> list[dict]:
     )
     for uuid, index, node, hostname in gpus[:limit]:
         out.append(_hit("gpu", f"{hostname} GPU {index} ({uuid})", "gpu", f"node:{node}"))
-    jobs = Job.objects.filter(pk=int(text)) if text.isdigit() else Job.objects.filter(name__icontains=text)
+    jobs = Job.objects.filter(pk=int(text)) if _an_id(text) else Job.objects.filter(name__icontains=text)
     for job, name, state in jobs.order_by("-id").values_list("id", "name", "state")[:limit]:
         out.append({**_hit("job", f"job {job} {name} ({state})".replace("  ", " "), "pod", ""), "job": job})
     return out[:limit]
