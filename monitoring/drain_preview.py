@@ -49,9 +49,45 @@ def _place_name(snap, level: int, domain: int) -> str:
     return "the cluster"
 
 
+def held_gpus(snap) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(GPUs held by a running job as a mask, and for each held GPU its index and its job)."""
+    from scheduling.store import allocations
+
+    pairs = allocations.active_pairs()
+    held = np.zeros(len(snap.gpu_id), dtype=bool)
+    if not len(pairs):
+        return held, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    order = np.argsort(snap.gpu_id)
+    at = np.minimum(np.searchsorted(snap.gpu_id, pairs[:, 1], sorter=order), len(order) - 1)
+    known = snap.gpu_id[order[at]] == pairs[:, 1]
+    gpu = order[at[known]]
+    held[gpu] = True
+    return held, gpu, pairs[known, 0]
+
+
+def where_it_fits(snap, job, free: np.ndarray) -> str:
+    """Where ``job`` could run right now among the ``free`` GPUs: the domain of the widest level
+    its topology allows with the most free GPUs of its chip types, if that is enough (before quota
+    and priority, which the next cycle applies)."""
+    from scheduling.store import layouts
+
+    layout = layouts.layout(snap)
+    chips = [snap.chip_names.index(c) for c in job.chip_types if c in snap.chip_names]
+    fits = free & (np.isin(snap.node_chip[snap.gpu_node], chips) if chips else True)
+    limit = level_limit(job.topology)
+    counts = np.bincount(layout.node_domain[limit][snap.gpu_node[fits]], minlength=layout.domain_count[limit])
+    best = int(np.argmax(counts)) if len(counts) else 0
+    room = int(counts[best]) if len(counts) else 0
+    if room >= job.gpus:
+        return f"room now in {_place_name(snap, limit, best)}: {room} free GPUs"
+    return (
+        f"no room now: at most {room} free GPUs in one {PLACEMENT_LEVELS[limit]}; "
+        f"it waits in queue {job.queue.name}"
+    )
+
+
 def preview(snap, within: str, now=None, action: str = "drain") -> dict:
     from scheduling.models import Job
-    from scheduling.store import allocations, layouts
 
     if action not in ACTIONS:
         raise LevelQueryError("action", f"must be one of {', '.join(ACTIONS)}")
@@ -59,23 +95,10 @@ def preview(snap, within: str, now=None, action: str = "drain") -> dict:
     level, cell, nodes = _domain(snap, within)
     _, racks = _hierarchy(snap)
     in_domain = np.isin(snap.gpu_node, nodes)
-    pairs = allocations.active_pairs()
-    order = np.argsort(snap.gpu_id)
-    held = np.zeros(len(snap.gpu_id), dtype=bool)
-    jobs_here: dict[int, int] = {}
-    totals: dict[int, int] = {}
-    if len(pairs):
-        at = np.minimum(np.searchsorted(snap.gpu_id, pairs[:, 1], sorter=order), len(order) - 1)
-        known = snap.gpu_id[order[at]] == pairs[:, 1]
-        gpu = order[at[known]]
-        job_ids = pairs[known, 0]
-        held[gpu] = True
-        totals = dict(zip(*np.unique(job_ids, return_counts=True), strict=True))
-        here = job_ids[in_domain[gpu]]
-        jobs_here = dict(zip(*np.unique(here, return_counts=True), strict=True))
-    layout = layouts.layout(snap)
+    held, gpu, job_ids = held_gpus(snap)
+    totals = dict(zip(*np.unique(job_ids, return_counts=True), strict=True))
+    jobs_here = dict(zip(*np.unique(job_ids[in_domain[gpu]], return_counts=True), strict=True))
     free = snap.schedulable() & ~held & ~in_domain
-    gpu_chip = snap.node_chip[snap.gpu_node]
     jobs = []
     for job in Job.objects.filter(pk__in=[int(j) for j in jobs_here]).select_related("queue").order_by("id"):
         started = job.started_at.timestamp() if job.started_at else None
@@ -89,14 +112,6 @@ def preview(snap, within: str, now=None, action: str = "drain") -> dict:
             policy=_kind(job),
             graceful=action == "drain",
         )
-        chips = [snap.chip_names.index(c) for c in job.chip_types if c in snap.chip_names]
-        fits = free & (np.isin(gpu_chip, chips) if chips else True)
-        limit = level_limit(job.topology)
-        domains = layout.node_domain[limit][snap.gpu_node[fits]]
-        counts = np.bincount(domains, minlength=layout.domain_count[limit])
-        best = int(np.argmax(counts)) if len(counts) else 0
-        room = int(counts[best]) if len(counts) else 0
-        where = _place_name(snap, limit, best)
         jobs.append(
             {
                 "id": job.pk,
@@ -108,12 +123,7 @@ def preview(snap, within: str, now=None, action: str = "drain") -> dict:
                 "since_checkpoint_s": round(lifecycle.unsaved_s(t, started, last), 1),
                 "saved_first": stop.saved,
                 "lost_s": round(stop.lost_s, 1),
-                "would_go": (
-                    f"room now in {where}: {room} free GPUs"
-                    if room >= job.gpus
-                    else f"no room now: at most {room} free GPUs in one {PLACEMENT_LEVELS[limit]}; "
-                    f"it waits in queue {job.queue.name}"
-                ),
+                "would_go": where_it_fits(snap, job, free),
             }
         )
     states = snap.node_state[nodes]

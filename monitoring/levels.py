@@ -137,6 +137,10 @@ def _job_overlay(snap, hierarchy: Hierarchy, level: str, job_id: int) -> tuple[d
         "pending_reason": job.pending_reason,
         "ettr": job_ettr([job]).get(job.pk),
     }
+    if job.state == "pending":  # where it could run now, or why not
+        from monitoring.drain_preview import held_gpus, where_it_fits
+
+        summary["would_fit"] = where_it_fits(snap, job, snap.schedulable() & ~held_gpus(snap)[0])
     return summary, hierarchy.count(level, gpus, of="gpu")
 
 

@@ -183,6 +183,19 @@ def test_overlays_mark_nodes_faults_and_a_jobs_gpus_at_every_level(live_frame, v
         assert sum(m.get("down", 0) for m in marks) == 1 and sum(m.get("lemon", 0) for m in marks) == 1
         assert sum(m.get("open_faults", 0) for m in marks) == 1  # the cleared one is not open
     assert view["job"]["state"] == "running" and view["job"]["allocated_gpus"] == 8
+    assert "would_fit" not in view["job"]  # only a pending job is told where it could run
+    waiting = submit_job(
+        queue=queues["vision"], gpus=16, chip_types=["H100-SXM"], topology="any", name="next"
+    )
+    pending = viewer_client.get(f"/api/v1/telemetry/levels/?job={waiting.pk}").json()["job"]
+    assert pending["state"] == "pending" and pending["would_fit"].startswith("room now in")
+    assert (
+        sum(
+            c.get("job_gpus", 0)
+            for c in viewer_client.get(f"/api/v1/telemetry/levels/?job={waiting.pk}").json()["cells"]
+        )
+        == 0
+    )
     down = next(c for c in view["cells"] if c["id"] == nodes[0].pk)
     assert down["marks"] == {"down": 1, "lemon": 1, "open_faults": 1, "faults_24h": 1}
     gpus = viewer_client.get(f"/api/v1/telemetry/levels/?level=gpu&within=node:{nodes[0].pk}").json()
