@@ -319,7 +319,7 @@ def level_view(snap, frame: bytes, query: dict) -> dict:
 
 
 _views: OrderedDict = OrderedDict()  # (frame seq, query) -> the view as JSON text
-_frame: dict = {}  # "seq", "data": the newest frame this process read
+_frame: dict = {}  # "newest": (seq, bytes) of the newest frame this process read, one tuple swapped whole
 
 
 def view_json(seq: int | None = None, query: dict | None = None) -> str | None:
@@ -335,14 +335,15 @@ def view_json(seq: int | None = None, query: dict | None = None) -> str | None:
     with _lock:
         if seq is not None and key in _views:
             return _views[key]
-    if seq is None or _frame.get("seq") != seq:
+    newest = _frame.get("newest")
+    if seq is None or newest is None or newest[0] != seq:
         data = live_store().get(FRAME_KEY)
         if data is None:
             return None
-        _frame.update(seq=decode_frame(data)[0], data=data)
-    text = json.dumps(level_view(topology_cache.structure(), _frame["data"], query), separators=(",", ":"))
+        newest = _frame["newest"] = (decode_frame(data)[0], data)
+    text = json.dumps(level_view(topology_cache.structure(), newest[1], query), separators=(",", ":"))
     with _lock:
-        _views[(_frame["seq"], key[1])] = text
+        _views[(newest[0], key[1])] = text
         while len(_views) > KEEP:
             _views.popitem(last=False)
     return text
