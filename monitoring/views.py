@@ -233,11 +233,12 @@ def node_detail(request, hostname: str):
         }
         for i, g in enumerate(gpus)
     ]
-    actions = operator_actions(node)
+    actions = operator_actions(node) if is_operator(request.user) else []
     return render(
         request,
         "monitoring/node.html",
         {
+            "impact": _impact(node) if {"drain", "mark_down"} & set(actions) else None,
             "drain_grace_choices": DRAIN_GRACE_CHOICES,
             "node": node,
             "crumbs": _breadcrumbs(node.rack),
@@ -247,10 +248,22 @@ def node_detail(request, hostname: str):
                 "gpu", "job"
             )[:20],
             "audit": AuditRecord.objects.filter(object_type="node", object_id=node.pk)[:10],
-            "actions": actions if is_operator(request.user) else [],
+            "actions": actions,
             "state_colour": COLOURS[node.state],
         },
     )
+
+
+def _impact(node: Node) -> list[dict]:
+    """What draining or marking the node down would hit (monitoring.drain_preview), per job: the
+    drain's figures with the work a mark-down would lose beside them."""
+    from cluster.snapshot import topology_cache
+    from monitoring.drain_preview import preview
+
+    snap = topology_cache.current()
+    drained = preview(snap, f"node:{node.pk}")["jobs"]
+    down = {j["id"]: j["lost_s"] for j in preview(snap, f"node:{node.pk}", action="mark-down")["jobs"]}
+    return [{**j, "lost_if_down_s": down.get(j["id"], j["lost_s"])} for j in drained]
 
 
 def _node_telemetry(node: Node) -> list[dict] | None:

@@ -245,3 +245,17 @@ def test_job_page_shows_timeline_placement_and_lets_operators_suspend(
     job.refresh_from_db()
     assert job.state == "suspended" and job.allocated_gpus == 0
     assert 'value="resume"' in _client(operator).get(f"/jobs/{job.pk}/").content.decode()
+
+
+def test_the_node_page_shows_what_a_drain_or_a_mark_down_would_hit_before_either(
+    queues, viewer, operator, operator_client, eager_celery, django_capture_on_commit_callbacks
+):
+    job = _run_job(operator_client, django_capture_on_commit_callbacks)
+    node = job.allocations.filter(active=True).select_related("gpu__node").first().gpu.node
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(seconds=1200))
+    page = _client(operator).get(f"/nodes/{node.hostname}/").content.decode()
+    assert 'id="node-impact"' in page and f"{job.pk} " in page
+    row = page.split('id="node-impact"')[1].split("</table>")[0]
+    assert "Lost if marked down" in row and "Where it would go" in row
+    assert "1200 s" in row or "1201 s" in row  # the work since it started, lost by a mark-down
+    assert 'id="node-impact"' not in _client(viewer).get(f"/nodes/{node.hostname}/").content.decode()
