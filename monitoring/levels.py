@@ -223,68 +223,81 @@ def parse(params) -> dict:
     }
 
 
-def level_view(snap, frame: bytes, query: dict) -> dict:
-    """The cells of ``query['level']`` (inside ``query['within']``) with their figures."""
-    hierarchy, racks = _hierarchy(snap)
-    seq, t, values = decode_frame(frame)
-    if len(values["util"]) != hierarchy.num_gpus:
-        raise LevelQueryError(
-            "frame", f"the frame has {len(values['util'])} GPUs, the inventory {hierarchy.num_gpus}"
-        )
-    level, path = query["level"], []
-    cells = None
-    if query["within"] is not None:
-        name, ident = query["within"]
-        found = np.flatnonzero(_ids(snap, name) == ident)
-        if not len(found):
-            raise UnknownDomain("within", f"there is no {name} with id {ident}")
-        cells = hierarchy.within(level, name, int(found[0]))
-        path = [
-            {"level": lv, "id": int(_ids(snap, lv)[c]), "name": _names(snap, lv, racks, [c])[0]}
-            for lv, c in hierarchy.ancestors(name, int(found[0]))
-        ]
+def _scope(snap, hierarchy: Hierarchy, racks, query: dict) -> tuple[np.ndarray, list[dict]]:
+    """(the cells of the level shown, the path from the datacenter down to ``within``)."""
+    level = query["level"]
+    if query["within"] is None:
+        return np.arange(hierarchy.size(level)), []
+    name, ident = query["within"]
+    found = np.flatnonzero(_ids(snap, name) == ident)
+    if not len(found):
+        raise UnknownDomain("within", f"there is no {name} with id {ident}")
+    path = [
+        {"level": lv, "id": int(_ids(snap, lv)[c]), "name": _names(snap, lv, racks, [c])[0]}
+        for lv, c in hierarchy.ancestors(name, int(found[0]))
+    ]
+    return hierarchy.within(level, name, int(found[0])), path
+
+
+def _figures(snap, hierarchy: Hierarchy, seq: int, values: dict, query: dict) -> tuple[dict, dict]:
+    """Every level's aggregate of the metric and GPUs not healthy for this frame, made once."""
     key = (id(snap), seq, query["metric"], query["aggregate"], query["threshold"])
     with _lock:
         figures = _aggregates.get(key)
         if figures is None:
             health = values["health"]
             how = "unhealthy" if query["aggregate"] == "faults" else query["aggregate"]  # faults: below
+            metric = values[query["metric"]]
             figures = _aggregates[key] = (
-                aggregate_all(
-                    hierarchy,
-                    values[query["metric"]],
-                    how,
-                    threshold=query["threshold"],
-                    health=health,
-                ),
+                aggregate_all(hierarchy, metric, how, threshold=query["threshold"], health=health),
                 aggregate_all(hierarchy, health, "unhealthy", health=health),
             )
             while len(_aggregates) > KEEP:
                 _aggregates.popitem(last=False)
-    if cells is None:
-        cells = np.arange(hierarchy.size(level))
+    return figures
+
+
+def _cell_marks(snap, hierarchy: Hierarchy, level: str, cells: np.ndarray) -> dict[str, np.ndarray]:
+    """Per cell shown, the count of each mark (a GPU carries its node's)."""
+    node_marks = _node_marks(snap)
+    if level == "gpu":
+        return {m: v[snap.gpu_node][cells] for m, v in node_marks.items()}
+    return {
+        m: hierarchy.count(level, v if v.dtype == bool else np.repeat(np.arange(len(v)), v))[cells]
+        for m, v in node_marks.items()
+    }
+
+
+def _faults_by_hour(snap, hierarchy: Hierarchy, level: str, cells: np.ndarray) -> np.ndarray:
+    """Per cell shown, its faults in each hour of the last day, oldest first (a GPU: its node's)."""
+    hourly = _marks["hourly"]
+    if level == "gpu":
+        by_node = np.zeros((len(snap.node_id), 24), dtype=np.int64)
+        np.add.at(by_node, (hourly[:, 0], hourly[:, 1]), 1)
+        return by_node[snap.gpu_node][cells]
+    grid = np.zeros((hierarchy.size(level), 24), dtype=np.int64)
+    if len(hourly):
+        np.add.at(grid, (hierarchy.up(level, hourly[:, 0]), hourly[:, 1]), 1)
+    return grid[cells]
+
+
+def level_view(snap, frame: bytes, query: dict) -> dict:
+    """The cells of ``query['level']`` (inside ``query['within']``) with their figures."""
+    hierarchy, racks = _hierarchy(snap)
+    seq, t, values = decode_frame(frame)
+    if len(values["util"]) != hierarchy.num_gpus:
+        gpus = len(values["util"])
+        raise LevelQueryError("frame", f"the frame has {gpus} GPUs, the inventory {hierarchy.num_gpus}")
+    level = query["level"]
+    cells, path = _scope(snap, hierarchy, racks, query)
+    figures = _figures(snap, hierarchy, seq, values, query)
     value, unhealthy, gpus = figures[0][level][cells], figures[1][level][cells], hierarchy.gpus(level)[cells]
     ids, names = _ids(snap, level)[cells], _names(snap, level, racks, cells)
-    node_marks = _node_marks(snap)
-    if level == "gpu":  # a GPU carries its node's marks
-        counts = {m: v[snap.gpu_node][cells] for m, v in node_marks.items()}
-    else:
-        counts = {
-            m: hierarchy.count(level, v if v.dtype == bool else np.repeat(np.arange(len(v)), v))[cells]
-            for m, v in node_marks.items()
-        }
+    counts = _cell_marks(snap, hierarchy, level, cells)
     hours = None
     if query["aggregate"] == "faults":  # faults of the last 24 hours, from the database, hour by hour
         value = counts["faults_24h"].astype(np.float32)
-        hourly = _marks["hourly"]
-        grid = np.zeros((hierarchy.size(level), 24), dtype=np.int64)
-        if level == "gpu":  # a GPU shows its node's
-            by_node = np.zeros((len(snap.node_id), 24), dtype=np.int64)
-            np.add.at(by_node, (hourly[:, 0], hourly[:, 1]), 1)
-            grid = by_node[snap.gpu_node]
-        elif len(hourly):
-            np.add.at(grid, (hierarchy.up(level, hourly[:, 0]), hourly[:, 1]), 1)
-        hours = grid[cells]
+        hours = _faults_by_hour(snap, hierarchy, level, cells)
     job, held = None, None
     if query["job"] is not None:
         job, held = _job_overlay(snap, hierarchy, level, query["job"])
@@ -311,10 +324,10 @@ def level_view(snap, frame: bytes, query: dict) -> dict:
             }
             for i in range(len(cells))
         ],
+        "uplinks": _uplinks(snap, level, cells, path),
     }
     if job is not None:
         answer["job"] = job
-    answer["uplinks"] = _uplinks(snap, level, cells, path)
     return answer
 
 
