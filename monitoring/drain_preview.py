@@ -51,18 +51,16 @@ def _place_name(snap, level: int, domain: int) -> str:
 
 def held_gpus(snap) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(GPUs held by a running job as a mask, and for each held GPU its index and its job)."""
+    from cluster.snapshot import topology_cache
     from scheduling.store import allocations
 
     pairs = allocations.active_pairs()
     held = np.zeros(len(snap.gpu_id), dtype=bool)
     if not len(pairs):
         return held, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    order = np.argsort(snap.gpu_id)
-    at = np.minimum(np.searchsorted(snap.gpu_id, pairs[:, 1], sorter=order), len(order) - 1)
-    known = snap.gpu_id[order[at]] == pairs[:, 1]
-    gpu = order[at[known]]
+    gpu = topology_cache.gpu_indices(pairs[:, 1])  # the cached order of the snapshot's GPU ids
     held[gpu] = True
-    return held, gpu, pairs[known, 0]
+    return held, gpu, pairs[:, 0]
 
 
 def where_it_fits(snap, job, free: np.ndarray) -> str:

@@ -114,6 +114,7 @@ def _node_marks(snap) -> dict[str, np.ndarray]:
 
 def _job_overlay(snap, hierarchy: Hierarchy, level: str, job_id: int) -> tuple[dict, np.ndarray]:
     """The job's summary and how many of its GPUs each cell of ``level`` holds."""
+    from cluster.snapshot import topology_cache
     from scheduling.ettr import job_ettr
     from scheduling.models import Allocation, Job
 
@@ -123,9 +124,7 @@ def _job_overlay(snap, hierarchy: Hierarchy, level: str, job_id: int) -> tuple[d
     held = np.array(
         Allocation.objects.filter(job=job, active=True).values_list("gpu_id", flat=True), dtype=np.int64
     )
-    order = np.argsort(snap.gpu_id)
-    found = np.searchsorted(snap.gpu_id, held, sorter=order)
-    gpus = order[found[(found < len(order))]] if len(held) else np.zeros(0, dtype=np.int64)
+    gpus = topology_cache.gpu_indices(held)  # the cached order of the snapshot's GPU ids
     summary = {
         "id": job.pk,
         "name": job.name,
