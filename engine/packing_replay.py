@@ -16,11 +16,11 @@ that order, as the simulator's does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.packing import POPULARITY, Nodes, Task, TaskMix
+from engine.packing import POPULARITY, WHOLE, Nodes, PackState, Task, TaskMix
 from engine.packing_scores import Scorer
 
 POLICIES = ("random", "best-fit", "fgd", "fragmentation")
@@ -59,6 +59,7 @@ class ReplayCurve:
     requested: np.ndarray  # requested share of GPU capacity after each attempt
     allocated: np.ndarray  # allocated share after each attempt
     failed: int  # GPU tasks that found no room
+    unallocated: dict[str, int] = field(default_factory=dict)  # ``unallocated`` at the end of the run
 
     def allocated_at(self, percent: int) -> float:
         """The simulator's figure: mean allocated share (in %) over the attempts whose requested
@@ -84,6 +85,23 @@ class ReplayCurve:
             if v == v:
                 out[p] = round(v, 2)
         return out
+
+
+def unallocated(state: PackState, tasks: list[Task]) -> dict[str, int]:
+    """Where the GPU capacity a run left unallocated sits, in thousandths: on GPUs wholly free, on
+    GPUs partly used, and (of both) on GPUs where no GPU task of the list fits any more, by its
+    share, its GPU count, the node's CPU and memory left, or its model."""
+    free = state.gpu_free
+    usable = np.zeros(free.shape, dtype=bool)
+    for cpu, mem, gpus, milli, models in {(t.cpu, t.mem, t.gpus, t.milli, t.models) for t in tasks if t.gpus}:
+        task = Task("", cpu, mem, gpus, milli, models)
+        on = state.feasible(task)[:, None]
+        usable |= on & ((free >= milli) if task.fractional else (free == WHOLE))
+    return {
+        "whole_gpus": int(free[free == WHOLE].sum()),
+        "partial_gpus": int(free[(free > 0) & (free < WHOLE)].sum()),
+        "no_task_fits": int(free[~usable].sum()),
+    }
 
 
 def replay(
@@ -122,7 +140,7 @@ def replay(
     state.check()
     if used != state.allocated:
         raise AssertionError("allocated capacity does not add up")
-    return ReplayCurve(policy, requested, allocated, failed)
+    return ReplayCurve(policy, requested, allocated, failed, unallocated(state, tasks))
 
 
 def mean_figures(curves: list[ReplayCurve], percents=(100, 130)) -> dict[str, float]:

@@ -87,6 +87,19 @@ def summary(results, percents=(100, 130)) -> dict[str, dict[str, dict[str, float
     return out
 
 
+def unallocated_summary(results, capacity: int) -> dict[tuple[str, str], dict[str, float]]:
+    """(list, policy) -> where the capacity left unallocated at the end of the runs sits
+    (``engine.packing_replay.unallocated``), the mean over seeds in % of GPU capacity."""
+    out = {}
+    for key, runs in results.items():
+        parts = runs[0][1].unallocated
+        out[key] = {
+            part: round(float(np.mean([c.unallocated[part] for _, c, _ in runs])) * 100 / capacity, 2)
+            for part in parts
+        }
+    return out
+
+
 def write_curves(results, path: Path, last: int = 130) -> None:
     """One row per list, policy and seed: the figure at every whole percent reached."""
     with Path(path).open("w", newline="") as f:
@@ -167,6 +180,7 @@ __all__ = [
     "published",
     "run",
     "summary",
+    "unallocated_summary",
     "write_chart",
     "write_curves",
 ]

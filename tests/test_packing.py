@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from engine.packing import Nodes, Task, TaskMix
-from engine.packing_replay import POLICIES, arrivals, replay
+from engine.packing_replay import POLICIES, arrivals, replay, unallocated
 from engine.packing_scores import LOOKAHEAD, Scorer, stranded
 from sim import openb_replay
 from sim.openb import TraceError, load_nodes, load_tasks
@@ -174,6 +174,13 @@ def test_the_replay_command_writes_curves_and_a_chart_with_the_published_ones(tm
     assert set(summary) == {"default"} and set(summary["default"]) == {"fgd", "random"}
     assert summary["default"]["fgd"]["130"] > summary["default"]["random"]["130"] + 5
     assert "95.39" in out  # the published FGD figure at 130%, beside ours
+    table = out.split("Unallocated at the end")[1]
+    left = next(line for line in table.splitlines() if line.startswith("default      fgd"))
+    whole, partial, lost = (float(x) for x in left.split()[2:5])
+    assert (
+        partial > 3 and 0 < lost < partial
+    )  # FGD leaves over 4% in slivers, most of them fit a task of the list
+    assert whole + partial == pytest.approx(100 - summary["default"]["fgd"]["130"], abs=0.3)
     rows = (tmp_path / "out" / "curves.csv").read_text().splitlines()
     assert rows[0].startswith("list,policy,seed,failed_tasks,0,1,2") and len(rows) == 3
     html = (tmp_path / "out" / "replay.html").read_text()
@@ -187,3 +194,20 @@ def test_the_replay_command_refuses_bad_arguments(tmp_path):
         call_command("replay_openb", lists="nope", out=str(tmp_path))
     with pytest.raises(CommandError, match="--seeds"):
         call_command("replay_openb", seeds="x-y", out=str(tmp_path))
+
+
+def test_what_a_run_left_unallocated_says_where_it_sits_and_whether_the_list_can_still_use_it():
+    cluster = nodes(1, 1, cpu=4000)
+    big, small, whole = (
+        Task("big", 1000, 100, 1, 810),
+        Task("small", 1000, 100, 1, 150),
+        Task("w", 1000, 100, 1, 1000),
+    )
+    listed = [big, small, whole]
+    state = cluster.fresh_state()
+    state.take(big, 0, 0)  # 190 left: the 150 still fits there
+    state.take(Task("cpu", 4000, 100, 0, 0), 1)  # node 1 has no CPU left for any GPU task
+    assert unallocated(state, listed) == {"whole_gpus": 1000, "partial_gpus": 190, "no_task_fits": 1000}
+    state.take(small, 0, 0)  # 40 left: nothing of the list fits
+    assert unallocated(state, listed) == {"whole_gpus": 1000, "partial_gpus": 40, "no_task_fits": 1040}
+    assert unallocated(state, [big, whole])["no_task_fits"] == 1040  # without the 150, 190 was lost too

@@ -92,5 +92,18 @@ class Command(BaseCommand):
                     p100, p130 = np.mean(curve[100]), np.mean(curve[130])
                     line += f"{p100:>11.2f}{p130:>10.2f}{fig['100'] - p100:>+7.2f}{fig['130'] - p130:>+7.2f}"
                 self.stdout.write(line)
+        self.stdout.write(
+            "Unallocated at the end (mean over seeds, % of GPU capacity): on GPUs wholly free, on GPUs "
+            "partly used, and of both where no GPU task of the list fits any more (share, GPUs, CPU, memory, "
+            "model)"
+        )
+        self.stdout.write(
+            f"{'list':<13}{'policy':<15}{'whole GPUs':>12}{'partial GPUs':>14}{'no task fits':>14}"
+        )
+        for (name, policy), parts in rp.unallocated_summary(results, nodes.gpu_capacity).items():
+            self.stdout.write(
+                f"{name:<13}{policy:<15}{parts['whole_gpus']:>12.2f}{parts['partial_gpus']:>14.2f}"
+                f"{parts['no_task_fits']:>14.2f}"
+            )
         self.stdout.write(f"wrote {out / 'curves.csv'} and {out / 'replay.html'}")
         self.stdout.write(json.dumps(figures))
