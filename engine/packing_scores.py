@@ -136,13 +136,29 @@ def stranded(total: np.ndarray, frag: np.ndarray, lookahead: int = LOOKAHEAD) ->
     return total * share**lookahead
 
 
+SLIVER_LOOKAHEAD = 40  # tasks drawn from the mix that a partly used GPU's room waits through
+
+
+def sliver_lost(mix: TaskMix, free: np.ndarray) -> np.ndarray:
+    """Ours, per GPU: the free capacity of a partly used GPU that none of the next
+    ``SLIVER_LOOKAHEAD`` tasks drawn from the mix could use (fractions that fit by share). The
+    node's ``stranded`` looks a few tasks ahead; a GPU's leftover waits much longer, and what
+    decides whether it is ever used is whether the mix has fractions small enough for it: room
+    that only the mix's rare small fractions fit is lost, room that common ones fit is not. A
+    wholly free GPU loses nothing (whole-GPU tasks take it)."""
+    free = np.asarray(free)
+    lost = free * (1.0 - mix.fitting_share(free)) ** SLIVER_LOOKAHEAD
+    return np.where((free > 0) & (free < WHOLE), lost, 0.0)
+
+
 def choose_shared_gpu(mix: TaskMix, before: np.ndarray, slot: np.ndarray, share: int, smallest: int) -> int:
     """Ours where a scheduler knows its queue (the production cycle): which of the candidate
     GPUs a fraction of ``share`` takes. Row i of ``before`` is the free capacity of the GPUs of
     candidate i's node, the candidate GPU at ``slot[i]``; the node has no CPU or memory limit.
     A GPU left with less than ``smallest`` (the smallest waiting fraction) and more than nothing is
     avoided while another candidate does not strand such a sliver; among the rest the
-    ``stranded`` capacity removed scores as in the replay, ties to the tightest GPU, then node."""
+    ``stranded`` and ``sliver_lost`` capacity removed scores as in the replay, ties to the
+    tightest GPU, then node."""
     rows = np.arange(len(before))
     after = before.copy()
     after[rows, slot] -= share
@@ -153,21 +169,29 @@ def choose_shared_gpu(mix: TaskMix, before: np.ndarray, slot: np.ndarray, share:
     b, a = before[cand], after[cand]
     tb, ta = b.sum(axis=1).astype(np.float64), a.sum(axis=1).astype(np.float64)
     removed = stranded(tb, mix.fragmentation(b, cpu, model)) - stranded(ta, mix.fragmentation(a, cpu, model))
+    removed += sliver_lost(mix, b[np.arange(len(cand)), slot[cand]]) - sliver_lost(mix, left[cand])
     score = _sigmoid_points(removed) - (left[cand] + 0.999 * ta / np.maximum(tb.max(), 1)) / (WHOLE + 1)
     return int(cand[np.argmax(score)])
 
 
 def stranding_scores(state: PackState, task: Task, nodes: np.ndarray, mix: TaskMix, terms: FragTerms):
     """Ours: FGD's points for the capacity ``stranded`` the placement removes (measured against
-    every kind of the list, not the most frequent 95%); a fraction takes the tightest GPU of the
-    node; ties between nodes go to the node order."""
+    every kind of the list, not the most frequent 95%), and for a fraction the capacity
+    ``sliver_lost`` it removes on its GPU; a fraction takes the tightest GPU of the node; ties
+    between nodes go to the node order."""
     rows, slots, frag = _fragmentation_after(state, task, nodes, mix, terms)
     before = terms.stranded[nodes]
     after_total = terms.total[nodes] - task.demand
     if rows is None:
         return _sigmoid_points(before - stranded(after_total, frag)), None, frag
-    removed = before[rows] - stranded(after_total[rows], frag)
-    slot_left = state.gpu_free[nodes[rows], slots] - task.milli
+    room = state.gpu_free[nodes[rows], slots]
+    slot_left = room - task.milli
+    removed = (
+        before[rows]
+        - stranded(after_total[rows], frag)
+        + sliver_lost(mix, room)
+        - sliver_lost(mix, slot_left)
+    )
     return _best_per_row(rows, slots, _sigmoid_points(removed) - slot_left / (WHOLE + 1), frag, len(nodes))
 
 

@@ -93,3 +93,18 @@ def test_a_fraction_keeps_room_the_queue_can_use_where_best_fit_would_strand_it(
     assert choose_shared_gpu(small, before, np.array([0, 0]), 300, smallest=300) == 0
     # a sliver smaller than any waiting fraction is avoided while another GPU has room
     assert choose_shared_gpu(small, np.array([[400, 0], [1000, 0]]), np.array([0, 0]), 300, smallest=300) == 1
+
+
+def test_a_fraction_leaves_no_room_that_only_the_works_rare_small_jobs_could_fill():
+    from engine.packing import TaskMix
+    from engine.packing_scores import choose_shared_gpu
+
+    # half the chip's work is 0.47 jobs, a third 0.32, a few 0.16; two 8-GPU nodes with 7 GPUs free,
+    # one of them holding a 0.47 job (530 free on its first GPU)
+    mix = TaskMix.from_kinds(
+        [(0, 1, 470, (), 50), (0, 1, 320, (), 35), (0, 1, 160, (), 2), (0, 1, 1000, (), 13)], ["any"]
+    )
+    before = np.array([[530] + [1000] * 7, [1000] * 8])
+    # a 0.32 job beside the 0.47 would leave 210 that only the rare 0.16 jobs fit: it takes a fresh
+    # GPU, and the 530 stays for the next 0.47 job
+    assert choose_shared_gpu(mix, before, np.array([0, 0]), 320, smallest=160) == 1

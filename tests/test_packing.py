@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 
 from engine.packing import Nodes, Task, TaskMix
 from engine.packing_replay import POLICIES, arrivals, replay, unallocated
-from engine.packing_scores import LOOKAHEAD, Scorer, stranded
+from engine.packing_scores import LOOKAHEAD, SLIVER_LOOKAHEAD, Scorer, sliver_lost, stranded
 from sim import openb_replay
 from sim.openb import TraceError, load_nodes, load_tasks
 
@@ -148,6 +148,17 @@ def test_ours_allocates_more_than_fgd_seed_by_seed(two_lists):
         ours = {seed: c.allocated_at(130) for seed, c, _ in two_lists[(name, "fragmentation")]}
         fgd = {seed: c.allocated_at(130) for seed, c, _ in two_lists[(name, "fgd")]}
         assert all(ours[s] > fgd[s] for s in fgd), (name, ours, fgd)
+    default = [c.allocated_at(130) for _, c, _ in two_lists[("default", "fragmentation")]]
+    assert np.mean(default) >= 96.0, default  # the figure on the default list
+
+
+def test_a_sliver_only_the_mixs_rare_small_fractions_fit_is_lost_and_common_room_is_not():
+    mix = TaskMix.from_kinds([(0, 1, 160, (), 2), (0, 1, 470, (), 48), (0, 1, 1000, (), 50)], ["G"])
+    lost = sliver_lost(mix, np.array([0, 100, 190, 530, 1000]))
+    assert lost[0] == 0 and lost[4] == 0  # nothing free, and a whole GPU that whole tasks take
+    assert lost[1] == 100  # no task of the mix fits 100
+    assert lost[2] == pytest.approx(190 * 0.98**SLIVER_LOOKAHEAD)  # only the 2% of 160s fit
+    assert lost[3] < 1  # half the mix fits 530: it will be used
 
 
 def test_stranded_capacity_is_what_the_next_tasks_could_not_use():
