@@ -209,22 +209,21 @@ class TaskMix:
 
     @cached_property
     def _fraction_shares(self) -> tuple[np.ndarray, np.ndarray]:
-        """The distinct shares of the fractional kinds, ascending, and the cumulative share of all
-        tasks that are fractions of at most each."""
-        cum = sum(k[4] for k in self.kinds) or 1
+        """The distinct shares of the fractional kinds, ascending, and the share of all tasks that
+        are fractions of at most each (``cum[i]``: of the ``i`` smallest shares; ``cum[0]`` = 0)."""
+        total = sum(k[4] for k in self.kinds) or 1
         counts: dict[int, int] = {}
         for _, gpus, milli, _, n in self.kinds:
             if gpus == 1 and 0 < milli < WHOLE:
                 counts[milli] = counts.get(milli, 0) + n
         shares = np.array(sorted(counts), dtype=np.int64)
-        return shares, np.cumsum([counts[m] / cum for m in shares])
+        return shares, np.concatenate([[0.0], np.cumsum([counts[m] / total for m in shares])])
 
     def fitting_share(self, free: np.ndarray) -> np.ndarray:
-        """For each GPU's free capacity below a whole GPU: the share of the mix's tasks that are
-        fractions fitting in it (by share alone, whatever their CPU or model)."""
+        """For each GPU's free capacity: the share of the mix's tasks that are fractions fitting in
+        it (by share alone, whatever their CPU or model)."""
         shares, cum = self._fraction_shares
-        i = np.searchsorted(shares, free, side="right")
-        return np.where(i > 0, cum[np.maximum(i - 1, 0)] if len(cum) else 0.0, 0.0)
+        return cum[np.searchsorted(shares, free, side="right")]
 
     @property
     def group_milli(self) -> np.ndarray:

@@ -93,10 +93,10 @@ def unallocated(state: PackState, tasks: list[Task]) -> dict[str, int]:
     share, its GPU count, the node's CPU and memory left, or its model."""
     free = state.gpu_free
     usable = np.zeros(free.shape, dtype=bool)
-    for cpu, mem, gpus, milli, models in {(t.cpu, t.mem, t.gpus, t.milli, t.models) for t in tasks if t.gpus}:
-        task = Task("", cpu, mem, gpus, milli, models)
-        on = state.feasible(task)[:, None]
-        usable |= on & ((free >= milli) if task.fractional else (free == WHOLE))
+    kinds = {(t.cpu, t.mem, t.gpus, t.milli, t.models): t for t in tasks if t.gpus}  # one task per kind
+    for task in kinds.values():
+        room = (free >= task.milli) if task.fractional else (free == WHOLE)
+        usable |= state.feasible(task)[:, None] & room
     return {
         "whole_gpus": int(free[free == WHOLE].sum()),
         "partial_gpus": int(free[(free > 0) & (free < WHOLE)].sum()),

@@ -147,8 +147,7 @@ def sliver_lost(mix: TaskMix, free: np.ndarray) -> np.ndarray:
     that only the mix's rare small fractions fit is lost, room that common ones fit is not. A
     wholly free GPU loses nothing (whole-GPU tasks take it)."""
     free = np.asarray(free)
-    lost = free * (1.0 - mix.fitting_share(free)) ** SLIVER_LOOKAHEAD
-    return np.where((free > 0) & (free < WHOLE), lost, 0.0)
+    return np.where(free < WHOLE, free * (1.0 - mix.fitting_share(free)) ** SLIVER_LOOKAHEAD, 0.0)
 
 
 def choose_shared_gpu(mix: TaskMix, before: np.ndarray, slot: np.ndarray, share: int, smallest: int) -> int:
@@ -169,7 +168,7 @@ def choose_shared_gpu(mix: TaskMix, before: np.ndarray, slot: np.ndarray, share:
     b, a = before[cand], after[cand]
     tb, ta = b.sum(axis=1).astype(np.float64), a.sum(axis=1).astype(np.float64)
     removed = stranded(tb, mix.fragmentation(b, cpu, model)) - stranded(ta, mix.fragmentation(a, cpu, model))
-    removed += sliver_lost(mix, b[np.arange(len(cand)), slot[cand]]) - sliver_lost(mix, left[cand])
+    removed += sliver_lost(mix, before[cand, slot[cand]]) - sliver_lost(mix, left[cand])
     score = _sigmoid_points(removed) - (left[cand] + 0.999 * ta / np.maximum(tb.max(), 1)) / (WHOLE + 1)
     return int(cand[np.argmax(score)])
 

@@ -188,9 +188,8 @@ def test_the_replay_command_writes_curves_and_a_chart_with_the_published_ones(tm
     table = out.split("Unallocated at the end")[1]
     left = next(line for line in table.splitlines() if line.startswith("default      fgd"))
     whole, partial, lost = (float(x) for x in left.split()[2:5])
-    assert (
-        partial > 3 and 0 < lost < partial
-    )  # FGD leaves over 4% in slivers, most of them fit a task of the list
+    # FGD leaves over 4% in slivers, most of them fit a task of the list
+    assert partial > 3 and 0 < lost < partial
     assert whole + partial == pytest.approx(100 - summary["default"]["fgd"]["130"], abs=0.3)
     rows = (tmp_path / "out" / "curves.csv").read_text().splitlines()
     assert rows[0].startswith("list,policy,seed,failed_tasks,0,1,2") and len(rows) == 3
