@@ -1,6 +1,7 @@
 """State choices with one colour each, used identically by the admin, the API and the pages.
 
-The names come from ``engine.states`` so the database and the engine's arrays agree.
+The values are built from ``engine.states`` (``engine_choices``) so the database and the engine's
+arrays agree.
 Colours are from the Okabe-Ito colour-blind-safe palette; state is never shown by colour alone.
 """
 
@@ -11,27 +12,24 @@ from django.db import models
 from engine import states
 
 
-class NodeState(models.TextChoices):
-    READY = "ready", "Ready"
-    CORDONED = "cordoned", "Cordoned"
-    DRAINING = "draining", "Draining"
-    DOWN = "down", "Down"
-    REPAIRING = "repairing", "Repairing"
-    DRAINED = "drained", "Drained"
+def engine_choices(name: str, values, labels: dict[str, str] | None = None) -> type[models.TextChoices]:
+    """Django choices whose values are the engine's, in the engine's order (``values``: a tuple of
+    names or a StrEnum), so the database and the engine never disagree. A value's label is in
+    ``labels``, else the value in words ("lower_priority": "Lower priority"); a label naming a
+    value the engine does not have is an error."""
+    values = tuple(str(v) for v in values)
+    labels = labels or {}
+    unknown = set(labels) - set(values)
+    if unknown:
+        raise ValueError(f"{name}: labels for values the engine does not have: {', '.join(sorted(unknown))}")
+    return models.TextChoices(
+        name, [(v.upper(), (v, labels.get(v, v.replace("_", " ").capitalize()))) for v in values]
+    )
 
 
-class GPUState(models.TextChoices):
-    READY = "ready", "Ready"
-    CORDONED = "cordoned", "Cordoned"
-    DOWN = "down", "Down"
-    REPAIRING = "repairing", "Repairing"
-
-
-class GPUHealth(models.TextChoices):
-    OK = "ok", "OK"
-    WARNING = "warning", "Warning"
-    CRITICAL = "critical", "Critical"
-    UNKNOWN = "unknown", "Unknown"
+NodeState = engine_choices("NodeState", states.NODE_STATES)
+GPUState = engine_choices("GPUState", states.GPU_STATES)
+GPUHealth = engine_choices("GPUHealth", states.GPU_HEALTH, {"ok": "OK"})
 
 
 COLOURS: dict[str, str] = {
@@ -46,10 +44,6 @@ COLOURS: dict[str, str] = {
     "drained": "#0072B2",  # blue
     "unknown": "#999999",
 }
-
-assert tuple(NodeState.values) == states.NODE_STATES
-assert tuple(GPUState.values) == states.GPU_STATES
-assert tuple(GPUHealth.values) == states.GPU_HEALTH
 
 
 def colour(state: str) -> str:

@@ -134,6 +134,16 @@ def classify_xid(
 
 
 SOURCE_TABLE: dict[str, Classification] = {
+    "health_check": Classification(
+        Action.RESET_GPU,
+        Scope.GPU,
+        True,
+        False,
+        XID_DETECTION_S,
+        "gpu",
+        "DCGM-style health check failed",
+        Signal.NONE,
+    ),
     "heartbeat_loss": Classification(
         Action.REBOOT_NODE,
         Scope.NODE,
@@ -164,16 +174,6 @@ SOURCE_TABLE: dict[str, Classification] = {
         "network link or switch down",
         Signal.LINK,
     ),
-    "health_check": Classification(
-        Action.RESET_GPU,
-        Scope.GPU,
-        True,
-        False,
-        XID_DETECTION_S,
-        "gpu",
-        "DCGM-style health check failed",
-        Signal.NONE,
-    ),
     "host_maintenance": Classification(
         Action.REPAIR_NODE,
         Scope.NODE,
@@ -195,6 +195,10 @@ SOURCE_TABLE: dict[str, Classification] = {
         Signal.NONE,
     ),
 }
+
+
+# Every source a fault may come from, in the order the pages list them.
+FAULT_SOURCES: tuple[str, ...] = ("xid", *SOURCE_TABLE)
 
 
 def classify(source: str, xid: int | None = None, **context) -> Classification:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.checkpoint import CheckpointKind
-from engine.faults import Action
+from engine.faults import Action, Classification, classify
 from engine.physics import Physics
 from engine.states import InvalidTransition, transition_target
 
@@ -30,19 +30,6 @@ JOB_ACTIONS: dict[str, tuple[frozenset[str], str]] = {
     "fail": (frozenset({"running"}), "failed"),
 }
 OPERATOR_JOB_ACTIONS: tuple[str, ...] = ("cancel", "suspend", "resume")
-
-# The loss buckets of effective training time (ETTR): every second of a job's wall time that did
-# not make durable progress falls in exactly one of them.
-# "degraded" is the throughput a job gives up while one of its replica groups is out or to the
-# groups' per-step quorum (engine.tiers).
-ETTR_BUCKETS: tuple[str, ...] = (
-    "checkpoint_stall",
-    "detection",
-    "restart",
-    "lost_work",
-    "degraded",
-    "waiting",
-)
 
 # A node is a lemon (quarantined until an operator clears it) when it faults this often.
 LEMON_FAULTS = 3
@@ -107,11 +94,19 @@ def checkpoint_bytes(parameters: float | None, physics: Physics | None = None) -
     return (parameters or 0.0) * (physics or Physics()).bytes_per_parameter
 
 
-def unsaved_s(now: float, started_at: float | None, last_checkpoint_at: float | None) -> float:
-    """Work (seconds of the job's wall time) done since its last durable checkpoint, or since it
-    started when it has none: what a stop without a save loses."""
+def unsaved_s(
+    now: float, started_at: float | None, last_checkpoint_at: float | None, *, every: float | None = None
+) -> float:
+    """Work (seconds of the job's wall time) done since its last restore point: what a stop
+    without a save loses. The restore points are the job's start, its last durable checkpoint and,
+    with ``every``, one every ``every`` seconds after the later of the two (the periodic
+    checkpoints of a simulated run, an in-memory copy, a replica group's step). This is the one
+    lost-work rule: production, the cluster simulator and the ETTR model all call it."""
     since = max([t for t in (started_at, last_checkpoint_at) if t is not None] or [now])
-    return max(0.0, now - since)
+    elapsed = max(0.0, now - since)
+    if every:
+        return elapsed - (elapsed // every) * every
+    return elapsed
 
 
 def saves_on_demand(kind: CheckpointKind | str | None) -> bool:
@@ -171,3 +166,66 @@ def out_of_service(action: Action, *, lemon: bool) -> str:
     if action == Action.RESET_GPU:
         return "gpu"
     return ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one fault means for the hardware, in every world (the fault task, the cluster
+    simulator, the ETTR model): its classification, whether it repeats, whether it makes its
+    node a lemon, and what leaves service until when."""
+
+    classification: Classification
+    repeated: bool  # the same fault (source and XID) already happened on the node in the lemon window
+    recent: int  # the node's faults in the lemon window, this one included
+    lemon: bool  # the node meets the lemon rule and is quarantined
+    out: str  # what leaves service: "node", "gpu" or "" (engine.lifecycle.out_of_service)
+
+    @property
+    def action(self) -> Action:
+        return self.classification.action
+
+    @property
+    def interrupts_job(self) -> bool:
+        return self.classification.interrupts_job
+
+    @property
+    def gpu_down(self) -> bool:
+        """The GPU that faulted goes down until it is reset (its health critical)."""
+        return self.action == Action.RESET_GPU
+
+    @property
+    def node_down(self) -> bool:
+        """The node goes down for a reboot, a repair, or as a lemon."""
+        return self.out == "node"
+
+    @property
+    def gpu_warning(self) -> bool:
+        """The GPU keeps running with a warning until a reset at the next job boundary."""
+        return self.action == Action.RESET_WHEN_CONVENIENT
+
+    @property
+    def returns(self) -> str:
+        """How what left service comes back: "reset" (the GPU, in minutes), "reboot" (the node, in
+        minutes), "repair" (hands-on, days), "operator" (a lemon stays out until an operator
+        clears it) or "" (nothing left service)."""
+        if self.lemon:
+            return "operator"
+        if self.out == "gpu":
+            return "reset"
+        if self.out == "node":
+            return "reboot" if self.action == Action.REBOOT_NODE else "repair"
+        return ""
+
+
+def judge(
+    history: list[tuple[float, str, int | None]], now: float, source: str, xid: int | None = None
+) -> Verdict:
+    """The fault verdict: a fault of ``source`` (and ``xid``) at ``now`` on a node whose earlier
+    faults are ``history`` ((time, source, xid), this one not included; empty when the fault is on
+    no node, a pod or a link). Repeated fault, then classification, then the lemon rule, then what
+    leaves service."""
+    again = repeated(history, now, source, xid)
+    c = classify(source, xid, repeated_on_node=again)
+    recent = recent_faults([t for t, _, _ in history] + [now], now)
+    lemon = is_lemon(recent)
+    return Verdict(c, again, recent, lemon, out_of_service(c.action, lemon=lemon))

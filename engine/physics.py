@@ -8,7 +8,7 @@ default only with a cited source, never to flatter a result.
 - Repeat faults concentrate on a few lemon nodes (Lablup/SKT on 504 B200: the top 3 nodes caused
   more than half of the exclusions; Meta RSC, arXiv 2410.21680): 1% of nodes fault 10x as often.
 - Node repair time: lognormal with median 0.85 days and mean 5.5 days (StepFun's production trace,
-  InfiniteHBD, SIGCOMM'25).
+  InfiniteHBD, SIGCOMM'25). A GPU reset takes the GPU out for 5 minutes, a reboot the node for 15.
 - Detection: 30 s for XID-reported faults, 300 s for hangs found by the collective watchdog,
   60 s for a lost heartbeat (engine.faults).
 - Restart: rescheduling + process start + communicator initialization growing with job size
@@ -50,6 +50,8 @@ class Physics:
     lemon_rate_factor: float = 10.0
     repair_median_days: float = 0.85
     repair_mean_days: float = 5.5
+    gpu_reset_s: float = 300.0
+    node_reboot_s: float = 900.0
     reschedule_s: float = 5.0  # choosing a spare and swapping it in
     process_start_s: float = 20.0  # container / process start on the new set of nodes
     comm_init_s_per_doubling: float = 2.0  # communicator init: 2 s x log2(GPUs): 27 s at 10k, 33 s at 100k
@@ -68,6 +70,19 @@ class Physics:
 
     def repair_sigma(self) -> float:
         return math.sqrt(2.0 * math.log(self.repair_mean_days / self.repair_median_days))
+
+    def out_of_service_s(self, returns: str, rng) -> float | None:
+        """How long what a fault took out of service stays out, by how it returns (a fault
+        verdict's ``returns``: "reset", "reboot", "repair"); None when it does not come back by
+        itself (a lemon waits for an operator) or nothing left service. A repair is drawn from
+        ``rng`` (a NumPy Generator)."""
+        if returns == "reset":
+            return self.gpu_reset_s
+        if returns == "reboot":
+            return self.node_reboot_s
+        if returns == "repair":
+            return float(rng.lognormal(math.log(self.repair_median_days), self.repair_sigma())) * 86_400.0
+        return None
 
     def storage_gbps(self, gpus: int, gpus_per_node: int = 8) -> float:
         """Durable-storage bandwidth a job of this size gets: its share of the file system (never

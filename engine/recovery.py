@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.checkpoint import CheckpointKind
-from engine.faults import Action, Classification
+from engine.faults import Classification
 from engine.physics import Physics
 from engine.placement import LEVELS, FreePool, Layout, level_limit
 from engine.tiers import DEFAULT_REPLICA_GROUPS, RecoveryTier, Step, detection_seconds, recovery_steps
 
-KEEPS_HARDWARE = (Action.RESTART_JOB, Action.LINK_DOWN, Action.OBSERVE, Action.RESET_WHEN_CONVENIENT)
 RecoveryStep = Step  # one step of a recovery: engine.tiers says what each tier does
 
 
@@ -96,12 +95,13 @@ def plan_recovery(
 ) -> RecoveryPlan:
     """Plan the recovery of one job.
 
-    ``faulty``: GPU indices that left service with this fault. ``owned``: a mask of GPUs held by any
-    job (this one included). ``triggered_ok``: whether the triggered save succeeded (the caller
-    draws it; None when the policy has no triggered save or memory is unreadable). ``yielding``: a
-    mask of spare GPUs held by jobs that borrowed them; recovery may take them (free spares
-    first), and the caller preempts their jobs. ``tier``: the job's recovery tier (restart when
-    not given), which sets how long detection and each step take.
+    ``faulty``: GPU indices that left service with this fault (the fault verdict's ``out``,
+    engine.lifecycle.judge: none for a fault that keeps the hardware, the node's for a lemon).
+    ``owned``: a mask of GPUs held by any job (this one included). ``triggered_ok``: whether the
+    triggered save succeeded (the caller draws it; None when the policy has no triggered save or
+    memory is unreadable). ``yielding``: a mask of spare GPUs held by jobs that borrowed them;
+    recovery may take them (free spares first), and the caller preempts their jobs. ``tier``: the
+    job's recovery tier (restart when not given), which sets how long detection and each step take.
     """
     ph = physics or Physics()
     tier = tier or TierChoice()
@@ -114,8 +114,7 @@ def plan_recovery(
     triggered = (
         triggered_ok if policy == CheckpointKind.TRIGGERED and classification.memory_readable else None
     )
-    keeps_hardware = classification.action in KEEPS_HARDWARE
-    if keeps_hardware or len(lost) == 0:
+    if len(lost) == 0:  # nothing the job runs on left service: it restarts where it is
         steps = _steps(classification, len(job_gpus), state_bytes, from_memory, False, ph, tier)
         return RecoveryPlan(
             "restart_in_place",

@@ -65,3 +65,25 @@ def node_action_target(action: str, current: str) -> str:
     return transition_target(
         NODE_TRANSITIONS, action, current, what="node", states=NODE_STATES, known=sorted(NODE_ACTIONS)
     )
+
+
+# GPU transitions the controller takes, in the same form: a fault takes the GPU down until it is
+# reset; a reset brings it back.
+GPU_EVENTS: dict[str, tuple[frozenset[str], str]] = {
+    "fault": (frozenset({"ready", "cordoned"}), "down"),
+    "reset": (frozenset({"down"}), "ready"),
+}
+
+
+def node_event_code(code: int, action: str) -> int:
+    """The state code a node in state code ``code`` moves to by ``action``: the node table on the
+    engine's codes (the cluster simulator's arrays); raises InvalidTransition as the table does."""
+    return NODE_STATE_CODE[node_action_target(action, NODE_STATES[code])]
+
+
+def gpu_event_code(code: int, action: str) -> int:
+    """The state code a GPU in state code ``code`` moves to by ``action`` (GPU_EVENTS)."""
+    target = transition_target(
+        GPU_EVENTS, action, GPU_STATES[code], what="GPU", states=GPU_STATES, known=list(GPU_EVENTS)
+    )
+    return GPU_STATE_CODE[target]

@@ -1,16 +1,17 @@
 from django.db import models
 
-from engine.faults import Action
+from cluster.choices import engine_choices
+from engine.faults import FAULT_SOURCES, Action
 
-
-class FaultSource(models.TextChoices):
-    XID = "xid", "XID"
-    HEALTH_CHECK = "health_check", "Health check"
-    HEARTBEAT_LOSS = "heartbeat_loss", "Heartbeat loss"
-    JOB_HANG = "job_hang", "Job-reported hang"
-    LINK_DOWN = "link_down", "Link down"
-    HOST_MAINTENANCE = "host_maintenance", "Unplanned host maintenance"
-    OPERATOR = "operator", "Operator"
+FaultSource = engine_choices(
+    "FaultSource",
+    FAULT_SOURCES,
+    {
+        "xid": "XID",
+        "job_hang": "Job-reported hang",
+        "host_maintenance": "Unplanned host maintenance",
+    },
+)
 
 
 class Severity(models.TextChoices):
@@ -19,6 +20,4 @@ class Severity(models.TextChoices):
     CRITICAL = "critical", "Critical"
 
 
-FaultAction = models.TextChoices(
-    "FaultAction", [(a.name, (a.value, a.value.replace("_", " "))) for a in Action]
-)
+FaultAction = engine_choices("FaultAction", Action, {a.value: a.value.replace("_", " ") for a in Action})

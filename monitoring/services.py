@@ -21,7 +21,6 @@ from cluster.services import set_gpus, take_down
 from cluster.snapshot import topology_cache
 from engine import lifecycle
 from engine.checkpoint import CheckpointKind
-from engine.faults import Action, classify
 from engine.recovery import plan_recovery
 from engine.workload import Preemption
 from monitoring.models import FaultEvent
@@ -124,30 +123,20 @@ def _node_history(node: Node, fault: FaultEvent) -> list[tuple[float, str, int |
     return [(at.timestamp(), source, xid) for at, source, xid in rows]
 
 
-def _take_out_of_service(
-    fault: FaultEvent, action: Action, gpu_ids: list[int], node: Node | None, history, now
-) -> bool:
-    """Apply the fault to the hardware; returns whether the node was quarantined as a lemon.
-    ``history``: the node's other faults in the lemon window (``_node_history``)."""
-    text = f"{fault}: {action.value.replace('_', ' ')}"[:255]
-    if action == Action.RESET_GPU:
+def _take_out_of_service(fault: FaultEvent, v: lifecycle.Verdict, gpu_ids: list[int], node: Node | None, now):
+    """Apply the fault verdict to the hardware (cluster.services: the node table, the GPUs'
+    state and health)."""
+    if v.gpu_down:
         set_gpus(gpu_ids, state="down", health="critical")
-    elif action == Action.RESET_WHEN_CONVENIENT:
+    elif v.gpu_warning:
         set_gpus(gpu_ids, health="warning")
-    elif action in (Action.REBOOT_NODE, Action.REPAIR_NODE) and node is not None:
-        take_down(node, text, at=now)
-    if node is not None:
-        times = [t for t, _, _ in history] + [fault.at.timestamp()]
-        recent = lifecycle.recent_faults(times, now.timestamp())
-        if lifecycle.is_lemon(recent):
-            take_down(
-                node,
-                f"quarantined as a lemon: {recent} faults in {LEMON_WINDOW.days} days",
-                at=now,
-                lemon=True,
-            )
-            return True
-    return False
+    if node is None:
+        return
+    if v.lemon:
+        text = f"quarantined as a lemon: {v.recent} faults in {LEMON_WINDOW.days} days"
+        take_down(node, text, at=now, lemon=True)
+    elif v.node_down:
+        take_down(node, f"{fault}: {v.action.value.replace('_', ' ')}"[:255], at=now)
 
 
 def _plan(job: Job, fault: FaultEvent, classification, faulty: np.ndarray, held: Held):
@@ -179,14 +168,17 @@ def _plan(job: Job, fault: FaultEvent, classification, faulty: np.ndarray, held:
 
 
 def _record_fault(job: Job, fault: FaultEvent, classification, triggered_ok: bool | None) -> None:
-    """The faulted event with the work lost, and the triggered save (or its failure) when the
-    policy has one: a saved one becomes the job's progress."""
+    """The faulted event with the work lost (engine.lifecycle.stop: a stop that saves only when
+    the triggered save succeeded), and the triggered save (or its failure) when the policy has
+    one: a saved one becomes the job's progress."""
     detected = fault.detected_at
     last = job.checkpoints.filter(durable=True).order_by("-at").first()
-    unsaved = lifecycle.unsaved_s(
+    outcome = lifecycle.stop(
         fault.at.timestamp(),
-        job.started_at.timestamp() if job.started_at else None,
-        last.at.timestamp() if last else None,
+        progress_s=last.progress_s if last else job.progress_s,
+        started_at=job.started_at.timestamp() if job.started_at else None,
+        last_checkpoint_at=last.at.timestamp() if last else None,
+        policy=CheckpointKind.TRIGGERED if triggered_ok else None,
     )
     JobEvent.objects.create(
         job=job,
@@ -197,13 +189,13 @@ def _record_fault(job: Job, fault: FaultEvent, classification, triggered_ok: boo
             "fault": fault.pk,
             "action": classification.action.value,
             "detection_s": (detected - fault.at).total_seconds(),
-            "lost_s": 0.0 if triggered_ok else unsaved,
+            "lost_s": outcome.lost_s,
         },
     )
     if triggered_ok is None:
         return
     if triggered_ok:
-        job.progress_s = (last.progress_s if last else job.progress_s) + unsaved
+        job.progress_s = outcome.progress_s
         Checkpoint.objects.create(
             job=job,
             at=detected,
@@ -317,19 +309,18 @@ def handle_fault(fault_id: int, now=None) -> dict:
         )
         gpu_ids, node = _affected_gpus(fault)
         history = _node_history(node, fault) if node is not None else []
-        again = lifecycle.repeated(history, fault.at.timestamp(), fault.source, fault.xid)
-        c = classify(fault.source, fault.xid, repeated_on_node=again)
+        v = lifecycle.judge(history, fault.at.timestamp(), fault.source, fault.xid)
+        c = v.classification
         fault.action = c.action.value
         fault.cause = c.cause
         fault.description = fault.description or c.description
         if fault.detected_at is None:  # an agent's report says when it was seen; else the model
             fault.detected_at = fault.at + timedelta(seconds=c.detection_s)
-        lemon = _take_out_of_service(fault, c.action, gpu_ids, node, history, now)
-        out = lifecycle.out_of_service(c.action, lemon=lemon)  # the rule the simulator follows
-        if out == "node" and node is not None:
+        _take_out_of_service(fault, v, gpu_ids, node, now)
+        if v.node_down and node is not None:
             faulty = list(node.gpus.values_list("id", flat=True))
         else:
-            faulty = gpu_ids if out else []
+            faulty = gpu_ids if v.out else []
         recoveries = []
         hit = _jobs_hit(fault, gpu_ids) if c.interrupts_job else []
         held = Held() if hit else None
@@ -342,7 +333,12 @@ def handle_fault(fault_id: int, now=None) -> dict:
             recoveries.append(_recover(job, fault, c, faulty_idx, held, now))
         done = [r for r in recoveries if r is not None]
         fault.recovery_s = max(done) if done else None
-        fault.data = {**fault.data, "jobs_hit": hit, "interrupts_job": c.interrupts_job}
+        fault.data = {
+            **fault.data,
+            "jobs_hit": hit,
+            "interrupts_job": c.interrupts_job,
+            "verdict": {"repeated": v.repeated, "recent_faults": v.recent, "lemon": v.lemon, "out": v.out},
+        }
         fault.save()
         if hit or faulty:
             request_cycle()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from engine.checkpoint import CheckpointKind
 from engine.chips import BY_NAME
-from engine.lifecycle import ETTR_BUCKETS
+from engine.ettr import ETTR_BUCKETS
 from engine.network import datacenter_links
 from engine.presets import PRESETS, preset_document
 from engine.synthetic import snapshot_from_spec

@@ -1,6 +1,7 @@
 from django.db import models
 
-from engine import checkpoint, tiers
+from cluster.choices import engine_choices
+from engine import checkpoint, lifecycle, tiers
 from engine.placement import TOPOLOGY_CONSTRAINTS
 from engine.workload import QUEUEING_STRATEGIES, RECLAIM_POLICIES, WITHIN_QUEUE_POLICIES
 
@@ -11,30 +12,32 @@ class JobKind(models.TextChoices):
     BATCH = "batch", "Batch"
 
 
-class JobState(models.TextChoices):
-    PENDING = "pending", "Pending"
-    RUNNING = "running", "Running"
-    SUSPENDED = "suspended", "Suspended"
-    FINISHED = "finished", "Finished"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
+JobState = engine_choices("JobState", lifecycle.JOB_STATES)
 
 
-ACTIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)
+ACTIVE_STATES = tuple(JobState(s) for s in lifecycle.ACTIVE_JOB_STATES)
 
 
-class CheckpointKind(models.TextChoices):  # the choices of engine.checkpoint.CheckpointKind
-    PERIODIC = "periodic", "Periodic (synchronous)"
-    ASYNC = "async", "Asynchronous"
-    TRIGGERED = "triggered", "Triggered (with periodic fallback)"
-
-
-class RecoveryTier(models.TextChoices):  # the tiers of engine.tiers, each including the ones before
-    RESTART = "restart", "Restart every process from the newest checkpoint"
-    FAST_DETECTION = "fast_detection", "Fast detection (NVML events, heartbeats, progress)"
-    WARM_RESTART = "warm_restart", "Warm restart (healthy nodes keep their processes; warm standbys)"
-    IN_MEMORY = "in_memory", "In-memory checkpoints to a peer node every step"
-    REPLICA_GROUPS = "replica_groups", "Replica groups (train on without the faulty group)"
+CheckpointKind = engine_choices(
+    "CheckpointKind",
+    checkpoint.CheckpointKind,
+    {
+        "periodic": "Periodic (synchronous)",
+        "async": "Asynchronous",
+        "triggered": "Triggered (with periodic fallback)",
+    },
+)
+RecoveryTier = engine_choices(  # each tier includes the ones before
+    "RecoveryTier",
+    tiers.TIERS,
+    {
+        "restart": "Restart every process from the newest checkpoint",
+        "fast_detection": "Fast detection (NVML events, heartbeats, progress)",
+        "warm_restart": "Warm restart (healthy nodes keep their processes; warm standbys)",
+        "in_memory": "In-memory checkpoints to a peer node every step",
+        "replica_groups": "Replica groups (train on without the faulty group)",
+    },
+)
 
 
 class EventKind(models.TextChoices):
@@ -57,37 +60,28 @@ class EventKind(models.TextChoices):
     STRAGGLER = "straggler", "Straggler found"
 
 
-class TopologyConstraint(models.TextChoices):
-    NODE = "node", "One node"
-    RACK = "rack", "One rack"
-    POD = "pod", "One pod"
-    DATACENTER = "datacenter", "One datacenter"
-    REGION = "region", "One region (may span its datacenters)"
-    ANY = "any", "Anywhere (may span regions)"
-
-
-class ReclaimPolicy(models.TextChoices):
-    NEVER = "never", "Never"
-    LOWER_PRIORITY = "lower_priority", "Lower priority"
-    ANY = "any", "Any"
-
-
-class WithinQueuePolicy(models.TextChoices):
-    NEVER = "never", "Never"
-    LOWER_PRIORITY = "lower_priority", "Lower priority"
-
-
-class QueueingStrategy(models.TextChoices):
-    BEST_EFFORT = "best_effort", "Best effort (later jobs may pass a blocked one, up to the bounded wait)"
-    STRICT_FIFO = "strict_fifo", "Strict order (a blocked job holds the whole queue)"
-
-
-assert tuple(QueueingStrategy.values) == QUEUEING_STRATEGIES
-assert tuple(CheckpointKind.values) == tuple(checkpoint.CheckpointKind)
-assert tuple(RecoveryTier.values) == tiers.TIERS
-assert tuple(TopologyConstraint.values) == TOPOLOGY_CONSTRAINTS
-assert tuple(ReclaimPolicy.values) == RECLAIM_POLICIES
-assert tuple(WithinQueuePolicy.values) == WITHIN_QUEUE_POLICIES
+TopologyConstraint = engine_choices(
+    "TopologyConstraint",
+    TOPOLOGY_CONSTRAINTS,
+    {
+        "node": "One node",
+        "rack": "One rack",
+        "pod": "One pod",
+        "datacenter": "One datacenter",
+        "region": "One region (may span its datacenters)",
+        "any": "Anywhere (may span regions)",
+    },
+)
+ReclaimPolicy = engine_choices("ReclaimPolicy", RECLAIM_POLICIES)
+WithinQueuePolicy = engine_choices("WithinQueuePolicy", WITHIN_QUEUE_POLICIES)
+QueueingStrategy = engine_choices(
+    "QueueingStrategy",
+    QUEUEING_STRATEGIES,
+    {
+        "best_effort": "Best effort (later jobs may pass a blocked one, up to the bounded wait)",
+        "strict_fifo": "Strict order (a blocked job holds the whole queue)",
+    },
+)
 
 
 class ProcessState(models.TextChoices):

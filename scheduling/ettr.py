@@ -17,7 +17,7 @@ from datetime import datetime
 from django.db.models import Q
 from django.utils import timezone
 
-from engine.lifecycle import ETTR_BUCKETS
+from engine.ettr import ETTR_BUCKETS, Ettr
 from scheduling.choices import EventKind
 from scheduling.models import Checkpoint, Job, JobEvent
 
@@ -58,7 +58,8 @@ def job_ettr(
             # without a window every event of the job counts (a modelled recovery may end after now)
             return (since is None or at >= since) and (until is None or at <= until)
 
-        b = dict.fromkeys(BUCKETS, 0.0)
+        acc = Ettr(wall)
+        b = acc.buckets
         b["checkpoint_stall"] = sum(c["stall_s"] for c in stalls[job.pk] if in_window(c["at"]))
         waiting_since = None
         for e in evs:
@@ -78,14 +79,17 @@ def job_ettr(
                 waiting_since = None
         if waiting_since is not None:
             b["waiting"] += _overlap(waiting_since, end, lo, hi)
-        lost = min(sum(b.values()), wall)
-        out[job.pk] = {
-            "wall_s": round(wall, 3),
-            "productive_s": round(wall - lost, 3),
-            "ettr": round((wall - lost) / wall, 5),
-            **{f"{k}_s": round(v, 3) for k, v in b.items()},
-        }
+        out[job.pk] = _as_row(acc)
     return out
+
+
+def _as_row(acc: Ettr) -> dict:
+    return {
+        "wall_s": round(acc.wall_s, 3),
+        "productive_s": round(acc.productive_s, 3),
+        "ettr": round(acc.ratio, 5),
+        **{f"{k}_s": round(v, 3) for k, v in acc.buckets.items()},
+    }
 
 
 def cluster_ettr(since: datetime, until: datetime, queue: str | None = None) -> dict:
@@ -100,14 +104,14 @@ def cluster_ettr(since: datetime, until: datetime, queue: str | None = None) -> 
     jobs = list(jobs)
     per_job = job_ettr(jobs, since, until)
     gpus = {j.pk: j.gpus for j in jobs}
-    wall = sum(r["wall_s"] * gpus[j] for j, r in per_job.items())
-    totals = {k: sum(r[f"{k}_s"] * gpus[j] for j, r in per_job.items()) for k in BUCKETS}
-    productive = sum(r["productive_s"] * gpus[j] for j, r in per_job.items())
+    total = Ettr.total(
+        Ettr(r["wall_s"], {k: r[f"{k}_s"] for k in BUCKETS}).weighted(gpus[j]) for j, r in per_job.items()
+    )
     return {
         "since": since,
         "until": until,
         "jobs": len(per_job),
-        "gpu_seconds": round(wall, 1),
-        "ettr": round(productive / wall, 5) if wall else None,
-        "loss_share": {k: round(v / wall, 5) if wall else 0.0 for k, v in totals.items()},
+        "gpu_seconds": round(total.wall_s, 1),
+        "ettr": round(total.ratio, 5) if total.ratio is not None else None,
+        "loss_share": {k: round(v, 5) for k, v in total.shares().items()},
     }

@@ -106,8 +106,8 @@ class Fleet:
         return t, node, cause
 
     def repair_s(self) -> float:
-        ph = self.physics
-        return float(self.rng.lognormal(math.log(ph.repair_median_days), ph.repair_sigma())) * DAY
+        """A hands-on repair's length, drawn from the fleet's stream (engine.physics)."""
+        return self.physics.out_of_service_s("repair", self.rng)
 
     # --- telemetry -------------------------------------------------------------------------
     def step(self, t: float, util: np.ndarray, memory: np.ndarray | None = None) -> None:

@@ -8,9 +8,11 @@ newest in-memory copy (tier ``in_memory``) or checkpoint that reached durable st
 node replaces a faulty one (the job waits for a repaired node when none is left); then the job
 restarts (reschedule, process start, communicator init, checkpoint load, as the tier's steps say).
 Under ``replica_groups`` only the in-flight step is lost and the job trains on at (R-1)/R until
-the group rejoins (or a repaired node is back for it). Faulty nodes go to repair for a lognormal
-time; a node that meets the controller's lemon rule (engine.lifecycle: three faults within a
-week) is quarantined and does not come back.
+the group rejoins (or a repaired node is back for it). Every fault is judged by the controller's
+verdict (engine.lifecycle.judge): what leaves service is out for a GPU reset or a node reboot
+(minutes) or a repair (lognormal, days), as engine.physics says; a node that meets the lemon rule
+(three faults within a week) is quarantined and does not come back. A fault that keeps the
+hardware (a job restart, a link) restarts the job where it is.
 
 ETTR = time with forward progress that survived / wall time; the loss buckets are checkpoint
 stalls, detection latency, restart, recomputed lost work, degraded throughput and waiting for
@@ -26,8 +28,8 @@ import numpy as np
 
 from engine import tiers
 from engine.checkpoint import CheckpointKind, daly_interval, stall_seconds
-from engine.faults import classify
-from engine.lifecycle import ETTR_BUCKETS, checkpoint_bytes, is_lemon, out_of_service, recent_faults, repeated
+from engine.ettr import ETTR_BUCKETS, Ettr
+from engine.lifecycle import Verdict, checkpoint_bytes, judge, unsaved_s
 from engine.physics import Physics
 
 DAY = 86_400.0
@@ -48,21 +50,29 @@ class RunPolicy:
 class RunReport:
     policy: str
     gpus: int
-    wall_s: float
-    productive_s: float
-    buckets: dict[str, float]
-    faults: int
-    interruptions: int
+    account: Ettr  # wall time and loss buckets (engine.ettr)
+    productive_s: float = 0.0  # training time that survived, counted as it happens
+    faults: int = 0
+    interruptions: int = 0
     recoveries_s: list[float] = field(default_factory=list)
     checkpoints: int = 0
     interval_s: float = 0.0
     triggered_saved: int = 0
     lemons_quarantined: int = 0
     tier: str = tiers.RecoveryTier.RESTART
+    verdicts: list[tuple[float, Verdict]] = field(default_factory=list)  # (time, verdict) per fault
+
+    @property
+    def wall_s(self) -> float:
+        return self.account.wall_s
+
+    @property
+    def buckets(self) -> dict[str, float]:
+        return self.account.buckets
 
     @property
     def ettr(self) -> float:
-        return self.productive_s / self.wall_s
+        return self.account.ratio
 
     @property
     def median_recovery_s(self) -> float:
@@ -133,10 +143,8 @@ class _TrainingRun:
         self.copy_interval = tiers.in_memory_interval(self.state, gpus, self.step_s, ph)
         self.coordination = tiers.coordination_share(self.tier, self.step_s) if self.replicas else 0.0
         self.groups_back: list[float] = []  # when each replica group that is out rejoins
-        self.buckets = dict.fromkeys(BUCKETS, 0.0)
-        self.report = RunReport(
-            policy.name, gpus, 0.0, 0.0, self.buckets, 0, 0, interval_s=self.interval, tier=self.tier
-        )
+        self.report = RunReport(policy.name, gpus, Ettr(), interval_s=self.interval, tier=self.tier)
+        self.buckets = self.report.account.buckets
         self.t = 0.0
         self.resumed_at = 0.0  # when training last (re)started: in-memory copies and steps count from it
         self.progress = 0.0  # compute seconds of training done (in the current timeline)
@@ -200,7 +208,7 @@ class _TrainingRun:
             self._fault()
             next_fault = self._next_fault()
         # wall time = training time that survived + every loss bucket (a recovery may end later)
-        self.report.wall_s = self.t
+        self.report.account.wall_s = self.t
         self.report.productive_s = self.progress
         return self.report
 
@@ -218,35 +226,41 @@ class _TrainingRun:
             self.pending_write = (self.progress, self.t + self.durable_write)
 
     def _fault(self) -> None:
-        """A fault on one of the job's nodes, classified and recovered as the controller does."""
-        ph, rng, report = self.ph, self.rng, self.report
-        report.faults += 1
+        """A fault on one of the job's nodes, drawn by the physics' rates and cause mix."""
+        rng = self.rng
         weights = self.rate[self.in_job]
         victim_pos = int(rng.choice(len(self.in_job), p=weights / weights.sum()))
-        victim = self.in_job[victim_pos]
-        names, shares = ph.cause_shares()
+        names, shares = self.ph.cause_shares()
         cause = names[int(rng.choice(len(names), p=shares))]
-        _, source, xid = ph.causes[cause]
+        _, source, xid = self.ph.causes[cause]
+        self.hit(victim_pos, source, xid)
+
+    def hit(self, victim_pos: int, source: str, xid: int | None = None) -> Verdict:
+        """A fault of ``source`` (and ``xid``) now on the job's node at ``victim_pos``, judged and
+        recovered from as the controller does."""
+        report = self.report
+        report.faults += 1
+        victim = self.in_job[victim_pos]
         history = self.fault_times.setdefault(victim, [])
-        again = repeated(history, self.t, source, xid)
+        v = judge(history, self.t, source, xid)
         history.append((self.t, source, xid))
-        c = classify(source, xid, repeated_on_node=again)
+        report.verdicts.append((self.t, v))
+        c = v.classification
         if not c.interrupts_job:
-            return
+            return v
         report.interruptions += 1
         started = self.t
-        lemon = is_lemon(recent_faults([t for t, _, _ in history], self.t))
-        moved = out_of_service(c.action, lemon=lemon) is not None
+        moved = v.out != ""  # the job moves off what left service; a restart or a link keeps its nodes
         if self.replicas:
-            self._drop_group(c, victim_pos, victim, lemon, moved)
+            self._drop_group(c, victim_pos, victim, v, moved)
             report.recoveries_s.append(self.t - started)
-            return
+            return v
         detection = tiers.detection_seconds(c, self.tier, self.step_s)
         self.t += detection
         self.buckets["detection"] += detection
         from_memory = self._restore(c)
         if moved:  # the controller's rule: replace what left service
-            available = self._swap(victim_pos, victim, lemon)
+            available = self._swap(victim_pos, victim, v)
             wait = max(0.0, available - self.t)
             self.t += wait
             self.buckets["waiting"] += wait
@@ -259,25 +273,26 @@ class _TrainingRun:
             moved=moved,
             step_s=self.step_s,
             groups=self.groups,
-            ph=ph,
+            ph=self.ph,
         )
         restart = sum(s.seconds for s in steps if s.name != "detect" and s.throughput_lost == 1.0)
         self.t += restart
         self.buckets["restart"] += restart
         self.resumed_at = self.t
         report.recoveries_s.append(self.t - started)
+        return v
 
-    def _drop_group(self, c, victim_pos: int, victim: int, lemon: bool, moved: bool) -> None:
+    def _drop_group(self, c, victim_pos: int, victim: int, v: Verdict, moved: bool) -> None:
         """Replica groups: the job stops until the fault is found, loses its in-flight step, and
         trains on without the victim's group until the group rejoins."""
         detection = tiers.detection_seconds(c, self.tier, self.step_s)
-        in_step = (self.t - self.resumed_at) % self.step_s
+        in_step = unsaved_s(self.t, self.resumed_at, None, every=self.step_s)
         lost = min(self.progress - self.durable, in_step * (1.0 - self.coordination))
         self.progress -= lost
         self.buckets["lost_work"] += lost
         self.t += detection
         self.buckets["detection"] += detection
-        available = self._swap(victim_pos, victim, lemon) if moved else self.t
+        available = self._swap(victim_pos, victim, v) if moved else self.t
         rejoin = tiers.rejoin_seconds(self.state, self.gpus, self.groups, self.ph)
         self.groups_back.append(max(available, self.t) + rejoin)
         self.resumed_at = self.t
@@ -293,7 +308,7 @@ class _TrainingRun:
             recovered, from_memory = self.progress, True
             self.report.triggered_saved += 1
         elif self.in_memory:  # the newest copy in a peer's host memory
-            since_copy = (self.t - self.resumed_at) % self.copy_interval
+            since_copy = unsaved_s(self.t, self.resumed_at, None, every=self.copy_interval)
             recovered, from_memory = max(self.durable, self.progress - since_copy), True
             self.durable = max(self.durable, recovered)
         elif (
@@ -310,15 +325,15 @@ class _TrainingRun:
         self.since_ckpt = 0.0
         return from_memory
 
-    def _swap(self, victim_pos: int, victim: int, lemon: bool) -> float:
-        """The faulty node leaves (to repair, or for good as a lemon) and a spare takes its place;
-        returns when the replacement is there (a repaired node's return when no spare is left)."""
+    def _swap(self, victim_pos: int, victim: int, v: Verdict) -> float:
+        """The faulty node leaves (for a reset, a reboot or a repair, as long as the physics says;
+        for good as a lemon) and a spare takes its place; returns when the replacement is there (a
+        repaired node's return when no spare is left)."""
         self.in_job.pop(victim_pos)
-        if lemon:
+        if v.lemon:
             self.report.lemons_quarantined += 1
         else:
-            repair_days = self.rng.lognormal(np.log(self.ph.repair_median_days), self.ph.repair_sigma())
-            heapq.heappush(self.repairs, (self.t + repair_days * DAY, victim))
+            heapq.heappush(self.repairs, (self.t + self.ph.out_of_service_s(v.returns, self.rng), victim))
         while self.repairs and self.repairs[0][0] <= self.t:
             self.spare_pool.append(heapq.heappop(self.repairs)[1])
         available = self.t

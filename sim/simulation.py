@@ -27,36 +27,30 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from engine.checkpoint import CheckpointKind
-from engine.faults import Action, classify
-from engine.inference import LoadProfile, decide
+from engine.ettr import Ettr
+from engine.inference import LoadProfile
 from engine.invariants import check_cycle
-from engine.lifecycle import (
-    ETTR_BUCKETS,
-    checkpoint_bytes,
-    is_lemon,
-    out_of_service,
-    recent_faults,
-    repeated,
-    saves_on_demand,
-)
+from engine.lifecycle import Verdict, checkpoint_bytes, judge, saves_on_demand, unsaved_s
 from engine.network import Network
 from engine.placement import Layout
 from engine.recovery import TierChoice, plan_recovery
 from engine.scheduler import schedule
-from engine.states import GPU_STATE_CODE, NODE_STATE_CODE
+from engine.states import (
+    NODE_STATE_CODE,
+    InvalidTransition,
+    gpu_event_code,
+    node_event_code,
+)
 from engine.topology import TopologySnapshot
 from engine.workload import PendingJob, QueueSpec, RunningJob
+from sim.autoscale import AUTOSCALE_S, autoscale
 from sim.config import SimConfig, default_queues, job_timing
 from sim.fleet import Fleet
 from sim.summary import summarize, take_sample
 from sim.workload import SimJob, SimService
 
 DAY = 86_400.0
-BUCKETS = ETTR_BUCKETS
-READY, DOWN = NODE_STATE_CODE["ready"], NODE_STATE_CODE["down"]
-GPU_READY, GPU_DOWN = GPU_STATE_CODE["ready"], GPU_STATE_CODE["down"]
-GPU_RESET_S = 300.0  # a GPU reset takes it out for a few minutes
-NODE_REBOOT_S = 900.0
+READY = NODE_STATE_CODE["ready"]
 
 
 @dataclass
@@ -74,7 +68,7 @@ class _Job:
     first_admit: float | None = None
     waiting_since: float | None = None
     ended: float | None = None
-    buckets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
+    ettr: Ettr = field(default_factory=Ettr)  # its loss buckets (the wall time is set at the summary)
     interruptions: int = 0
 
     @property
@@ -122,6 +116,7 @@ class Simulation:
         self.now = 0.0
         self.dirty = True
         self.fault_history: dict[int, list[tuple[float, str, int | None]]] = {}  # (t, source, xid)
+        self.quarantined: set[int] = set()  # lemon nodes: out until an operator clears them
         self.faults: Counter = Counter()
         self.fault_log: list[tuple[float, str, str]] = []  # (time, cause, action)
         self.recoveries: list[tuple[float, str, float]] = []  # (time, outcome, seconds)
@@ -177,6 +172,25 @@ class Simulation:
             spec.min_gpus,
             spec.size_step,
         )
+
+    def new_job_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    def submit(self, spec: SimJob) -> None:
+        """A job submitted now (an inference replica the autoscaler adds): it arrives at once."""
+        self.jobs[spec.id] = _Job(spec, spec.work_s * spec.gpus)
+        self._on_arrive(spec.id)
+
+    def retire(self, job_id: int) -> None:
+        """A job ends now by the controller's choice (a replica scaled away): a running one stops
+        with a save, a pending one leaves the queue."""
+        job = self.jobs[job_id]
+        if job_id in self.pending:
+            del self.pending[job_id]
+        elif job_id in self.running:
+            self._stop(job, graceful=True, requeue=False)
+        job.ended = self.now
 
     def _on_arrive(self, job_id: int) -> None:
         self._queue(self.jobs[job_id])
@@ -266,9 +280,9 @@ class Simulation:
         if job.first_admit is None:
             job.first_admit = self.now
         if job.waiting_since is not None:
-            job.buckets["waiting"] += self.now - job.waiting_since
+            job.ettr.add("waiting", self.now - job.waiting_since)
             job.waiting_since = None
-        job.buckets["restart"] += overhead
+        job.ettr.add("restart", overhead)
         job.run_start = self.now + overhead
         job.version += 1
         self.running[job.spec.id] = job
@@ -289,16 +303,14 @@ class Simulation:
         elapsed = max(0.0, at - job.run_start)
         keep = 1 - job.stall_fraction - job.overhead
         done = elapsed * keep * job.size
-        if graceful and saves_on_demand(self.cfg.checkpoint.kind):
-            saved = done
-        else:
-            saved = math.floor(elapsed / job.rollback) * job.rollback * keep * job.size
-        job.buckets["checkpoint_stall"] += elapsed * job.stall_fraction
-        job.buckets["degraded"] += elapsed * job.overhead
-        job.buckets["lost_work"] += (done - saved) / job.size
-        job.remaining = max(0.0, job.remaining - saved)
+        saves = graceful and saves_on_demand(self.cfg.checkpoint.kind)
+        lost = 0.0 if saves else unsaved_s(at, job.run_start, None, every=job.rollback) * keep * job.size
+        job.ettr.add("checkpoint_stall", elapsed * job.stall_fraction)
+        job.ettr.add("degraded", elapsed * job.overhead)
+        job.ettr.add("lost_work", lost / job.size)
+        job.remaining = max(0.0, job.remaining - (done - lost))
         job.run_start = at
-        return done - saved
+        return lost
 
     def _stop(self, job: _Job, *, graceful: bool, requeue: bool) -> None:
         self._save(job, graceful=graceful)
@@ -316,8 +328,8 @@ class Simulation:
         if job is None or job.version != version:
             return  # preempted, resized or recovered since: a newer end event stands
         elapsed = max(0.0, self.now - job.run_start)
-        job.buckets["checkpoint_stall"] += elapsed * job.stall_fraction
-        job.buckets["degraded"] += elapsed * job.overhead
+        job.ettr.add("checkpoint_stall", elapsed * job.stall_fraction)
+        job.ettr.add("degraded", elapsed * job.overhead)
         job.remaining = 0.0
         self.owner[job.gpus] = -1
         del self.running[job_id]
@@ -325,57 +337,9 @@ class Simulation:
         self.dirty = True
 
     # --- inference services -------------------------------------------------------------------
-    AUTOSCALE_S = 300.0
-
     def _on_autoscale(self) -> None:
-        """Each service's replicas follow its load, as the production autoscaler decides."""
-        self._push(self.now + self.AUTOSCALE_S, "autoscale")
-        for k, (svc, profile) in enumerate(zip(self.services, self.profiles, strict=True)):
-            ids = [i for i in self.replicas[k] if self.jobs[i].ended is None]
-            load = profile.rate(self.now)
-            decision = decide(
-                load,
-                replicas=len(ids),
-                capacity_rps=svc.capacity_rps,
-                headroom=svc.headroom,
-                min_replicas=svc.min_replicas,
-                max_replicas=svc.max_replicas,
-                low_since=self.low_since[k],
-                now=self.now,
-                scale_down_delay_s=300.0,
-            )
-            self.low_since[k] = (self.low_since[k] or self.now) if decision.desired < len(ids) else None
-            running = sum(1 for i in ids if i in self.running)
-            self.replica_seconds[k] += running * self.AUTOSCALE_S
-            self.short_seconds[k] += max(0, decision.desired - running) * self.AUTOSCALE_S
-            for _ in range(decision.target - len(ids)):
-                spec = SimJob(
-                    self._next_id,
-                    "inference",
-                    svc.replica_gpus,
-                    self.now,
-                    365 * DAY,
-                    svc.chip,
-                    "node",
-                    20,
-                    "inference",
-                    parameters=0.0,
-                )
-                self._next_id += 1
-                self.jobs[spec.id] = _Job(spec, spec.work_s * spec.gpus)
-                ids.append(spec.id)
-                self._on_arrive(spec.id)
-            if decision.target < len(ids):
-                retire = sorted(ids, key=lambda i: (i in self.running, -i))[: len(ids) - decision.target]
-                for job_id in retire:
-                    job = self.jobs[job_id]
-                    if job_id in self.pending:
-                        del self.pending[job_id]
-                    elif job_id in self.running:
-                        self._stop(job, graceful=True, requeue=False)
-                    job.ended = self.now
-                self.low_since[k] = None
-            self.replicas[k] = [i for i in ids if self.jobs[i].ended is None]
+        self._push(self.now + AUTOSCALE_S, "autoscale")
+        autoscale(self)
 
     # --- faults and repairs --------------------------------------------------------------------
     def _next_fault(self) -> None:
@@ -387,36 +351,30 @@ class Simulation:
         self._next_fault()
         self.inject_fault(node, cause)
 
-    def inject_fault(self, node: int, cause: str) -> None:
+    def inject_fault(self, node: int, cause: str) -> Verdict:
         """A fault of ``cause`` (a key of the physics' causes) on node index ``node`` now, handled
         as the production fault task handles a reported one (scripted what-ifs call this)."""
         _, source, xid = self.ph.causes[cause]
+        return self.inject(node, source, xid, cause=cause)
+
+    def inject(self, node: int, source: str, xid: int | None = None, *, cause: str | None = None) -> Verdict:
+        """A fault of ``source`` (and ``xid``) on node index ``node`` now: judged by the fault
+        verdict (engine.lifecycle.judge), applied to the hardware through the state tables, and
+        every job it interrupts recovered as production recovers it."""
         history = self.fault_history.setdefault(node, [])
-        again = repeated(history, self.now, source, xid)
+        v = judge(history, self.now, source, xid)
         history.append((self.now, source, xid))
-        lemon = is_lemon(recent_faults([t for t, _, _ in history], self.now))
-        c = classify(source, xid, repeated_on_node=again)
-        self.faults[cause] += 1
-        self.fault_log.append((self.now, cause, c.action.value))
+        c = v.classification
+        self.faults[cause or c.cause] += 1
+        self.fault_log.append((self.now, cause or c.cause, c.action.value))
         lay = self.layout
         start, count = int(lay.node_gpu_start[node]), int(lay.node_gpu_count[node])
         node_gpus = np.arange(start, start + count)
-        out = out_of_service(c.action, lemon=lemon)
-        if out == "gpu":
-            faulty = node_gpus[[int(self.fleet.rng.integers(count))]]
-            self.topo.gpu_state[faulty] = GPU_DOWN
-            self._push(self.now + GPU_RESET_S, "gpu_back", int(faulty[0]))
-        elif out == "node":
-            faulty = node_gpus
-            self.topo.node_state[node] = DOWN
-            back = NODE_REBOOT_S if c.action == Action.REBOOT_NODE and not lemon else self.fleet.repair_s()
-            self._push(self.now + back, "node_back", node)
-        else:
-            faulty = node_gpus[:0]
+        faulty = self._take_out(node, node_gpus, v)
         self.fleet.ecc[node_gpus] += 1
         self.dirty = True
-        if not c.interrupts_job:
-            return
+        if not v.interrupts_job:
+            return v
         hit = {int(j) for j in self.owner[node_gpus] if j >= 0}
         if cause == "network":
             # a switch or link fault on the rack's uplink: every job crossing it is interrupted
@@ -425,6 +383,33 @@ class Simulation:
             hit |= set(self.network.jobs_crossing_rack(rack, crossing))
         for job_id in sorted(hit):
             self._recover(self.running[job_id], c, faulty)
+        return v
+
+    def _take_out(self, node: int, node_gpus: np.ndarray, v: Verdict) -> np.ndarray:
+        """Apply the verdict to the node's and GPUs' states (engine.states' tables) and plan when
+        they return; returns the GPU indices that left service."""
+        if v.node_down:
+            try:
+                code = node_event_code(int(self.topo.node_state[node]), "quarantine" if v.lemon else "fault")
+            except InvalidTransition:
+                return node_gpus  # already out of service: its return is planned already
+            self.topo.node_state[node] = code
+            if v.lemon:  # a lemon stays out until an operator clears it
+                self.quarantined.add(node)
+            else:
+                back = self.ph.out_of_service_s(v.returns, self.fleet.rng)
+                self._push(self.now + back, "node_back", node)
+            return node_gpus
+        if v.gpu_down:
+            faulty = node_gpus[[int(self.fleet.rng.integers(len(node_gpus)))]]
+            gpu = int(faulty[0])
+            try:
+                self.topo.gpu_state[gpu] = gpu_event_code(int(self.topo.gpu_state[gpu]), "fault")
+            except InvalidTransition:
+                return faulty  # already down: its reset is planned already
+            self._push(self.now + self.ph.out_of_service_s(v.returns, self.fleet.rng), "gpu_back", gpu)
+            return faulty
+        return node_gpus[:0]
 
     def _recover(self, job: _Job, c, faulty: np.ndarray) -> None:
         job.interruptions += 1
@@ -453,7 +438,7 @@ class Simulation:
             tier=TierChoice(choice.tier, job.step_s, choice.replica_groups),
         )
         detection = plan.steps[0].seconds
-        job.buckets["detection"] += detection
+        job.ettr.add("detection", detection)
         self.recoveries.append((self.now, plan.outcome, plan.seconds))
         if plan.outcome == "requeue":
             self._stop(job, graceful=False, requeue=True)
@@ -467,8 +452,8 @@ class Simulation:
         job.gpus = gpus
         self.owner[gpus] = spec.id
         restart = plan.seconds  # detection + reschedule + restart + load, as planned
-        job.buckets["restart"] += restart - detection
-        job.buckets["degraded"] += plan.degraded_s  # trained on without a replica group meanwhile
+        job.ettr.add("restart", restart - detection)
+        job.ettr.add("degraded", plan.degraded_s)  # trained on without a replica group meanwhile
         job.run_start = self.now + restart + plan.degraded_s
         job.version += 1
         self._policy(job)
@@ -484,11 +469,16 @@ class Simulation:
         return on_spares & np.isin(self.owner, list(ids))
 
     def _on_gpu_back(self, gpu: int) -> None:
-        self.topo.gpu_state[gpu] = GPU_READY
+        self.topo.gpu_state[gpu] = gpu_event_code(int(self.topo.gpu_state[gpu]), "reset")
         self.dirty = True
 
     def _on_node_back(self, node: int) -> None:
-        self.topo.node_state[node] = READY
+        """A rebooted or repaired node returns to service (down, repairing, ready: the table's path)."""
+        if node in self.quarantined:
+            return
+        self.topo.node_state[node] = node_event_code(
+            node_event_code(int(self.topo.node_state[node]), "repair"), "return"
+        )
         self.dirty = True
 
     # --- samples and the summary ----------------------------------------------------------------

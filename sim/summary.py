@@ -3,12 +3,12 @@ sim.simulation.Simulation.run returns."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import numpy as np
 
-from engine.lifecycle import ETTR_BUCKETS as BUCKETS
+from engine.ettr import Ettr
+from engine.lifecycle import unsaved_s
 from engine.network import traffic_per_gpu
 from engine.states import GPU_STATE_CODE, NODE_STATE_CODE
 
@@ -34,41 +34,36 @@ def _pending_time(started, arrived) -> dict[str, dict]:
     return pending_time
 
 
-def _training_ettr(started, end: float) -> tuple[list[dict], dict[str, float], float]:
-    """ETTR of every training job of 512 GPUs or more, and the GPU-weighted loss totals."""
+def _training_ettr(started, end: float) -> tuple[list[dict], Ettr]:
+    """ETTR of every training job of 512 GPUs or more, and their GPU-weighted sum."""
     training = [j for j in started if j.spec.kind == "training" and j.spec.gpus >= 512]
     ettr_jobs = []
-    totals = dict.fromkeys(BUCKETS, 0.0)
-    wall_total = 0.0
+    weighted = []
     for j in training:
         stop = j.ended if j.ended is not None else end
-        lost_now = 0.0
-        if j.gpus is not None and j.ended is None:
-            # still running at the end: the work since its last checkpoint is not yet safe
-            elapsed = max(0.0, end - j.run_start)
-            lost_now = elapsed - math.floor(elapsed / j.interval) * j.interval
         span = stop - j.first_admit
         if span <= 0:
             continue
-        losses = {**j.buckets}
-        losses["lost_work"] += lost_now
+        acc = Ettr(span, dict(j.ettr.buckets))
+        if j.gpus is not None and j.ended is None:
+            # still running at the end: the work since its last restore point is not yet safe
+            # (what a fault at the end would lose: the simulator's _save, the same rule)
+            keep = 1 - j.stall_fraction - j.overhead
+            acc.add("lost_work", unsaved_s(end, j.run_start, None, every=j.rollback) * keep)
         if j.waiting_since is not None:
-            losses["waiting"] += end - j.waiting_since
-        lost = min(sum(losses.values()), span)
+            acc.add("waiting", end - j.waiting_since)
         ettr_jobs.append(
             {
                 "id": j.spec.id,
                 "gpus": j.spec.gpus,
                 "wall_s": round(span, 1),
-                "ettr": round((span - lost) / span, 5),
+                "ettr": round(acc.ratio, 5),
                 "interruptions": j.interruptions,
-                **{f"{k}_s": round(v, 1) for k, v in losses.items()},
+                **{f"{k}_s": round(v, 1) for k, v in acc.buckets.items()},
             }
         )
-        for k in BUCKETS:
-            totals[k] += losses[k] * j.spec.gpus
-        wall_total += span * j.spec.gpus
-    return ettr_jobs, totals, wall_total
+        weighted.append(acc.weighted(j.spec.gpus))
+    return ettr_jobs, Ettr.total(weighted)
 
 
 def summarize(self, wall: float) -> dict:
@@ -79,7 +74,7 @@ def summarize(self, wall: float) -> dict:
     started = [j for j in self.jobs.values() if j.first_admit is not None]
     arrived = [j for j in self.jobs.values() if j.spec.arrival <= end]
     pending_time = _pending_time(started, arrived)
-    ettr_jobs, totals, wall_total = _training_ettr(started, end)
+    ettr_jobs, total = _training_ettr(started, end)
     outcomes = Counter(j.spec.outcome for j in self.jobs.values() if j.ended is not None)
     alloc = [s["allocated"] / gpus for s in self.samples]
     busy = [s["busy"] / gpus for s in self.samples]
@@ -108,8 +103,8 @@ def summarize(self, wall: float) -> dict:
         "pending_time_by_size": pending_time,
         "ettr": {
             "jobs": len(ettr_jobs),
-            "gpu_weighted": round(1 - sum(totals.values()) / wall_total, 5) if wall_total else None,
-            "loss_share": {k: round(v / wall_total, 5) for k, v in totals.items()} if wall_total else {},
+            "gpu_weighted": round(total.ratio, 5) if total.ratio is not None else None,
+            "loss_share": {k: round(v, 5) for k, v in total.shares().items()} if total.wall_s else {},
         },
         "faults": {
             "total": sum(self.faults.values()),

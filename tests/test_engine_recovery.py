@@ -39,10 +39,21 @@ def test_an_application_fault_restarts_in_place():
     owned = np.zeros(lay.topo.num_gpus, dtype=bool)
     owned[job] = True
     plan = plan_recovery(
-        lay, job, job[:1], classify_xid(13), owned=owned, policy=CheckpointKind.TRIGGERED, triggered_ok=True
+        lay, job, job[:0], classify_xid(13), owned=owned, policy=CheckpointKind.TRIGGERED, triggered_ok=True
     )
     assert plan.outcome == "restart_in_place" and plan.triggered_checkpoint is True
     assert len(plan.replacement_gpus) == 0
+
+
+def test_an_application_fault_on_a_lemon_moves_the_job_off_it():
+    # the same XID 13, the node's third fault in a week: the verdict takes the node out
+    lay = _layout_with_spares()
+    job = gpus_of_nodes(lay, 0)
+    owned = np.zeros(lay.topo.num_gpus, dtype=bool)
+    owned[job] = True
+    plan = plan_recovery(lay, job, job, classify_xid(13), owned=owned, policy=CheckpointKind.ASYNC)
+    assert plan.outcome == "spare" and set(plan.lost_gpus) == set(job)
+    assert not set(plan.replacement_gpus) & set(job)
 
 
 def test_without_spares_a_healthy_placement_nearby_is_used_then_requeue():
