@@ -1,11 +1,16 @@
 # Two commands for a fresh machine: `make demo` and `make test`. Each creates .venv when missing.
+# `make check` is the quick loop for every edit (lint and the engine's tests, under a minute).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# the suite runs in two processes (pytest-xdist); tests that start whole stacks run one at a time
+TEST_PROCESSES ?= 2
+CHECK_TESTS ?= tests/test_engine_*.py tests/test_lifecycle_table.py tests/test_glossary.py \
+	tests/test_import_layers.py tests/test_steptime.py tests/test_network.py
 
-.PHONY: demo test lint bench clean-venv
+.PHONY: demo test check lint bench clean-venv
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,7 +30,12 @@ test: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) manage.py makemigrations --check --dry-run
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadgroup $(PYTEST_ARGS)
+
+check: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m pytest -q $(CHECK_TESTS) $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check --fix .

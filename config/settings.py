@@ -21,6 +21,27 @@ from config.env import (
 load_secret_files()  # MYRIAD_SECRET_KEY_FILE and the like: secrets from mounted files
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _separate_test_worker(environ=os.environ) -> None:
+    """Parallel test processes (pytest-xdist names each one in PYTEST_XDIST_WORKER, gw0, gw1 ...)
+    each get a data folder (SQLite file, embedded broker) and a Redis database of their own, so no
+    two share a live store, a cache or a queue. The choice is written back to the environment, so
+    the processes a test starts use the same ones; they do not move again."""
+    worker = environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not worker[2:].isdigit() or environ.get("MYRIAD_TEST_WORKER"):
+        return
+    index = int(worker[2:])
+    environ["MYRIAD_TEST_WORKER"] = worker
+    environ["MYRIAD_DATA_DIR"] = str(Path(environ.get("MYRIAD_DATA_DIR", str(BASE_DIR / "var"))) / worker)
+    url = environ.get("MYRIAD_REDIS_URL", "")
+    if url.startswith("redis://") and index:
+        base, _, db = url.rpartition("/")
+        if db.isdigit() and base != "redis:/":  # redis://host:port/DB: the databases below DB
+            environ["MYRIAD_REDIS_URL"] = f"{base}/{int(db) - index}"
+
+
+_separate_test_worker()
 DATA_DIR = Path(env_str("MYRIAD_DATA_DIR", str(BASE_DIR / "var")))
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 

@@ -54,7 +54,24 @@ SMALL_TOPOLOGY = {
 }
 
 
+# Tests that start a whole stack, real servers or agents: under pytest-xdist (`make test` runs two
+# processes) they run one after another in one process, so two stacks never share a Redis database,
+# a copied PostgreSQL database or the machine's two cores; the rest run beside them.
+ONE_AT_A_TIME = {
+    "test_browser.py",
+    "test_real_nodes.py",
+    "test_multi_process.py",
+    "test_own_faults.py",
+    "test_prometheus.py",
+    "test_live_dashboard.py",
+    "test_scheduling_concurrency.py",
+}
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in ONE_AT_A_TIME:
+            item.add_marker(pytest.mark.xdist_group("stack"))
     on_postgres = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
     skip_pg = pytest.mark.skip(reason="needs PostgreSQL: set MYRIAD_DATABASE_URL")
     skip_redis = pytest.mark.skip(reason="needs Redis: set MYRIAD_REDIS_URL")
