@@ -5,8 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
-# the suite runs in two processes (pytest-xdist); tests that start whole stacks run one at a time
-TEST_PROCESSES ?= 2
+# TEST_PROCESSES=2 runs the suite in two processes (pytest-xdist; tests that start whole stacks run
+# one at a time in one of them). The default is one process: on PostgreSQL and Redis the two-process
+# run still fails stack tests (docs/testing.md).
+TEST_PROCESSES ?= 1
 CHECK_TESTS ?= tests/test_engine_*.py tests/test_lifecycle_table.py tests/test_glossary.py \
 	tests/test_import_layers.py tests/test_steptime.py tests/test_network.py
 
@@ -30,7 +32,7 @@ test: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) manage.py makemigrations --check --dry-run
-	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 1,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadgroup) $(PYTEST_ARGS)
 
 check: $(VENV)/.installed
 	$(PY) -m ruff check .
