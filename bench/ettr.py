@@ -28,18 +28,19 @@ from bench._backends import print_table
 from engine import tiers
 from engine.checkpoint import CheckpointKind
 from engine.physics import Physics
+from engine.policy import CheckpointPolicy
 from sim.progress import localization_stats
-from sim.reliability import BUCKETS, DAY, RunPolicy, simulate_training
+from sim.reliability import BUCKETS, DAY, simulate_training
 
 POLICIES = {
-    "periodic_1h": RunPolicy("periodic 1 h (sync)", CheckpointKind.PERIODIC, 3600),
-    "async_30m": RunPolicy("async 30 min", CheckpointKind.ASYNC, 1800),
-    "triggered_30m": RunPolicy("triggered + async 30 min", CheckpointKind.TRIGGERED, 1800),
-    "auto": RunPolicy("auto (async, Daly interval)", CheckpointKind.ASYNC, None),
-    "triggered_auto": RunPolicy("triggered + auto", CheckpointKind.TRIGGERED, None),
+    "periodic_1h": CheckpointPolicy(CheckpointKind.PERIODIC, 3600, name="periodic 1 h (sync)"),
+    "async_30m": CheckpointPolicy(CheckpointKind.ASYNC, 1800, name="async 30 min"),
+    "triggered_30m": CheckpointPolicy(CheckpointKind.TRIGGERED, 1800, name="triggered + async 30 min"),
+    "auto": CheckpointPolicy(CheckpointKind.ASYNC, None, name="auto (async, Daly interval)"),
+    "triggered_auto": CheckpointPolicy(CheckpointKind.TRIGGERED, None, name="triggered + auto"),
     **{
-        tier: RunPolicy(
-            f"triggered + auto, {tier.replace('_', ' ')}", CheckpointKind.TRIGGERED, None, tier=tier
+        tier: CheckpointPolicy(
+            CheckpointKind.TRIGGERED, None, tier=tier, name=f"triggered + auto, {tier.replace('_', ' ')}"
         )
         for tier in tiers.TIERS[1:]
     },
@@ -73,14 +74,18 @@ def measure(gpus, params, policy, days, seeds, **kw) -> dict:
 
 
 def fidelity(seeds: int) -> tuple[list[tuple], dict]:
-    llama = measure(16_384, 405e9, RunPolicy("periodic sync, Daly", CheckpointKind.PERIODIC, None), 54, seeds)
-    replica = RunPolicy(
-        "replica groups", CheckpointKind.TRIGGERED, None, tier=tiers.RecoveryTier.REPLICA_GROUPS
+    llama = measure(
+        16_384, 405e9, CheckpointPolicy(CheckpointKind.PERIODIC, None, name="periodic sync, Daly"), 54, seeds
+    )
+    replica = CheckpointPolicy(
+        CheckpointKind.TRIGGERED, None, tier=tiers.RecoveryTier.REPLICA_GROUPS, name="replica groups"
     )
     torchft = measure(16_384, 405e9, replica, 7, seeds)
     step = tiers.step_seconds(405e9, 16_384)
-    remote = measure(128, 100e9, RunPolicy("remote", CheckpointKind.PERIODIC, None), 60, max(seeds, 5))
-    memory = RunPolicy("in memory", CheckpointKind.ASYNC, None, tier=tiers.RecoveryTier.IN_MEMORY)
+    remote = measure(
+        128, 100e9, CheckpointPolicy(CheckpointKind.PERIODIC, None, name="remote"), 60, max(seeds, 5)
+    )
+    memory = CheckpointPolicy(CheckpointKind.ASYNC, None, tier=tiers.RecoveryTier.IN_MEMORY, name="in memory")
     gemini = measure(128, 100e9, memory, 60, max(seeds, 5))
     speedup = remote["wasted_per_fault"] / max(gemini["wasted_per_fault"], 1e-9)
     rows = [

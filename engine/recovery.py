@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.checkpoint import CheckpointKind
 from engine.faults import Classification
 from engine.physics import Physics
 from engine.placement import LEVELS, FreePool, Layout, level_limit
-from engine.tiers import DEFAULT_REPLICA_GROUPS, RecoveryTier, Step, detection_seconds, recovery_steps
+from engine.policy import NO_POLICY, CheckpointPolicy
+from engine.tiers import Step, detection_seconds, recovery_steps
 
 RecoveryStep = Step  # one step of a recovery: engine.tiers says what each tier does
 
@@ -45,15 +45,6 @@ class RecoveryPlan:
         return sum(s.seconds * s.throughput_lost for s in self.steps if s.throughput_lost < 1.0)
 
 
-@dataclass(frozen=True)
-class TierChoice:
-    """The recovery tier a job runs under (engine.tiers) and what it needs to plan with it."""
-
-    tier: str = RecoveryTier.RESTART
-    step_s: float = 0.0
-    groups: int = DEFAULT_REPLICA_GROUPS
-
-
 def _steps(
     c: Classification,
     gpus: int,
@@ -61,17 +52,18 @@ def _steps(
     from_memory: bool,
     moved: bool,
     physics: Physics,
-    choice: TierChoice,
+    policy: CheckpointPolicy,
+    step_s: float,
 ) -> list[RecoveryStep]:
     return recovery_steps(
         c,
-        choice.tier,
+        policy.tier,
         gpus=gpus,
         state=state_bytes,
         from_memory=from_memory,
         moved=moved,
-        step_s=choice.step_s,
-        groups=choice.groups,
+        step_s=step_s,
+        replica_groups=policy.replica_groups,
         ph=physics,
     )
 
@@ -84,14 +76,14 @@ def plan_recovery(
     *,
     owned: np.ndarray,
     topology: str = "datacenter",
-    policy: CheckpointKind | None = None,
+    policy: CheckpointPolicy | None = None,
     triggered_ok: bool | None = None,
     state_bytes: float = 0.0,
     physics: Physics | None = None,
     min_gpus: int | None = None,
     size_step: int = 1,
     yielding: np.ndarray | None = None,
-    tier: TierChoice | None = None,
+    step_s: float = 0.0,
 ) -> RecoveryPlan:
     """Plan the recovery of one job.
 
@@ -100,22 +92,22 @@ def plan_recovery(
     ``owned``: a mask of GPUs held by any job (this one included). ``triggered_ok``: whether the
     triggered save succeeded (the caller draws it; None when the policy has no triggered save or
     memory is unreadable). ``yielding``: a mask of spare GPUs held by jobs that borrowed them;
-    recovery may take them (free spares first), and the caller preempts their jobs. ``tier``: the
-    job's recovery tier (restart when not given), which sets how long detection and each step take.
+    recovery may take them (free spares first), and the caller preempts their jobs. ``policy``: the
+    job's checkpoint policy (engine.policy; none given: no checkpoints, the restart tier), whose
+    kind says what it restores from and whose tier how long detection and each step take;
+    ``step_s``: the job's training step.
     """
     ph = physics or Physics()
-    tier = tier or TierChoice()
+    policy = policy or NO_POLICY
     topo = layout.topo
     job_gpus = np.asarray(job_gpus, dtype=np.int64)
     lost = np.intersect1d(job_gpus, np.asarray(faulty, dtype=np.int64))
     if not classification.interrupts_job:
         return RecoveryPlan("none", lost[:0], lost[:0], (), None, "the fault does not interrupt the job")
-    from_memory = policy in (CheckpointKind.ASYNC, CheckpointKind.TRIGGERED)
-    triggered = (
-        triggered_ok if policy == CheckpointKind.TRIGGERED and classification.memory_readable else None
-    )
+    from_memory = policy.saves_from_memory
+    triggered = triggered_ok if policy.triggered and classification.memory_readable else None
     if len(lost) == 0:  # nothing the job runs on left service: it restarts where it is
-        steps = _steps(classification, len(job_gpus), state_bytes, from_memory, False, ph, tier)
+        steps = _steps(classification, len(job_gpus), state_bytes, from_memory, False, ph, policy, step_s)
         return RecoveryPlan(
             "restart_in_place",
             lost[:0],
@@ -129,7 +121,9 @@ def plan_recovery(
     chip = int(topo.gpu_chip[job_gpus[0]])
     kept = np.setdiff1d(job_gpus, lost)
     c, memory = classification, from_memory
-    ctx = _Ctx(layout, job_gpus, lost, kept, chip, usable, c, state_bytes, memory, triggered, ph, tier)
+    ctx = _Ctx(
+        layout, job_gpus, lost, kept, chip, usable, c, state_bytes, memory, triggered, ph, policy, step_s
+    )
     plan = (
         _from_spares(ctx, np.asarray(faulty, dtype=np.int64), yielding)
         or _from_healthy(ctx, level_limit(topology))
@@ -137,7 +131,7 @@ def plan_recovery(
     )
     if plan is not None:
         return plan
-    detect = detection_seconds(classification, tier.tier, tier.step_s)
+    detect = detection_seconds(classification, policy.tier, step_s)
     steps = [RecoveryStep("detect", detect, classification.description)]
     return RecoveryPlan(
         "requeue",
@@ -162,11 +156,19 @@ class _Ctx:
     from_memory: bool
     triggered: bool | None
     ph: Physics
-    tier: TierChoice
+    policy: CheckpointPolicy
+    step_s: float
 
     def plan(self, outcome: str, dropped, replacements, gpus: int, reason: str) -> RecoveryPlan:
         steps = _steps(
-            self.classification, gpus, self.state_bytes, self.from_memory, True, self.ph, self.tier
+            self.classification,
+            gpus,
+            self.state_bytes,
+            self.from_memory,
+            True,
+            self.ph,
+            self.policy,
+            self.step_s,
         )
         return RecoveryPlan(outcome, dropped, replacements, tuple(steps), self.triggered, reason)
 

@@ -116,16 +116,16 @@ def in_memory_interval(
     return max(step_s, copy_s / tp.in_memory_nic_share)
 
 
-def replica_group_gpus(gpus: int, groups: int) -> int:
-    return max(1, gpus // max(groups, 1))
+def replica_group_gpus(gpus: int, replica_groups: int) -> int:
+    return max(1, gpus // max(replica_groups, 1))
 
 
-def rejoin_seconds(state: float, gpus: int, groups: int, ph: Physics | None = None) -> float:
+def rejoin_seconds(state: float, gpus: int, replica_groups: int, ph: Physics | None = None) -> float:
     """A replacement node and the rest of its group back in the job: choose the node, start its
     processes, build the group's communicators, copy the group's shard of the state from a peer
     group over one NIC."""
     ph = ph or Physics()
-    group = replica_group_gpus(gpus, groups)
+    group = replica_group_gpus(gpus, replica_groups)
     copy = shard_bytes_per_node(state, group) / (ph.peer_load_gbps * 1e9)
     return ph.reschedule_s + ph.process_start_s + ph.comm_init_s(group) + copy
 
@@ -147,7 +147,7 @@ def recovery_steps(
     from_memory: bool,
     moved: bool,
     step_s: float,
-    groups: int = DEFAULT_REPLICA_GROUPS,
+    replica_groups: int = DEFAULT_REPLICA_GROUPS,
     ph: Physics | None = None,
     tp: TierPhysics | None = None,
 ) -> list[Step]:
@@ -156,13 +156,14 @@ def recovery_steps(
     triggered policies)."""
     ph, tp = ph or Physics(), tp or TierPhysics()
     steps = [Step("detect", detection_seconds(c, tier, step_s, tp), c.description)]
-    if has(tier, RecoveryTier.REPLICA_GROUPS) and gpus >= 2 * groups and groups >= 2:
+    r = replica_groups
+    if has(tier, RecoveryTier.REPLICA_GROUPS) and gpus >= 2 * r and r >= 2:
         steps.append(
             Step(
                 "rejoin",
-                rejoin_seconds(state, gpus, groups, ph),
-                f"the group rejoins from a peer group; the others train at {groups - 1}/{groups}",
-                throughput_lost=1.0 / groups,
+                rejoin_seconds(state, gpus, r, ph),
+                f"the group rejoins from a peer group; the others train at {r - 1}/{r}",
+                throughput_lost=1.0 / r,
             )
         )
         return steps
@@ -199,12 +200,12 @@ def rollback_interval(
     state: float,
     gpus: int,
     step_s: float,
-    groups: int = DEFAULT_REPLICA_GROUPS,
+    replica_groups: int = DEFAULT_REPLICA_GROUPS,
     ph: Physics | None = None,
 ) -> float:
     """How far apart the points a fault can roll back to are: one step with replica groups, an
     in-memory copy, else a checkpoint."""
-    if has(tier, RecoveryTier.REPLICA_GROUPS) and gpus >= 2 * groups and groups >= 2:
+    if has(tier, RecoveryTier.REPLICA_GROUPS) and gpus >= 2 * replica_groups and replica_groups >= 2:
         return step_s
     if has(tier, RecoveryTier.IN_MEMORY):
         return min(checkpoint_interval, in_memory_interval(state, gpus, step_s, ph))
@@ -224,7 +225,7 @@ def costs(
     *,
     parameters: float,
     gpus: int,
-    groups: int = DEFAULT_REPLICA_GROUPS,
+    replica_groups: int = DEFAULT_REPLICA_GROUPS,
     ph: Physics | None = None,
     tp: TierPhysics | None = None,
 ) -> dict[str, float]:
@@ -247,17 +248,17 @@ def costs(
         out["in_memory_interval_s"] = round(interval, 2)
         out["nic_share"] = round(copy_s / interval, 4)
     if has(tier, RecoveryTier.REPLICA_GROUPS):
-        out["replica_groups"] = groups
-        out["replica_group_gpus"] = replica_group_gpus(gpus, groups)
-        out["rejoin_s"] = round(rejoin_seconds(state, gpus, groups, ph), 1)
+        out["replica_groups"] = replica_groups
+        out["replica_group_gpus"] = replica_group_gpus(gpus, replica_groups)
+        out["rejoin_s"] = round(rejoin_seconds(state, gpus, replica_groups, ph), 1)
     return out
 
 
-def validate_groups(groups: int, gpus: int | None = None) -> None:
+def validate_replica_groups(replica_groups: int, gpus: int | None = None) -> None:
     """A replica-group count the job can run: at least 2, and each group at least one node."""
-    if groups < 2:
+    if replica_groups < 2:
         raise ValueError("replica_groups must be at least 2")
-    if gpus is not None and replica_group_gpus(gpus, groups) < 8 and gpus >= 16:
-        raise ValueError(f"replica_groups {groups} leaves groups under one node of {gpus} GPUs")
-    if groups > 4096:
+    if gpus is not None and replica_group_gpus(gpus, replica_groups) < 8 and gpus >= 16:
+        raise ValueError(f"replica_groups {replica_groups} leaves groups under one node of {gpus} GPUs")
+    if replica_groups > 4096:
         raise ValueError("replica_groups must be at most 4096")

@@ -144,9 +144,9 @@ def preview(snap, within: str, now=None, action: str = "drain") -> dict:
 
 def _kind(job):
     """The job's checkpoint kind (its policy's, else its queue's default): whether a drain saves first."""
-    from scheduling.checkpoints import policy_kind
+    from scheduling.checkpoints import job_policy
 
-    return policy_kind(job)[0]
+    return job_policy(job).kind
 
 
 def drain(snap, within: str, *, actor: str, reason: str, grace_s: int = 0, action: str = "drain") -> dict:

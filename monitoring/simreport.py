@@ -18,11 +18,12 @@ from engine.checkpoint import CheckpointKind
 from engine.chips import BY_NAME
 from engine.ettr import ETTR_BUCKETS
 from engine.network import datacenter_links
+from engine.policy import CheckpointPolicy
 from engine.presets import PRESETS, preset_document
 from engine.synthetic import snapshot_from_spec
-from engine.tiers import DEFAULT_REPLICA_GROUPS, RecoveryTier, validate_groups
+from engine.tiers import DEFAULT_REPLICA_GROUPS, RecoveryTier, validate_replica_groups
 from engine.topology_spec import parse_topology
-from sim.config import CheckpointChoice, SimConfig
+from sim.config import SimConfig
 from sim.simulation import Simulation
 from sim.workload import default_services, generate, load_workload
 
@@ -45,11 +46,11 @@ def parse_config(text: str) -> dict:
         try:
             if key == "checkpoint":
                 kind, _, interval = value.partition(":")
-                settings[key] = CheckpointChoice(CheckpointKind(kind), float(interval) if interval else None)
+                settings[key] = CheckpointPolicy(CheckpointKind(kind), float(interval) if interval else None)
             elif key == "tier":
                 tier, _, groups = value.partition(":")
                 settings[key] = (RecoveryTier(tier), int(groups) if groups else DEFAULT_REPLICA_GROUPS)
-                validate_groups(settings[key][1])
+                validate_replica_groups(settings[key][1])
             elif key == "spares":
                 settings[key] = int(value)
             else:

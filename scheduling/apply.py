@@ -13,7 +13,7 @@ from cluster.models import ChipType
 from cluster.services import mark_drained
 from engine.workload import CycleResult
 from scheduling.bulk import update_rows
-from scheduling.checkpoints import policy_kind
+from scheduling.checkpoints import job_policy
 from scheduling.choices import EventKind, JobState
 from scheduling.models import Checkpoint, Job, JobEvent
 from scheduling.plans import plan_for, plan_summary, resize_job
@@ -214,7 +214,7 @@ def apply_preemptions(preemptions, now: datetime) -> list[JobEvent]:
     events, checkpoints = [], []
     for job in jobs:
         p = victims[job.pk]
-        kind, _ = policy_kind(job)
+        kind = job_policy(job).kind
         outcome, checkpoint = stop_job(job, now, kind)
         if checkpoint is not None:
             checkpoints.append(checkpoint)

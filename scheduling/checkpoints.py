@@ -5,35 +5,22 @@ from __future__ import annotations
 
 from django.utils import timezone
 
-from engine import tiers
 from engine.checkpoint import CheckpointKind, recommend, stall_seconds
 from engine.faults import XID_DETECTION_S
 from engine.lifecycle import checkpoint_bytes
 from engine.physics import Physics
-from engine.recovery import TierChoice
+from engine.policy import NO_POLICY, CheckpointPolicy
 from scheduling.models import Job
 
 PHYSICS = Physics()
 MEASURED_AFTER = 3  # faults before the job's own MTBF replaces the default physics
 
 
-def policy_kind(job: Job) -> tuple[CheckpointKind | None, float]:
-    """The job's checkpoint policy kind (its own, else its queue's default) and the success
-    probability of a triggered save."""
+def job_policy(job: Job) -> CheckpointPolicy:
+    """The job's checkpoint policy (its own, else its queue's default; none: no checkpoints) as
+    the engine reads it."""
     policy = job.effective_checkpoint_policy
-    if policy is None:
-        return None, 0.95
-    return CheckpointKind(policy.kind), policy.triggered_success
-
-
-def policy_tier(job: Job, step_s: float | None = None) -> TierChoice:
-    """The recovery tier of the job's checkpoint policy (restart without one), for the planner."""
-    policy = job.effective_checkpoint_policy
-    if step_s is None:
-        step_s = tiers.step_seconds(job.parameters or 0.0, job.gpus)
-    if policy is None:
-        return TierChoice(step_s=step_s)
-    return TierChoice(policy.recovery_tier, step_s, policy.replica_groups)
+    return policy.value if policy is not None else NO_POLICY
 
 
 def job_mtbf(job: Job) -> tuple[float, str]:

@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models import Q
 
 from cluster.models import GPU, ChipType, Node
-from engine.tiers import DEFAULT_REPLICA_GROUPS
+from engine import policy as checkpoint_policy
 from engine.workload import DEFAULT_HEAD_WAIT_S
 from scheduling.choices import (
     CheckpointKind,
@@ -40,6 +40,9 @@ class Cohort(models.Model):
         return self.name
 
 
+_DEFAULT_POLICY = checkpoint_policy.CheckpointPolicy()
+
+
 class CheckpointPolicy(models.Model):
     """How a job saves its state: periodic (synchronous), asynchronous, or triggered at a fault with
     a periodic asynchronous fallback. An empty interval means "auto": the Young/Daly interval from
@@ -48,21 +51,23 @@ class CheckpointPolicy(models.Model):
 
     name = models.SlugField(max_length=64, unique=True)
     description = models.TextField(blank=True)
-    kind = models.CharField(max_length=16, choices=CheckpointKind.choices, default=CheckpointKind.ASYNC)
+    kind = models.CharField(max_length=16, choices=CheckpointKind.choices, default=_DEFAULT_POLICY.kind)
     interval_s = models.FloatField(
         null=True, blank=True, help_text="Seconds between checkpoints; empty: auto"
     )
     triggered_success = models.FloatField(
-        default=0.95, help_text="Probability that a triggered save succeeds when GPU memory is readable"
+        default=_DEFAULT_POLICY.triggered_success,
+        help_text="Probability that a triggered save succeeds when GPU memory is readable",
     )
     recovery_tier = models.CharField(
         max_length=16,
         choices=RecoveryTier.choices,
-        default=RecoveryTier.RESTART,
+        default=_DEFAULT_POLICY.tier,
         help_text="How a fault is found and recovered from; each tier includes the ones before",
     )
     replica_groups = models.PositiveIntegerField(
-        default=DEFAULT_REPLICA_GROUPS, help_text="Data-parallel replica groups, for the replica-groups tier"
+        default=_DEFAULT_POLICY.replica_groups,
+        help_text="Data-parallel replica groups, for the replica-groups tier",
     )
     cordon_stragglers = models.BooleanField(
         default=False, help_text="Cordon a node found slowing its job (a straggler) until an operator looks"
@@ -86,6 +91,33 @@ class CheckpointPolicy(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def value(self) -> checkpoint_policy.CheckpointPolicy:
+        """The policy as the engine and both simulators read it (engine.policy)."""
+        return checkpoint_policy.CheckpointPolicy(
+            kind=CheckpointKind(self.kind),
+            interval_s=self.interval_s,
+            triggered_success=self.triggered_success,
+            tier=RecoveryTier(self.recovery_tier),
+            replica_groups=self.replica_groups,
+            name=self.name,
+        )
+
+    @staticmethod
+    def fields_of(value: checkpoint_policy.CheckpointPolicy) -> dict:
+        """The model's fields for an engine policy (its name aside)."""
+        return {
+            "kind": value.kind.value if value.kind else _DEFAULT_POLICY.kind.value,
+            "interval_s": value.interval_s,
+            "triggered_success": value.triggered_success,
+            "recovery_tier": str(value.tier),
+            "replica_groups": value.replica_groups,
+        }
+
+    @classmethod
+    def from_value(cls, value: checkpoint_policy.CheckpointPolicy, **fields) -> CheckpointPolicy:
+        return cls(name=value.name, **cls.fields_of(value), **fields)
 
 
 class Queue(models.Model):

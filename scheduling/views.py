@@ -18,6 +18,7 @@ from cluster.pages import flat_errors, operator_page, viewer_page
 from cluster.roles import is_operator
 from engine.inference import LoadProfile
 from engine.lifecycle import operator_actions
+from engine.policy import CheckpointPolicy as EnginePolicy
 from scheduling.api.serializers import JobDetailSerializer
 from scheduling.choices import ACTIVE_STATES, JobKind, JobState
 from scheduling.ettr import BUCKETS as ETTR_BUCKETS
@@ -276,7 +277,7 @@ def _policy_rows():
             for label, params, gpus in REFERENCE_JOBS
         ]
         label, params, gpus = REFERENCE_JOBS[-1]
-        cost = tiers.costs(p.recovery_tier, parameters=params, gpus=gpus, groups=p.replica_groups)
+        cost = tiers.costs(p.recovery_tier, parameters=params, gpus=gpus, replica_groups=p.replica_groups)
         rows.append(
             {"policy": p, "refs": refs, "running": running.get(p.pk, 0), "cost": cost, "cost_for": label}
         )
@@ -322,9 +323,7 @@ def policy_edit(request, pk: int | None = None):
         errors = flat_errors(serializer.errors)
     else:
         form = (
-            {f: getattr(policy, f) for f in fields}
-            if policy
-            else {"kind": "async", "triggered_success": 0.95, "recovery_tier": "restart", "replica_groups": 8}
+            {f: getattr(policy, f) for f in fields} if policy else CheckpointPolicy.fields_of(EnginePolicy())
         )
     return render(
         request,

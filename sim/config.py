@@ -8,25 +8,15 @@ from dataclasses import dataclass, field
 from engine.checkpoint import CheckpointKind, daly_interval, stall_seconds
 from engine.lifecycle import checkpoint_bytes
 from engine.physics import Physics
+from engine.policy import CheckpointPolicy
 from engine.scheduler import SchedulerConfig
 from engine.tiers import (
-    DEFAULT_REPLICA_GROUPS,
-    RecoveryTier,
     coordination_share,
     rollback_interval,
     step_seconds,
 )
 from engine.workload import QueueSpec
 from sim.fleet import FleetConfig
-
-
-@dataclass(frozen=True)
-class CheckpointChoice:
-    kind: CheckpointKind = CheckpointKind.ASYNC
-    interval_s: float | None = None  # None: Daly's optimum for the job
-    triggered_success: float = 0.95
-    tier: str = RecoveryTier.RESTART  # engine.tiers
-    replica_groups: int = DEFAULT_REPLICA_GROUPS
 
 
 @dataclass(frozen=True)
@@ -38,7 +28,7 @@ class JobTiming:
     overhead: float  # of the run's time, given to the replica groups' quorum
 
 
-def job_timing(choice: CheckpointChoice, parameters: float | None, size: int, ph: Physics) -> JobTiming:
+def job_timing(choice: CheckpointPolicy, parameters: float | None, size: int, ph: Physics) -> JobTiming:
     """A job's checkpoint interval (Daly's when auto) and stall at its size, and where its tier
     lets a fault roll back to."""
     state = checkpoint_bytes(parameters, ph)
@@ -53,7 +43,7 @@ def job_timing(choice: CheckpointChoice, parameters: float | None, size: int, ph
         tau = max(tau, write)
     interval = max(tau, 1.0)
     step_s = max(1.0, step_seconds(parameters or 0.0, size))
-    kw = {"state": state, "gpus": size, "step_s": step_s, "groups": choice.replica_groups, "ph": ph}
+    kw = {"state": state, "gpus": size, "step_s": step_s, "replica_groups": choice.replica_groups, "ph": ph}
     rollback = max(1.0, rollback_interval(choice.tier, interval, **kw))
     grouped = size >= 2 * choice.replica_groups
     overhead = coordination_share(choice.tier, step_s) if grouped else 0.0
@@ -66,7 +56,7 @@ class SimConfig:
     seed: int = 0
     cycle_period_s: float = 300.0
     sample_period_s: float = 3600.0
-    checkpoint: CheckpointChoice = field(default_factory=CheckpointChoice)
+    checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     physics: Physics = field(default_factory=Physics)
     fleet: FleetConfig = field(default_factory=FleetConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -31,19 +31,10 @@ from engine.checkpoint import CheckpointKind, daly_interval, stall_seconds
 from engine.ettr import ETTR_BUCKETS, Ettr
 from engine.lifecycle import Verdict, checkpoint_bytes, judge, unsaved_s
 from engine.physics import Physics
+from engine.policy import CheckpointPolicy
 
 DAY = 86_400.0
 BUCKETS = ETTR_BUCKETS
-
-
-@dataclass(frozen=True)
-class RunPolicy:
-    name: str
-    kind: CheckpointKind
-    interval_s: float | None  # None: auto (Daly, never shorter than the durable write)
-    triggered_success: float = 0.95
-    tier: str = tiers.RecoveryTier.RESTART
-    replica_groups: int = tiers.DEFAULT_REPLICA_GROUPS
 
 
 @dataclass
@@ -98,7 +89,7 @@ class RunReport:
 def simulate_training(
     gpus: int,
     parameters: float,
-    policy: RunPolicy,
+    policy: CheckpointPolicy,
     *,
     days: float = 7.0,
     seed: int = 0,
@@ -137,13 +128,15 @@ class _TrainingRun:
         self.interval = self._interval()
         self.tier = tiers.RecoveryTier(policy.tier)
         self.step_s = tiers.step_seconds(parameters, gpus)
-        self.groups = policy.replica_groups
-        self.replicas = tiers.has(self.tier, tiers.RecoveryTier.REPLICA_GROUPS) and gpus >= 2 * self.groups
+        self.replica_groups = policy.replica_groups
+        self.replicas = (
+            tiers.has(self.tier, tiers.RecoveryTier.REPLICA_GROUPS) and gpus >= 2 * self.replica_groups
+        )
         self.in_memory = tiers.has(self.tier, tiers.RecoveryTier.IN_MEMORY)
         self.copy_interval = tiers.in_memory_interval(self.state, gpus, self.step_s, ph)
         self.coordination = tiers.coordination_share(self.tier, self.step_s) if self.replicas else 0.0
         self.groups_back: list[float] = []  # when each replica group that is out rejoins
-        self.report = RunReport(policy.name, gpus, Ettr(), interval_s=self.interval, tier=self.tier)
+        self.report = RunReport(policy.label, gpus, Ettr(), interval_s=self.interval, tier=self.tier)
         self.buckets = self.report.account.buckets
         self.t = 0.0
         self.resumed_at = 0.0  # when training last (re)started: in-memory copies and steps count from it
@@ -179,7 +172,9 @@ class _TrainingRun:
             upto = min(back, end)
             if upto > at:
                 share = (
-                    (self.groups - len([b for b in out if b > at])) / self.groups if self.replicas else 1.0
+                    (self.replica_groups - len([b for b in out if b > at])) / self.replica_groups
+                    if self.replicas
+                    else 1.0
                 )
                 done += (upto - at) * share * (1.0 - self.coordination)
                 at = upto
@@ -272,7 +267,7 @@ class _TrainingRun:
             from_memory=from_memory,
             moved=moved,
             step_s=self.step_s,
-            groups=self.groups,
+            replica_groups=self.replica_groups,
             ph=self.ph,
         )
         restart = sum(s.seconds for s in steps if s.name != "detect" and s.throughput_lost == 1.0)
@@ -293,7 +288,7 @@ class _TrainingRun:
         self.t += detection
         self.buckets["detection"] += detection
         available = self._swap(victim_pos, victim, v) if moved else self.t
-        rejoin = tiers.rejoin_seconds(self.state, self.gpus, self.groups, self.ph)
+        rejoin = tiers.rejoin_seconds(self.state, self.gpus, self.replica_groups, self.ph)
         self.groups_back.append(max(available, self.t) + rejoin)
         self.resumed_at = self.t
 

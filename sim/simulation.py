@@ -33,7 +33,7 @@ from engine.invariants import check_cycle
 from engine.lifecycle import Verdict, checkpoint_bytes, judge, saves_on_demand, unsaved_s
 from engine.network import Network
 from engine.placement import Layout
-from engine.recovery import TierChoice, plan_recovery
+from engine.recovery import plan_recovery
 from engine.scheduler import schedule
 from engine.states import (
     NODE_STATE_CODE,
@@ -428,14 +428,14 @@ class Simulation:
             c,
             owned=self.owner >= 0,
             topology=spec.topology,
-            policy=choice.kind,
-            triggered_ok=saved_by_trigger if choice.kind == CheckpointKind.TRIGGERED else None,
+            policy=choice,
+            triggered_ok=saved_by_trigger if choice.triggered else None,
             state_bytes=checkpoint_bytes(spec.parameters, self.ph),
             physics=self.ph,
             min_gpus=spec.min_gpus,
             size_step=spec.size_step,
             yielding=self._yielding(),
-            tier=TierChoice(choice.tier, job.step_s, choice.replica_groups),
+            step_s=job.step_s,
         )
         detection = plan.steps[0].seconds
         job.ettr.add("detection", detection)

@@ -7,7 +7,8 @@ import pytest
 from engine.checkpoint import CheckpointKind, daly_interval, expected_ettr, recommend, young_interval
 from engine.faults import Action, Scope, classify, classify_xid
 from engine.physics import Physics
-from sim.reliability import BUCKETS, RunPolicy, simulate_training
+from engine.policy import CheckpointPolicy
+from sim.reliability import BUCKETS, simulate_training
 
 
 @pytest.mark.parametrize(
@@ -68,7 +69,9 @@ def test_young_and_daly_intervals():
 
 
 def test_the_loss_buckets_and_productive_time_add_up_to_the_wall_time():
-    report = simulate_training(2048, 70e9, RunPolicy("async", CheckpointKind.ASYNC, 900), days=20, seed=3)
+    report = simulate_training(
+        2048, 70e9, CheckpointPolicy(CheckpointKind.ASYNC, 900, name="async"), days=20, seed=3
+    )
     assert set(report.buckets) == set(BUCKETS)
     assert report.wall_s == pytest.approx(report.productive_s + sum(report.buckets.values()))
     assert report.interruptions > 0 and report.checkpoints > 0
@@ -76,10 +79,10 @@ def test_the_loss_buckets_and_productive_time_add_up_to_the_wall_time():
 
 def test_the_same_seed_gives_the_same_run():
     a = simulate_training(
-        4096, 70e9, RunPolicy("t", CheckpointKind.TRIGGERED, 600), days=10, seed=11
+        4096, 70e9, CheckpointPolicy(CheckpointKind.TRIGGERED, 600, name="t"), days=10, seed=11
     ).as_dict()
     b = simulate_training(
-        4096, 70e9, RunPolicy("t", CheckpointKind.TRIGGERED, 600), days=10, seed=11
+        4096, 70e9, CheckpointPolicy(CheckpointKind.TRIGGERED, 600, name="t"), days=10, seed=11
     ).as_dict()
     assert a == b
 
@@ -92,7 +95,7 @@ def test_periodic_ettr_matches_the_first_order_formula_over_a_long_run():
     report = simulate_training(
         gpus,
         params,
-        RunPolicy("p", CheckpointKind.PERIODIC, tau),
+        CheckpointPolicy(CheckpointKind.PERIODIC, tau, name="p"),
         days=400,
         seed=7,
         physics=physics,
@@ -107,8 +110,10 @@ def test_periodic_ettr_matches_the_first_order_formula_over_a_long_run():
 
 def test_triggered_checkpoints_save_work_on_readable_faults():
     kw = {"days": 30, "seed": 5, "physics": Physics()}
-    periodic = simulate_training(8192, 405e9, RunPolicy("a", CheckpointKind.ASYNC, 1800), **kw)
-    triggered = simulate_training(8192, 405e9, RunPolicy("t", CheckpointKind.TRIGGERED, 1800), **kw)
+    periodic = simulate_training(8192, 405e9, CheckpointPolicy(CheckpointKind.ASYNC, 1800, name="a"), **kw)
+    triggered = simulate_training(
+        8192, 405e9, CheckpointPolicy(CheckpointKind.TRIGGERED, 1800, name="t"), **kw
+    )
     assert triggered.triggered_saved > 0
     assert triggered.buckets["lost_work"] < periodic.buckets["lost_work"]
     assert triggered.ettr > periodic.ettr
@@ -116,10 +121,10 @@ def test_triggered_checkpoints_save_work_on_readable_faults():
 
 def test_without_spares_the_job_waits_for_repairs():
     report = simulate_training(
-        1024, 7e9, RunPolicy("a", CheckpointKind.ASYNC, 600), days=60, seed=2, spare_nodes=0
+        1024, 7e9, CheckpointPolicy(CheckpointKind.ASYNC, 600, name="a"), days=60, seed=2, spare_nodes=0
     )
     assert report.buckets["waiting"] > 0
     with_spares = simulate_training(
-        1024, 7e9, RunPolicy("a", CheckpointKind.ASYNC, 600), days=60, seed=2, spare_nodes=50
+        1024, 7e9, CheckpointPolicy(CheckpointKind.ASYNC, 600, name="a"), days=60, seed=2, spare_nodes=50
     )
     assert with_spares.buckets["waiting"] == 0

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from engine.checkpoint import CheckpointKind
 from engine.faults import classify, classify_xid
+from engine.policy import CheckpointPolicy
 from engine.recovery import plan_recovery
 from tests.engine_helpers import gpus_of_nodes, layout_for
 
@@ -25,7 +26,13 @@ def test_a_gpu_fault_is_recovered_from_a_spare_in_the_same_pod():
     owned[job] = True
     faulty = gpus_of_nodes(lay, 1)
     plan = plan_recovery(
-        lay, job, faulty, classify_xid(79), owned=owned, policy=CheckpointKind.ASYNC, state_bytes=16 * 7e9
+        lay,
+        job,
+        faulty,
+        classify_xid(79),
+        owned=owned,
+        policy=CheckpointPolicy(CheckpointKind.ASYNC),
+        state_bytes=16 * 7e9,
     )
     assert plan.outcome == "spare"
     assert set(lay.topo.gpu_node[plan.replacement_gpus]) == {3}
@@ -39,7 +46,13 @@ def test_an_application_fault_restarts_in_place():
     owned = np.zeros(lay.topo.num_gpus, dtype=bool)
     owned[job] = True
     plan = plan_recovery(
-        lay, job, job[:0], classify_xid(13), owned=owned, policy=CheckpointKind.TRIGGERED, triggered_ok=True
+        lay,
+        job,
+        job[:0],
+        classify_xid(13),
+        owned=owned,
+        policy=CheckpointPolicy(CheckpointKind.TRIGGERED),
+        triggered_ok=True,
     )
     assert plan.outcome == "restart_in_place" and plan.triggered_checkpoint is True
     assert len(plan.replacement_gpus) == 0
@@ -51,7 +64,9 @@ def test_an_application_fault_on_a_lemon_moves_the_job_off_it():
     job = gpus_of_nodes(lay, 0)
     owned = np.zeros(lay.topo.num_gpus, dtype=bool)
     owned[job] = True
-    plan = plan_recovery(lay, job, job, classify_xid(13), owned=owned, policy=CheckpointKind.ASYNC)
+    plan = plan_recovery(
+        lay, job, job, classify_xid(13), owned=owned, policy=CheckpointPolicy(CheckpointKind.ASYNC)
+    )
     assert plan.outcome == "spare" and set(plan.lost_gpus) == set(job)
     assert not set(plan.replacement_gpus) & set(job)
 

@@ -16,18 +16,20 @@ import pytest
 from django.utils import timezone
 
 from cluster.models import Node
+from engine import policy as checkpoint_policy
 from engine.checkpoint import CheckpointKind
 from engine.physics import Physics
 from monitoring.models import FaultEvent
 from monitoring.services import handle_fault
 from scheduling.models import Allocation, Checkpoint, CheckpointPolicy, Job
-from sim.config import CheckpointChoice, SimConfig
-from sim.reliability import RunPolicy, _TrainingRun
+from sim.config import SimConfig
+from sim.reliability import _TrainingRun
 from sim.simulation import Simulation
 from sim.workload import SimJob
 from tests.test_simulation import one_pod_type
 
 SEQUENCE = ((1000.0, "xid", 13), (3000.0, "xid", 63), (5000.0, "xid", 13))
+EVERY_600S = checkpoint_policy.CheckpointPolicy(CheckpointKind.PERIODIC, 600.0, name="every-600s")
 PARAMETERS = 1e6  # a small state: checkpoints take milliseconds, so the three clocks agree
 EXPECTED = [  # (action, repeated, faults in the window, lemon, what leaves service)
     ("restart_job", False, 1, False, ""),
@@ -43,7 +45,9 @@ def _facts(v) -> tuple:
 @pytest.fixture
 def production(queues, operator_client, eager_celery, django_capture_on_commit_callbacks):
     """The sequence through the fault task; returns (verdicts, first fault's figures, node, job)."""
-    CheckpointPolicy.objects.create(name="every-600s", kind=CheckpointKind.PERIODIC, interval_s=600)
+    stored = CheckpointPolicy.from_value(EVERY_600S)
+    stored.save()
+    assert CheckpointPolicy.objects.get(pk=stored.pk).value == EVERY_600S  # one value, both ways
     body = {
         "queue": "vision",
         "gpus": 8,
@@ -87,7 +91,7 @@ def production(queues, operator_client, eager_celery, django_capture_on_commit_c
 def _simulated():
     """The sequence through the cluster simulator."""
     topo = one_pod_type(1, 1, 4, 1)
-    cfg = SimConfig(checkpoint=CheckpointChoice(kind=CheckpointKind.PERIODIC, interval_s=600.0))
+    cfg = SimConfig(checkpoint=EVERY_600S)
     spec = SimJob(1, "pretrain", 8, 0.0, 86_400.0, "H100-SXM", "node", parameters=PARAMETERS)
     sim = Simulation(topo, [spec], cfg)
     sim.arrive_and_schedule(1)
@@ -114,7 +118,7 @@ def _simulated():
 
 def _modelled():
     """The sequence through the one-job ETTR model (no random faults: the rate is set to ~0)."""
-    policy = RunPolicy("every 600 s", CheckpointKind.PERIODIC, 600.0)
+    policy = EVERY_600S
     run = _TrainingRun(8, PARAMETERS, policy, 0, Physics(), 8, 1, 1e-12)
     verdicts, figures = [], {}
     for k, (dt, source, xid) in enumerate(SEQUENCE):

@@ -9,11 +9,12 @@ import pytest
 from engine import tiers
 from engine.checkpoint import CheckpointKind
 from engine.faults import classify
+from engine.policy import CheckpointPolicy
 from engine.progress import localize
 from sim.progress import localization_stats
-from sim.reliability import BUCKETS, RunPolicy, simulate_training
+from sim.reliability import BUCKETS, simulate_training
 
-TIERED = {t: RunPolicy(t, CheckpointKind.TRIGGERED, None, tier=t) for t in tiers.TIERS}
+TIERED = {t: CheckpointPolicy(CheckpointKind.TRIGGERED, None, tier=t, name=t) for t in tiers.TIERS}
 
 
 def _ettr(gpus, params, policy, days=7, seeds=3, **kw):
@@ -43,7 +44,7 @@ def test_the_model_lands_near_published_figures():
     # Llama 3: periodic synchronous checkpoints, restart from durable storage, 16k GPUs, 54 days
     # ("higher than 90%" is a floor: the model, with restarts in place for faults that keep the
     # hardware, lands at about 97%, beside ByteRobust's 97% at 9,600 GPUs)
-    llama, _ = _ettr(16_384, 405e9, RunPolicy("sync", CheckpointKind.PERIODIC, None), days=54)
+    llama, _ = _ettr(16_384, 405e9, CheckpointPolicy(CheckpointKind.PERIODIC, None, name="sync"), days=54)
     assert 0.90 < llama < 0.98
     # TorchFT-style replica groups lose about one step per fault
     _, runs = _ettr(16_384, 405e9, TIERED["replica_groups"])
@@ -51,10 +52,12 @@ def test_the_model_lands_near_published_figures():
     assert lost <= tiers.step_seconds(405e9, 16_384)
     # Gemini: over 13x less time wasted per failure than restarting from remote storage
     remote = [
-        simulate_training(128, 100e9, RunPolicy("r", CheckpointKind.PERIODIC, None), days=60, seed=s)
+        simulate_training(
+            128, 100e9, CheckpointPolicy(CheckpointKind.PERIODIC, None, name="r"), days=60, seed=s
+        )
         for s in range(5)
     ]
-    memory = RunPolicy("m", CheckpointKind.ASYNC, None, tier="in_memory")
+    memory = CheckpointPolicy(CheckpointKind.ASYNC, None, tier="in_memory", name="m")
     gemini = [simulate_training(128, 100e9, memory, days=60, seed=s) for s in range(5)]
 
     def wasted(rs):
@@ -68,7 +71,7 @@ def test_the_model_lands_near_published_figures():
 def test_tier_costs_are_counted_not_assumed_free():
     base = tiers.costs("restart", parameters=2e12, gpus=100_000)
     memory = tiers.costs("in_memory", parameters=2e12, gpus=100_000)
-    groups = tiers.costs("replica_groups", parameters=2e12, gpus=100_000, groups=8)
+    groups = tiers.costs("replica_groups", parameters=2e12, gpus=100_000, replica_groups=8)
     assert memory["host_memory_gb_per_node"] == pytest.approx(2 * base["host_memory_gb_per_node"], rel=0.01)
     assert 0 < memory["nic_share"] <= 0.10
     assert groups["throughput_overhead"] > 0 and groups["replica_group_gpus"] == 12_500
@@ -89,7 +92,7 @@ def test_a_replica_group_plan_trains_on_while_the_group_rejoins():
     c = classify("xid", 79)
     kw = {"gpus": 16_384, "state": 405e9 * 16, "from_memory": True, "moved": True, "step_s": 6.0}
     restart = tiers.recovery_steps(c, "restart", **kw)
-    groups = tiers.recovery_steps(c, "replica_groups", groups=8, **kw)
+    groups = tiers.recovery_steps(c, "replica_groups", replica_groups=8, **kw)
     assert [s.name for s in restart] == ["detect", "reschedule", "restart", "load"]
     assert [s.name for s in groups] == ["detect", "rejoin"]
     assert groups[1].throughput_lost == pytest.approx(1 / 8)

@@ -9,13 +9,14 @@ import pytest
 
 from cluster.models import ChipType, Node
 from cluster.snapshot import load_topology
+from engine import policy as checkpoint_policy
 from engine.checkpoint import CheckpointKind
 from monitoring.services import report_fault
 from scheduling.cycle import run_cycle
 from scheduling.models import Allocation, CheckpointPolicy, Queue, QueueQuota
 from scheduling.services import submit_job
 from scheduling.store import load_queues
-from sim.config import CheckpointChoice, SimConfig
+from sim.config import SimConfig
 from sim.simulation import Simulation
 from sim.workload import SimJob
 
@@ -44,7 +45,7 @@ def test_the_simulator_and_the_live_services_place_and_recover_alike(
     sim = Simulation(
         topo,
         [SimJob(job.pk, "train", 16, 0.0, 1e7, "H100-SXM", topology="pod", parameters=7e9)],
-        SimConfig(checkpoint=CheckpointChoice(CheckpointKind.ASYNC)),
+        SimConfig(checkpoint=checkpoint_policy.CheckpointPolicy(CheckpointKind.ASYNC)),
         queues=load_queues(),
     )
     sim.arrive_and_schedule(job.pk)

@@ -10,10 +10,11 @@ from django.core.management import CommandError, call_command
 
 from engine.checkpoint import CheckpointKind
 from engine.chips import BY_NAME
+from engine.policy import CheckpointPolicy
 from engine.presets import preset_document
 from engine.synthetic import snapshot_from_spec
 from engine.topology_spec import parse_topology
-from sim.config import CheckpointChoice, SimConfig
+from sim.config import SimConfig
 from sim.simulation import Simulation
 from sim.workload import SimJob, generate, load_workload
 
@@ -102,7 +103,7 @@ def test_periodic_checkpoint_ettr_matches_the_formula():
     topo = one_pod_type(2, 8, 10, 8)  # 1,280 GPUs, 128 spare
     tau = 3600.0
     job = SimJob(1, "pretrain", 1024, 0.0, 400 * 86400.0, "H100-SXM", "datacenter", 10, parameters=70e9)
-    config = SimConfig(days=300, seed=3, checkpoint=CheckpointChoice(CheckpointKind.PERIODIC, tau))
+    config = SimConfig(days=300, seed=3, checkpoint=CheckpointPolicy(CheckpointKind.PERIODIC, tau))
     sim = Simulation(topo, [job], config)
     out = sim.run()
     (record,) = out["series"]["ettr_jobs"]
