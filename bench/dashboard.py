@@ -71,8 +71,7 @@ class FleetPlayer(threading.Thread):
 
         from cluster.snapshot import topology_cache
         from engine.frames import encode_frame
-        from monitoring.fleet_driver import publish_frame
-        from monitoring.livestore import FRAME_KEY, live_store
+        from monitoring.telemetry.livestore import FRAME_KEY, live_store, publish_frame
         from sim.fleet import Fleet
 
         snap = topology_cache.current()

@@ -24,7 +24,7 @@ from engine.frames import encode_frame
 from engine.presets import preset_document
 from engine.synthetic import snapshot_from_spec
 from engine.topology_spec import parse_topology
-from monitoring.livestore import FRAME_KEY, FileStore, RedisStore
+from monitoring.telemetry.livestore import FRAME_KEY, FileStore, RedisStore
 from sim.fleet import Fleet
 
 

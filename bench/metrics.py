@@ -34,8 +34,8 @@ def child(args) -> None:
 
     from cluster.snapshot import topology_cache
     from engine.frames import encode_frame
-    from monitoring.livestore import FRAME_KEY, live_store
-    from monitoring.metrics import series_count
+    from monitoring.telemetry.livestore import FRAME_KEY, live_store
+    from monitoring.telemetry.metrics import series_count
     from scheduling.cycle import run_cycle
     from scheduling.models import Job, Queue
 

@@ -162,7 +162,7 @@ class Churn:
 
     def fault(self, xid: int = 43, counter: str = "faults"):
         from cluster.models import GPU
-        from monitoring.services import handle_fault, report_fault
+        from monitoring.faults.services import handle_fault, report_fault
 
         gpu_id = self._gpu_of_running_job()
         if gpu_id is None:

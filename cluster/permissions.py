@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
+from cluster.api.authentication import NodePrincipal
 from cluster.roles import is_operator, is_viewer
 
 
@@ -21,7 +22,6 @@ class RolePermission(BasePermission):
 
 def node_of(request):
     """The node a request's node credential is bound to, or None for any other caller."""
-    from cluster.api.authentication import NodePrincipal
 
     user = getattr(request, "user", None)
     return user.node if isinstance(user, NodePrincipal) else None

@@ -15,7 +15,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from config.machine_api import MachineApi  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
-from monitoring.agent_asgi import AgentReports  # noqa: E402
+from monitoring.telemetry.agent_asgi import AgentReports  # noqa: E402
 
 # Everything loaded so far lives as long as the process: keep it out of the cyclic collector's
 # passes, which otherwise walk it again and again and stall requests (the agents' reports).

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from monitoring.consumers import LevelsConsumer, TelemetryConsumer
+from monitoring.telemetry.consumers import LevelsConsumer, TelemetryConsumer
 
 websocket_urlpatterns: list = [
     path("ws/telemetry/", TelemetryConsumer.as_asgi()),

@@ -213,7 +213,7 @@ FLEET_TICK_S = env_int("MYRIAD_FLEET_TICK_S", 5, minimum=1)
 FLEET_ACCELERATE = env_int("MYRIAD_FLEET_ACCELERATE", 60, minimum=1)
 FLEET_ARRIVALS = env_bool("MYRIAD_FLEET_ARRIVALS", True)
 SAMPLE_INTERVAL_S = env_int("MYRIAD_SAMPLE_INTERVAL_S", 60, minimum=1)
-# Real nodes (cluster.agents, monitoring.ingest, scheduling.launch; README, "Real nodes")
+# Real nodes (cluster.agents, monitoring.telemetry.ingest, scheduling.launch; README, "Real nodes")
 AGENT_HEARTBEAT_TIMEOUT_S = env_int("MYRIAD_AGENT_HEARTBEAT_TIMEOUT_S", 15, minimum=5)  # 3 reports of 5 s
 # a job on real nodes hangs when no rank's step moved for max(steps x its step time, floor) seconds;
 # a rank is a straggler when its compute is this many percent over the job's median (engine.progress)

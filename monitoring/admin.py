@@ -3,8 +3,9 @@ from django.contrib import admin
 from django.db import transaction
 from django.utils import timezone
 
+from monitoring.faults.services import fault_problem
 from monitoring.models import FaultEvent, Simulation
-from monitoring.services import fault_problem
+from monitoring.tasks import handle_fault_task
 
 
 class FaultEventForm(forms.ModelForm):
@@ -58,7 +59,6 @@ class FaultEventAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
 
         def enqueue() -> None:
-            from monitoring.tasks import handle_fault_task
 
             handle_fault_task.delay(obj.pk)
 

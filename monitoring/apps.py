@@ -5,11 +5,16 @@ class MonitoringConfig(AppConfig):
     name = "monitoring"
 
     def ready(self) -> None:
+        # inside ready: the receivers import models and tasks, which need the app registry
         from cluster.signals import nodes_changed
-        from monitoring.receivers import clear_faults_of_returned_nodes, measure_recovery, record_cycle
+        from monitoring import receivers, signals
         from scheduling.cycle import cycle_ran
         from scheduling.launch import job_launched
 
-        nodes_changed.connect(clear_faults_of_returned_nodes, dispatch_uid="monitoring.node-return")
-        job_launched.connect(measure_recovery, dispatch_uid="monitoring.measure-recovery")
-        cycle_ran.connect(record_cycle, dispatch_uid="monitoring.cycle-metrics")
+        nodes_changed.connect(receivers.clear_faults_of_returned_nodes, dispatch_uid="monitoring.node-return")
+        job_launched.connect(receivers.measure_recovery, dispatch_uid="monitoring.measure-recovery")
+        cycle_ran.connect(receivers.record_cycle, dispatch_uid="monitoring.cycle-metrics")
+        signals.fault_recorded.connect(receivers.queue_fault, dispatch_uid="monitoring.queue-fault")
+        signals.simulation_parts_wanted.connect(
+            receivers.queue_simulation_parts, dispatch_uid="monitoring.queue-simulation-parts"
+        )

@@ -1,10 +1,14 @@
-"""What monitoring does when the inventory changes (connected in MonitoringConfig.ready)."""
+"""What monitoring does when the inventory changes, a job launches or a cycle runs, and the Celery
+tasks behind its own signals (connected in MonitoringConfig.ready)."""
 
 from __future__ import annotations
 
+from celery import group
 from django.db.models import Max, Q
 
 from monitoring.models import FaultEvent
+from monitoring.tasks import handle_fault_task, run_simulation_part
+from monitoring.telemetry import metrics
 from scheduling.choices import EventKind
 from scheduling.models import JobEvent, JobProcess
 
@@ -63,6 +67,15 @@ def measure_recovery(sender, job, placement, at, **kwargs) -> None:
 
 def record_cycle(sender, seconds: float, **kwargs) -> None:
     """A scheduling cycle that ran goes into the shared duration histogram (/metrics)."""
-    from monitoring import metrics
 
     metrics.record_cycle(seconds)
+
+
+def queue_fault(sender, fault: int, **kwargs) -> None:
+    """monitoring.signals.fault_recorded: the fault task handles it on the faults workers."""
+    handle_fault_task.delay(fault)
+
+
+def queue_simulation_parts(sender, simulation: int, indices: list[int], **kwargs) -> None:
+    """monitoring.signals.simulation_parts_wanted: one task per part, as a Celery group."""
+    group(run_simulation_part.s(simulation, index) for index in indices).apply_async()

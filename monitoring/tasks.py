@@ -1,6 +1,11 @@
 from celery import shared_task
 
-from monitoring.services import handle_fault
+from monitoring.faults.progress import check_progress
+from monitoring.faults.services import handle_fault
+from monitoring.telemetry.ingest import compose_frame, watch
+from monitoring.telemetry.overview import take_sample
+from monitoring.whatif.fleet_driver import tick
+from monitoring.whatif.simulations import restart_silent_parts, run_part, start
 
 
 @shared_task(ignore_result=True, time_limit=120)
@@ -13,7 +18,6 @@ def handle_fault_task(fault_id: int) -> dict:
 def run_simulation_task(simulation_id: int) -> str:
     """Start a stored what-if simulation: one task per configuration; progress, summary and
     report land on the record."""
-    from monitoring.simulations import start
 
     return start(simulation_id)
 
@@ -30,7 +34,6 @@ def run_simulation_task(simulation_id: int) -> str:
 )
 def run_simulation_part(self, simulation_id: int, index: int) -> str:
     """One configuration of a simulation; the last to finish writes the report."""
-    from monitoring.simulations import run_part
 
     return run_part(simulation_id, index, worker=self.request.hostname or "")
 
@@ -39,7 +42,6 @@ def run_simulation_part(self, simulation_id: int, index: int) -> str:
 def fleet_tick() -> dict:
     """One tick of the live simulated fleet (MYRIAD_SIMULATED_FLEET): telemetry, faults, repairs,
     checkpoints and completions."""
-    from monitoring.fleet_driver import tick
 
     return tick()
 
@@ -47,7 +49,6 @@ def fleet_tick() -> dict:
 @shared_task(ignore_result=True, time_limit=60, soft_time_limit=50)
 def sample_cluster() -> str:
     """Store one ClusterSample for the overview's charts over time."""
-    from monitoring.overview import take_sample
 
     return str(take_sample())
 
@@ -55,10 +56,8 @@ def sample_cluster() -> str:
 @shared_task(ignore_result=True, time_limit=60, soft_time_limit=50)
 def watch_agents() -> dict:
     """Heartbeat loss for silent node agents; give up starts that did not reach every node; hung
-    and slow ranks of jobs on real nodes from their progress (monitoring.progress); put
+    and slow ranks of jobs on real nodes from their progress (monitoring.faults.progress); put
     the agents' readings in the telemetry frame when no simulated fleet writes it."""
-    from monitoring.ingest import compose_frame, watch
-    from monitoring.progress import check_progress
 
     out = watch()
     out["progress"] = check_progress()
@@ -69,6 +68,5 @@ def watch_agents() -> dict:
 @shared_task(ignore_result=True, time_limit=60, soft_time_limit=50)
 def watch_simulations() -> list:
     """Start again the simulation parts whose worker went silent (Celery beat runs this)."""
-    from monitoring.simulations import restart_silent_parts
 
     return restart_silent_parts()

@@ -1,6 +1,7 @@
 from django.urls import path
 
-from monitoring import metrics_views, views
+from monitoring import views
+from monitoring.telemetry import metrics_views
 
 urlpatterns = [
     path("metrics", metrics_views.control_plane, name="metrics"),

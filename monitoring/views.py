@@ -19,13 +19,23 @@ from cluster.models import GPU, AuditRecord, Datacenter, Node, Pod, Rack
 from cluster.pages import flat_errors, viewer_page
 from cluster.roles import is_operator
 from cluster.services import apply_node_action, operator_actions
+from cluster.snapshot import topology_cache
 from engine import lifecycle
+from engine.frames import FRAME_METRICS, decode_frame
+from engine.levels import AGGREGATES
+from engine.presets import PRESETS
 from engine.states import InvalidTransition
+from monitoring.api.serializers import SimulationSerializer
+from monitoring.faults.drain_preview import preview
+from monitoring.faults.services import LEMON_WINDOW, node_fault_counts
 from monitoring.forms import DRAIN_GRACE_CHOICES, NodeActionForm
 from monitoring.models import FaultEvent, Simulation
-from monitoring.services import LEMON_WINDOW, node_fault_counts
+from monitoring.tasks import run_simulation_task
+from monitoring.telemetry.livestore import newest_frame
+from monitoring.telemetry.overview import BUCKETS, ettr_last_day, overview
 from scheduling.choices import EventKind
-from scheduling.models import JobEvent
+from scheduling.models import Allocation, Job, JobEvent
+from scheduling.usage import queue_health
 
 PAGE_SIZE = 50
 BUCKET_LABELS = {
@@ -45,17 +55,13 @@ def live(request):
 
 @viewer_page
 def live_levels(request):
-    """The fleet a level at a time: datacenters, pods, racks, nodes, GPUs (monitoring.levels)."""
-    from engine.frames import FRAME_METRICS
-    from engine.levels import AGGREGATES
+    """The fleet a level at a time: datacenters, pods, racks, nodes, GPUs (monitoring.telemetry.levels)."""
 
     return render(request, "monitoring/levels.html", {"metrics": FRAME_METRICS, "aggregates": AGGREGATES})
 
 
 @viewer_page
 def overview_page(request):
-    from monitoring.overview import BUCKETS, ettr_last_day, overview
-    from scheduling.usage import queue_health
 
     data = overview()
     rows = [(BUCKET_LABELS[b], data["counts"][b], data["shares"][b] * 100) for b in BUCKETS]
@@ -103,7 +109,6 @@ def _state_counts(nodes, group: str) -> dict[int, dict]:
 
 
 def _held_counts(group: str) -> dict[int, int]:
-    from scheduling.models import Allocation
 
     key = f"gpu__node__{group}_id"
     return {
@@ -195,7 +200,6 @@ def topology(request, level: str | None = None, pk: int | None = None):
 
 @viewer_page
 def node_detail(request, hostname: str):
-    from scheduling.models import Allocation, Job
 
     node = get_object_or_404(
         Node.objects.select_related("rack__pod__datacenter__region", "chip_type"), hostname=hostname
@@ -255,10 +259,8 @@ def node_detail(request, hostname: str):
 
 
 def _impact(node: Node) -> list[dict]:
-    """What draining or marking the node down would hit (monitoring.drain_preview), per job: the
+    """What draining or marking the node down would hit (monitoring.faults.drain_preview), per job: the
     drain's figures with the work a mark-down would lose beside them."""
-    from cluster.snapshot import topology_cache
-    from monitoring.drain_preview import preview
 
     snap = topology_cache.current()
     drained = preview(snap, f"node:{node.pk}")["jobs"]
@@ -268,9 +270,6 @@ def _impact(node: Node) -> list[dict]:
 
 def _node_telemetry(node: Node) -> list[dict] | None:
     """The node's GPUs in the newest telemetry frame, or None when there is none."""
-    from cluster.snapshot import topology_cache
-    from engine.frames import decode_frame
-    from monitoring.livestore import newest_frame
 
     data = newest_frame()
     if not data:
@@ -379,10 +378,6 @@ def _lemons(now, limit: int = PAGE_SIZE) -> list[Node]:
 def simulations(request):
     """Start a what-if simulation (operators), follow the runs, open their reports."""
     from django.db import transaction
-
-    from engine.presets import PRESETS
-    from monitoring.api.serializers import SimulationSerializer
-    from monitoring.tasks import run_simulation_task
 
     errors = []
     form = {

@@ -2,6 +2,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.utils.html import format_html
 
+from engine.inference import LoadProfile
 from scheduling.choices import STATE_COLOURS
 from scheduling.models import (
     QUEUE_SETTINGS,
@@ -145,7 +146,6 @@ class InferenceServiceForm(forms.ModelForm):
         fields = list(InferenceService.EDITABLE_FIELDS)
 
     def clean_load_profile(self):
-        from engine.inference import LoadProfile
 
         try:
             return LoadProfile.from_dict(self.cleaned_data["load_profile"]).as_dict()

@@ -22,10 +22,10 @@ from django.utils import timezone
 from cluster.outages import best_effort
 from cluster.snapshot import topology_cache
 from engine.scheduler import SchedulerConfig, schedule
-from scheduling import launch, store
+from scheduling import store
 from scheduling.apply import apply_decisions
 from scheduling.locks import cycle_lock, lock_clock
-from scheduling.trigger import request_cycle
+from scheduling.trigger import assignments_changed, request_cycle
 
 log = logging.getLogger("myriad.scheduling")
 
@@ -97,7 +97,7 @@ def run_cycle(
         # 4. after commit
         transaction.on_commit(lambda: best_effort("publishing the cycle's summary", _publish, summary))
         if result.admissions or result.preemptions or result.resizes:
-            launch.changed()  # agents waiting on their assignments look again
+            assignments_changed()  # agents waiting on their assignments look again
         if result.start_limited:  # the jobs past this cycle's start limit go next, at once
             request_cycle(at_once=True)
         held_to = lock_clock()  # the last moment inside the lock, before the commit releases it

@@ -13,10 +13,12 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from cluster.audit import changes, record
 from engine.inference import LoadProfile, decide, replica_topology
 from scheduling.choices import JobKind, JobState
 from scheduling.models import InferenceService, Job, ServiceScale
 from scheduling.services import change_state, submit_job
+from scheduling.signals import services_changed
 
 ACTIVE = (JobState.PENDING, JobState.RUNNING)
 
@@ -126,13 +128,11 @@ def _service_state(service: InferenceService | None) -> dict:
 def save_service(serializer, *, actor, reason: str = "") -> InferenceService:
     """Create or change an inference service through its (validated) serializer, audited; the
     autoscaler decides again after the commit."""
-    from cluster.audit import changes, record
-    from scheduling.tasks import autoscale_services
 
     creating = serializer.instance is None
     before = _service_state(serializer.instance)
     service = serializer.save()
     diff = changes(before, _service_state(service))
     record(actor, "create" if creating else "update", "service", service, diff, reason)
-    transaction.on_commit(lambda: autoscale_services.delay())
+    transaction.on_commit(lambda: services_changed.send(sender=InferenceService, service=service.pk))
     return service

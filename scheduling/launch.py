@@ -17,31 +17,27 @@ After a fault the recovery's steps are measured from these reports, not modelled
 
 from __future__ import annotations
 
-import fcntl
 import re
 import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
+from cluster.audit import record
 from cluster.models import GPU, Node, NodeCredential
-from cluster.outages import best_effort
 from engine import tiers
-from engine.lifecycle import saves_on_demand
-from scheduling import trigger
+from engine.lifecycle import JobStateError, saves_on_demand
 from scheduling.choices import EventKind, JobState, ProcessState
 from scheduling.locks import cycle_lock
 from scheduling.models import Allocation, Job, JobEvent, JobProcess
 from scheduling.services import change_state, requeue
 from scheduling.store import allocations
-from scheduling.trigger import request_cycle
+from scheduling.trigger import assignments_changed, request_cycle
 
-VERSION_KEY = "myriad:agent:assignments-version"
 # sent when every node of a launched job runs its current placement: job, placement, at
 job_launched = Signal()
 BACKOFF_BASE_S = 60.0
@@ -196,39 +192,6 @@ def _saves_on_demand(job: Job) -> bool:
     return bool(policy) and saves_on_demand(policy.kind)
 
 
-def changed() -> None:
-    """Tell waiting agents that assignments may have changed (after the current commit)."""
-    transaction.on_commit(lambda: best_effort("telling agents their assignments changed", _bump_version))
-
-
-def _version_path() -> Path:
-    return Path(settings.DATA_DIR) / "assignments.version"
-
-
-def _bump_version() -> None:
-    if settings.REDIS_URL:
-        trigger._redis().incr(VERSION_KEY)
-        return
-    with open(_version_path(), "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        f.seek(0)
-        value = int(f.read() or 0) + 1
-        f.seek(0)
-        f.truncate()
-        f.write(str(value).encode())
-
-
-def assignments_version() -> int:
-    """A number that grows whenever any node's assignments may have changed (agents long-poll it)."""
-    if settings.REDIS_URL:  # while Redis is down agents see no change and poll again at their timeout
-        read = trigger._redis().get
-        return int(best_effort("reading the assignments' version", read, VERSION_KEY, default=0) or 0)
-    try:
-        return int(_version_path().read_bytes() or 0)
-    except (FileNotFoundError, ValueError):
-        return 0
-
-
 def env_problem(env: dict) -> str | None:
     """Why a job's extra environment cannot be used, or None."""
     if len(env) > 200:
@@ -244,8 +207,6 @@ def env_problem(env: dict) -> str | None:
 @transaction.atomic
 def request_checkpoint(job_id: int, *, actor: str, reason: str = "") -> Job:
     """Ask a running launched job to save now; its agents signal it (audited)."""
-    from cluster.audit import record
-    from engine.lifecycle import JobStateError
 
     job = Job.objects.select_for_update().get(pk=job_id)
     if job.state != JobState.RUNNING or not job.command:
@@ -269,7 +230,7 @@ def request_checkpoint(job_id: int, *, actor: str, reason: str = "") -> Job:
         },
         reason,
     )
-    changed()
+    assignments_changed()
     return job
 
 
@@ -277,7 +238,7 @@ def request_checkpoint(job_id: int, *, actor: str, reason: str = "") -> Job:
 
 
 def record_processes(node: Node, processes: list[dict], now: datetime) -> None:
-    """Store each reported process state (validated by monitoring.ingest) and settle the jobs."""
+    """Store each reported process state (validated by monitoring.telemetry.ingest) and settle the jobs."""
     if not processes:
         return
     # the jobs' rows first, in id order: two nodes reporting the same job at once take turns, so
@@ -454,7 +415,7 @@ def _give_up_start(p: Placement, now: datetime, timeout: timedelta) -> bool:
             },
         )
         request_cycle()
-        changed()  # a failed job's agents hear of it through change_state
+        assignments_changed()  # a failed job's agents hear of it through change_state
     return True
 
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from cluster.models import DatacenterLink
 from engine.mixedplan import mixed_plan
 from engine.steptime import SPAN_LEVELS, Fabric, ModelSpec, NoFeasiblePlan, best_plan, rank_chips
+from scheduling.choices import EventKind
+from scheduling.models import JobEvent
 
 
 def model_of(job) -> ModelSpec | None:
@@ -34,7 +37,6 @@ def span_of(snapshot, gpus: np.ndarray) -> tuple[int, list[int]]:
 def _fabric(dc_ids: list[int]) -> Fabric:
     if len(dc_ids) < 2:
         return Fabric()
-    from cluster.models import DatacenterLink
 
     links = DatacenterLink.objects.filter(a_id__in=dc_ids, b_id__in=dc_ids).values_list(
         "bandwidth_gbps", flat=True
@@ -101,8 +103,6 @@ def plan_summary(plan: dict) -> str:
 def resize_job(job, snapshot, gpus: np.ndarray, *, at, reason: str, **extra):
     """Re-plan ``job`` on its new GPU set, save its size and plan, and return the unsaved
     ``resized`` event carrying the old and new plan and the modelled throughput ratio."""
-    from scheduling.choices import EventKind
-    from scheduling.models import JobEvent
 
     old_plan = job.plan
     new_plan = plan_for(job, job.chip.name if job.chip else "", snapshot, gpus)

@@ -18,7 +18,7 @@ from scheduling.checkpoints import PHYSICS
 from scheduling.choices import EventKind, JobState
 from scheduling.models import QUEUE_SETTINGS, Allocation, Checkpoint, Job, JobEvent, Queue
 from scheduling.plans import ranking_for
-from scheduling.trigger import request_cycle
+from scheduling.trigger import assignments_changed, request_cycle
 
 __all__ = ["JobStateError", "change_state", "record_checkpoint", "requeue", "stop_job", "submit_job"]
 
@@ -203,9 +203,7 @@ def change_state(job_id: int, action: str, *, actor: str = "", reason: str = "",
     if freed or action == "resume":
         request_cycle()
     if freed and job.command:
-        from scheduling.launch import changed
-
-        changed()  # its agents stop it
+        assignments_changed()  # its agents stop it
     return job
 
 

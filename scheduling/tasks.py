@@ -7,7 +7,10 @@ from celery.signals import worker_ready
 from django.conf import settings
 
 from cluster.outages import best_effort, redis_errors
+from cluster.snapshot import topology_cache
 from scheduling.cycle import run_cycle
+from scheduling.inference import autoscale_all
+from scheduling.store import allocations, layouts
 from scheduling.trigger import clear_requested, note_cycle_ended, seconds_until_allowed
 
 log = logging.getLogger("myriad.scheduling")
@@ -82,8 +85,6 @@ def warm_up(**_kwargs) -> None:
     """Load the topology snapshot, its layout and the active allocations when the worker starts, so
     the first cycle after a restart is as fast as the others (at 100k GPUs the snapshot takes about
     half a second to load and the allocations about 0.1 s)."""
-    from cluster.snapshot import topology_cache
-    from scheduling.store import allocations, layouts
 
     try:
         layouts.layout(topology_cache.current())
@@ -95,6 +96,5 @@ def warm_up(**_kwargs) -> None:
 @shared_task(ignore_result=True, time_limit=60, soft_time_limit=50)
 def autoscale_services() -> dict:
     """Replicas of every inference service follow their load profile (Celery beat runs this)."""
-    from scheduling.inference import autoscale_all
 
     return autoscale_all()

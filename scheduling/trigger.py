@@ -1,4 +1,4 @@
-"""Ask for a scheduling cycle without flooding the workers.
+"""Ask for a scheduling cycle without flooding the workers, and tell agents their assignments changed.
 
 A burst of 10,000 submits must not queue 10,000 cycles: the first submit leaves a marker and
 queues one cycle; later submits see the marker and do nothing. The cycle removes the marker
@@ -11,10 +11,17 @@ previous one ended (as Slurm's ``sched_min_interval`` spaces its main loop): und
 of submits cycles do not run back to back (each reads every pending job: at 15,000 pending one
 costs a third of a second of a core, more while the web servers share it). A quiet cluster's cycle
 starts at once; a cycle that stopped at its start limit asks for the next at once.
+
+The cycle itself is queued by whoever listens to ``scheduling.signals.cycle_wanted`` (the Celery
+task, connected in SchedulingConfig.ready), so asking for one imports no task.
+
+Agents long-poll a version number that grows whenever any node's assignments may have changed
+(``assignments_changed`` after the commit, ``assignments_version``), in Redis or a file.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from pathlib import Path
@@ -23,10 +30,12 @@ from django.conf import settings
 from django.db import transaction
 
 from cluster.outages import best_effort
+from scheduling.signals import cycle_wanted
 
 MARKER_TTL_S = 60
 _KEY = "myriad:scheduling:cycle-requested"
 _ENDED_KEY = "myriad:scheduling:cycle-ended"
+VERSION_KEY = "myriad:agent:assignments-version"
 
 
 _clients: dict[str, object] = {}
@@ -108,13 +117,41 @@ def request_cycle(*, at_once: bool = False) -> None:
 
     def enqueue() -> None:
         if mark_requested() or at_once:
-            from scheduling.tasks import run_scheduling_cycle
-
             wait = 0.0 if at_once else seconds_until_allowed()
-            if wait > 0:
-                run_scheduling_cycle.apply_async(countdown=wait)
-            else:
-                run_scheduling_cycle.delay(at_once=at_once)
+            cycle_wanted.send(sender=request_cycle, at_once=at_once, countdown=wait)
 
     # without Redis the job is still saved: the workers' own timers run the cycle (scheduling.tasks)
     transaction.on_commit(lambda: best_effort("asking for a scheduling cycle", enqueue))
+
+
+def assignments_changed() -> None:
+    """Tell waiting agents that assignments may have changed (after the current commit)."""
+    transaction.on_commit(lambda: best_effort("telling agents their assignments changed", _bump_version))
+
+
+def _version_path() -> Path:
+    return Path(settings.DATA_DIR) / "assignments.version"
+
+
+def _bump_version() -> None:
+    if settings.REDIS_URL:
+        _redis().incr(VERSION_KEY)
+        return
+    with open(_version_path(), "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        value = int(f.read() or 0) + 1
+        f.seek(0)
+        f.truncate()
+        f.write(str(value).encode())
+
+
+def assignments_version() -> int:
+    """A number that grows whenever any node's assignments may have changed (agents long-poll it)."""
+    if settings.REDIS_URL:  # while Redis is down agents see no change and poll again at their timeout
+        read = _redis().get
+        return int(best_effort("reading the assignments' version", read, VERSION_KEY, default=0) or 0)
+    try:
+        return int(_version_path().read_bytes() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0

@@ -16,10 +16,13 @@ from cluster.audit import changes
 from cluster.models import AuditRecord, ChipType
 from cluster.pages import flat_errors, operator_page, viewer_page
 from cluster.roles import is_operator
+from engine import tiers
+from engine.checkpoint import CheckpointKind
 from engine.inference import LoadProfile
 from engine.lifecycle import operator_actions
 from engine.policy import CheckpointPolicy as EnginePolicy
-from scheduling.api.serializers import JobDetailSerializer
+from scheduling.api.serializers import CheckpointPolicySerializer, JobDetailSerializer, QueueSerializer
+from scheduling.checkpoints import REFERENCE_JOBS, default_mtbf, recommend_for
 from scheduling.choices import ACTIVE_STATES, JobKind, JobState
 from scheduling.ettr import BUCKETS as ETTR_BUCKETS
 from scheduling.ettr import job_ettr
@@ -35,6 +38,7 @@ from scheduling.services import (
     save_queue,
 )
 from scheduling.timeline import segments
+from scheduling.usage import queue_health, queue_usage
 
 PAGE_SIZE = 50
 
@@ -187,7 +191,6 @@ def service_detail(request, pk: int):
 @viewer_page
 def queues(request):
     """Per queue and chip type: nominal, used, borrowed, lent, pending demand; policies and health."""
-    from scheduling.usage import queue_health, queue_usage
 
     usage = queue_usage()
     health = {h["name"]: h for h in queue_health(usage)}
@@ -205,7 +208,6 @@ def queues(request):
 def queue_edit(request, pk: int):
     """Operators edit a queue's priority, weight, policies, stopped flag and quotas per chip type.
     Validation is the API's (the same serializer); errors name the field and change nothing."""
-    from scheduling.api.serializers import QueueSerializer
 
     queue = get_object_or_404(Queue, pk=pk)
     chips = list(ChipType.objects.order_by("name").values_list("name", flat=True))
@@ -260,9 +262,6 @@ def queue_edit(request, pk: int):
 
 
 def _policy_rows():
-    from engine import tiers
-    from engine.checkpoint import CheckpointKind
-    from scheduling.checkpoints import REFERENCE_JOBS, default_mtbf, recommend_for
 
     running = dict(
         Job.objects.filter(state=JobState.RUNNING, checkpoint_policy__isnull=False)
@@ -287,7 +286,6 @@ def _policy_rows():
 @viewer_page
 def policies(request):
     """Checkpoint policies with the recommended interval next to the chosen one."""
-    from scheduling.checkpoints import REFERENCE_JOBS
 
     return render(
         request,
@@ -303,7 +301,6 @@ def policies(request):
 @operator_page
 def policy_edit(request, pk: int | None = None):
     """Create (pk None) or edit a checkpoint policy; validation is the API's serializer."""
-    from scheduling.api.serializers import CheckpointPolicySerializer
 
     policy = get_object_or_404(CheckpointPolicy, pk=pk) if pk else None
     fields = POLICY_AUDITED

@@ -14,9 +14,9 @@ from rest_framework.test import APIClient
 
 from cluster.agents import create_enrolment_token, enrol
 from cluster.models import AuditRecord, EnrolmentToken, Node, NodeCredential
-from monitoring import ingest
-from monitoring.livestore import live_store, reset_store
 from monitoring.models import FaultEvent
+from monitoring.telemetry import ingest
+from monitoring.telemetry.livestore import live_store, reset_store
 from scheduling.cycle import run_cycle
 from scheduling.models import Job, JobEvent, JobProcess
 
@@ -205,7 +205,7 @@ def test_readings_reach_the_live_store_and_a_repeated_sequence_number_changes_no
 def test_the_telemetry_frame_shows_the_agents_readings(node, django_capture_on_commit_callbacks, settings):
     from cluster.snapshot import topology_cache
     from engine.frames import decode_frame
-    from monitoring.livestore import FRAME_KEY
+    from monitoring.telemetry.livestore import FRAME_KEY
 
     settings.SIMULATED_FLEET = False
     client, _ = _agent(node)

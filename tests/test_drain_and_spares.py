@@ -209,7 +209,7 @@ def test_recovery_takes_back_a_borrowed_spare_preempting_its_job_first(
     queues, eager_celery, django_capture_on_commit_callbacks
 ):
     from cluster.models import ChipType
-    from monitoring.services import report_fault
+    from monitoring.faults.services import report_fault
     from scheduling.models import Queue, QueueQuota
     from scheduling.services import submit_job
 

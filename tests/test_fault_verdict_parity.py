@@ -19,8 +19,8 @@ from cluster.models import Node
 from engine import policy as checkpoint_policy
 from engine.checkpoint import CheckpointKind
 from engine.physics import Physics
+from monitoring.faults.services import handle_fault
 from monitoring.models import FaultEvent
-from monitoring.services import handle_fault
 from scheduling.models import Allocation, Checkpoint, CheckpointPolicy, Job
 from sim.config import SimConfig
 from sim.reliability import _TrainingRun

@@ -99,8 +99,8 @@ def test_a_replica_group_plan_trains_on_while_the_group_rejoins():
 
 
 def test_the_cluster_simulator_compares_tiers_on_the_same_workload():
-    from monitoring.simreport import parse_config, run_all
-    from monitoring.simulations import cluster_document
+    from monitoring.whatif.simreport import parse_config, run_all
+    from monitoring.whatif.simulations import cluster_document
 
     doc = cluster_document("demo")
     names = (

@@ -74,7 +74,7 @@ def live_frame(small_cluster, settings, tmp_path):
     bad on every seventh GPU."""
     from cluster.snapshot import topology_cache
     from engine.frames import FRAME_METRICS, encode_frame
-    from monitoring.livestore import FRAME_KEY, live_store, reset_store
+    from monitoring.telemetry.livestore import FRAME_KEY, live_store, reset_store
 
     settings.DATA_DIR = tmp_path
     reset_store()
@@ -140,7 +140,7 @@ def test_a_bad_query_names_its_field(live_frame, viewer_client, query, field):
 
 def test_an_unknown_domain_is_404_and_no_frame_yet_is_404(small_cluster, viewer_client, live_frame):
     assert viewer_client.get("/api/v1/telemetry/levels/?level=rack&within=pod:999999").status_code == 404
-    from monitoring.livestore import FRAME_KEY, live_store
+    from monitoring.telemetry.livestore import FRAME_KEY, live_store
 
     live_store().delete(FRAME_KEY)
     r = viewer_client.get("/api/v1/telemetry/levels/")
@@ -242,8 +242,8 @@ def test_the_levels_websocket_sends_the_view_asked_for_and_again_for_each_new_fr
     from channels.testing import WebsocketCommunicator
 
     from engine.frames import delta_message, encode_frame
-    from monitoring.consumers import GROUP, LevelsConsumer
-    from monitoring.livestore import FRAME_KEY, live_store
+    from monitoring.telemetry.consumers import GROUP, LevelsConsumer
+    from monitoring.telemetry.livestore import FRAME_KEY, live_store
 
     async def run():
         ws = WebsocketCommunicator(LevelsConsumer.as_asgi(), "/ws/levels/")
@@ -350,7 +350,7 @@ def test_uplinks_are_labelled_by_the_pod_or_rack_they_belong_to(live_frame, view
     import json
 
     from cluster.snapshot import topology_cache
-    from monitoring.livestore import NETWORK_KEY, live_store
+    from monitoring.telemetry.livestore import NETWORK_KEY, live_store
 
     snap = topology_cache.structure()
     racks, pods = snap.rack_id.tolist(), snap.pod_id.tolist()

@@ -17,8 +17,8 @@ from engine.frames import (
     encode_frame,
     snapshot_message,
 )
-from monitoring.consumers import GROUP, TelemetryConsumer
-from monitoring.livestore import FRAME_KEY, live_store, reset_store
+from monitoring.telemetry.consumers import GROUP, TelemetryConsumer
+from monitoring.telemetry.livestore import FRAME_KEY, live_store, reset_store
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ from django.utils import timezone
 
 from cluster.models import Node
 from engine.frames import decode_frame
-from monitoring.fleet_driver import tick
-from monitoring.livestore import FRAME_KEY, STATE_KEY, live_store, reset_store
 from monitoring.models import FaultEvent
+from monitoring.telemetry.livestore import FRAME_KEY, STATE_KEY, live_store, reset_store
+from monitoring.whatif.fleet_driver import tick
 from scheduling.models import Job
 
 
@@ -144,7 +144,7 @@ def test_a_planned_training_job_runs_at_its_modelled_utilization(
 def test_the_simulated_tenants_submit_a_seeded_day_of_work_through_the_submit_path(store, small_cluster):
     from django.core.management import call_command
 
-    from monitoring.fleet_driver import ARRIVAL_DAYS, SEED, WARM_START_S
+    from monitoring.whatif.fleet_driver import ARRIVAL_DAYS, SEED, WARM_START_S
     from sim.workload import generate
 
     call_command("seed_queues")

@@ -17,9 +17,9 @@ from cluster.agents import create_enrolment_token, enrol
 from cluster.models import GPU, Node
 from cluster.snapshot import topology_cache
 from engine.reasons import pending_kind
-from monitoring import gpu_metrics, ingest, metrics
-from monitoring.livestore import CYCLE_COUNTS_KEY, live_store, reset_store
 from monitoring.models import FaultEvent
+from monitoring.telemetry import gpu_metrics, ingest, metrics
+from monitoring.telemetry.livestore import CYCLE_COUNTS_KEY, live_store, reset_store
 from scheduling.cycle import run_cycle
 from scheduling.models import Job
 

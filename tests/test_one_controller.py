@@ -11,7 +11,7 @@ from cluster.models import ChipType, Node
 from cluster.snapshot import load_topology
 from engine import policy as checkpoint_policy
 from engine.checkpoint import CheckpointKind
-from monitoring.services import report_fault
+from monitoring.faults.services import report_fault
 from scheduling.cycle import run_cycle
 from scheduling.models import Allocation, CheckpointPolicy, Queue, QueueQuota
 from scheduling.services import submit_job

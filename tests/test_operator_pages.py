@@ -51,8 +51,8 @@ def _run_job(client, django_capture_on_commit_callbacks, gpus=16, queue="vision"
 def test_overview_samples_chart_over_time_and_agree_with_the_api(
     queues, viewer, viewer_client, operator_client, eager_celery, django_capture_on_commit_callbacks
 ):
-    from monitoring.overview import take_sample
     from monitoring.tasks import sample_cluster
+    from monitoring.telemetry.overview import take_sample
 
     now = timezone.now()
     take_sample(now - timedelta(hours=3))

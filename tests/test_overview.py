@@ -6,7 +6,7 @@ from django.test import Client
 
 from cluster.models import Node
 from engine.frames import FRAME_METRICS, encode_frame
-from monitoring.livestore import FRAME_KEY, live_store, reset_store
+from monitoring.telemetry.livestore import FRAME_KEY, live_store, reset_store
 
 
 @pytest.fixture

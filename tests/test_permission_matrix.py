@@ -277,7 +277,7 @@ def test_the_websocket_needs_a_viewer(small_cluster, viewer, outsider):
     from django.contrib.auth.models import AnonymousUser
 
     from config.routing import websocket_urlpatterns
-    from monitoring.consumers import LevelsConsumer, TelemetryConsumer
+    from monitoring.telemetry.consumers import LevelsConsumer, TelemetryConsumer
 
     consumers = {"/ws/telemetry/": TelemetryConsumer, "/ws/levels/": LevelsConsumer}
     assert sorted(consumers) == sorted(f"/{p.pattern}" for p in websocket_urlpatterns)  # every websocket

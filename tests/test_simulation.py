@@ -241,8 +241,8 @@ def test_inference_replicas_follow_the_day_in_the_simulation(demo):
 def test_each_configuration_run_alone_gives_what_the_whole_sweep_gives():
     """A sweep's tasks run one configuration each, on the workload drawn for the first
     configuration's cluster, so a fanned-out sweep reports what one process running all would."""
-    from monitoring.simreport import parse_config, run_all
-    from monitoring.simulations import cluster_document
+    from monitoring.whatif.simreport import parse_config, run_all
+    from monitoring.whatif.simulations import cluster_document
 
     doc = cluster_document("demo")
     configs = [parse_config(c) for c in ("baseline", "spares=4", "checkpoint=periodic:1800")]

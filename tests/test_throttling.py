@@ -78,7 +78,7 @@ def test_the_agents_fast_report_path_counts_failed_credentials_too(small_cluster
     import asyncio
     import json
 
-    from monitoring.agent_asgi import AgentReports
+    from monitoring.telemetry.agent_asgi import AgentReports
 
     settings.FAILURE_LIMITS = {**settings.FAILURE_LIMITS, "token": (2, 60)}
 

@@ -19,6 +19,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.authtoken.models import Token
 
+from cluster.agents import REVOKED_CREDENTIAL, UNKNOWN_CREDENTIAL, credential_for
 from cluster.api.throttling import blocked_for, client_address, record_failure
 from cluster.roles import remember_groups
 
@@ -142,7 +143,6 @@ class NodeCredentialAuthentication(authentication.BaseAuthentication):
     def _credential(self, parts):
         if len(parts) != 2:
             raise exceptions.AuthenticationFailed("Invalid node credential header: Node <credential>.")
-        from cluster.agents import REVOKED_CREDENTIAL, UNKNOWN_CREDENTIAL, credential_for
 
         credential = credential_for(parts[1].decode(errors="replace"))
         if credential is None:

@@ -15,8 +15,9 @@ from rest_framework.views import APIView
 from cluster.agents import EnrolmentError, enrol
 from cluster.api.throttling import EnrolThrottle
 from cluster.permissions import IsNodeAgent, node_of
-from monitoring.reports import handle_report
-from scheduling.launch import assignments, assignments_version
+from monitoring.telemetry.reports import handle_report
+from scheduling.launch import assignments
+from scheduling.trigger import assignments_version
 
 MAX_WAIT_S = 25.0
 
@@ -61,7 +62,7 @@ class EnrolView(APIView):
 
 class ReportView(APIView):
     """A node's batched report: readings of its GPUs, XIDs, and its job processes' states. The
-    ASGI server answers this path itself with the same function (monitoring.agent_asgi)."""
+    ASGI server answers this path itself with the same function (monitoring.telemetry.agent_asgi)."""
 
     # handle_report checks the node credential itself (answering 401 and 403 as the ASGI path
     # does), so DRF's authentication would only read it a second time

@@ -3,8 +3,10 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from cluster.api.serializers import NodeDrainSerializer
+from engine.presets import PRESETS
+from monitoring.faults.services import fault_problem
 from monitoring.models import FaultEvent, Simulation
-from monitoring.services import fault_problem
+from monitoring.whatif.simreport import parse_config
 
 
 class FaultEventSerializer(serializers.ModelSerializer):
@@ -101,7 +103,6 @@ class SimulationSerializer(serializers.ModelSerializer):
         return f"/api/v1/simulations/{sim.pk}/report/" if sim.state == Simulation.State.DONE else None
 
     def validate_cluster(self, value):
-        from engine.presets import PRESETS
 
         if value not in PRESETS and value != "inventory":
             raise serializers.ValidationError(
@@ -110,7 +111,6 @@ class SimulationSerializer(serializers.ModelSerializer):
         return value
 
     def validate_configurations(self, value):
-        from monitoring.simreport import parse_config
 
         for text in value:
             try:

@@ -10,15 +10,20 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from cluster.snapshot import topology_cache
 from engine.frames import FRAME_METRICS, decode_frame
 from engine.levels import LEVELS
 from monitoring import filtersets
 from monitoring.api.serializers import DomainDrainSerializer, FaultEventSerializer, SimulationSerializer
-from monitoring.livestore import FRAME_KEY, NETWORK_KEY, live_store
+from monitoring.faults.drain_preview import drain, preview
+from monitoring.faults.services import report_fault
 from monitoring.models import FaultEvent, Simulation
-from monitoring.services import report_fault
-from monitoring.simulations import report_path
 from monitoring.tasks import run_simulation_task
+from monitoring.telemetry.levels import LevelQueryError, UnknownDomain, find, level_view, parse
+from monitoring.telemetry.livestore import FRAME_KEY, NETWORK_KEY, live_store
+from monitoring.telemetry.overview import WINDOWS, ettr_last_day, history, overview
+from monitoring.whatif.simulations import report_path
+from scheduling.usage import queue_health
 
 
 class FaultEventViewSet(
@@ -113,7 +118,6 @@ class TelemetryLayoutView(APIView):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
-        from cluster.snapshot import topology_cache
 
         snap = topology_cache.structure()
         node_start = np.searchsorted(snap.gpu_node, np.arange(snap.num_nodes)).tolist()
@@ -137,7 +141,6 @@ class TelemetryLayoutView(APIView):
 
 def _refusal(exc, code: int = 400) -> Response:
     """A fleet view's or drain's query refused: 404 for what does not exist, else ``code``."""
-    from monitoring.levels import UnknownDomain
 
     return Response({exc.field: [exc.message]}, status=404 if isinstance(exc, UnknownDomain) else code)
 
@@ -162,8 +165,6 @@ class TelemetryLevelsView(APIView):
         responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 404: OpenApiTypes.OBJECT},
     )
     def get(self, request):
-        from cluster.snapshot import topology_cache
-        from monitoring.levels import LevelQueryError, level_view, parse
 
         try:
             query = parse(request.query_params)
@@ -186,8 +187,6 @@ class TelemetryLevelsFindView(APIView):
         parameters=[OpenApiParameter("q", str, required=True)], responses={200: OpenApiTypes.OBJECT}
     )
     def get(self, request):
-        from cluster.snapshot import topology_cache
-        from monitoring.levels import find
 
         q = request.query_params.get("q", "")
         if len(q) > 200 or "\x00" in q:
@@ -211,9 +210,6 @@ class DrainPreviewView(APIView):
         responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 404: OpenApiTypes.OBJECT},
     )
     def get(self, request):
-        from cluster.snapshot import topology_cache
-        from monitoring.drain_preview import preview
-        from monitoring.levels import LevelQueryError
 
         try:
             params = request.query_params
@@ -226,9 +222,6 @@ class DrainPreviewView(APIView):
         request=DomainDrainSerializer, responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT}
     )
     def post(self, request):
-        from cluster.snapshot import topology_cache
-        from monitoring.drain_preview import drain
-        from monitoring.levels import LevelQueryError
 
         body = DomainDrainSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -252,8 +245,6 @@ class OverviewView(APIView):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
-        from monitoring.overview import ettr_last_day, overview
-        from scheduling.usage import queue_health
 
         return Response({**overview(), "ettr_24h": ettr_last_day(), "queues": queue_health()})
 
@@ -264,7 +255,6 @@ class OverviewHistoryView(APIView):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
-        from monitoring.overview import WINDOWS, history
 
         window = request.query_params.get("window", "day")
         if window not in WINDOWS:

@@ -9,7 +9,10 @@ from cluster.models import ChipType
 from cluster.snapshot import topology_cache
 from engine.inference import LoadProfile, replica_topology
 from engine.steptime import ModelSpec
+from scheduling.checkpoints import recommendation
 from scheduling.choices import STATE_COLOURS, JobKind, TopologyConstraint
+from scheduling.ettr import job_ettr
+from scheduling.inference import replicas_of
 from scheduling.launch import env_problem
 from scheduling.models import (
     QUEUE_SETTINGS,
@@ -24,6 +27,7 @@ from scheduling.models import (
     ServiceScale,
 )
 from scheduling.services import capacity_problem
+from scheduling.usage import queue_usage
 
 
 class CheckpointPolicySerializer(serializers.ModelSerializer):
@@ -118,8 +122,6 @@ class QueueSerializer(serializers.ModelSerializer):
     def get_usage(self, queue: Queue) -> list[dict]:
         usage = self.context.get("usage")
         if usage is None:
-            from scheduling.usage import queue_usage
-
             usage = self.context["usage"] = queue_usage()
         return UsageSerializer(usage.get(queue.name, []), many=True).data
 
@@ -351,12 +353,10 @@ class JobDetailSerializer(JobSerializer):
         ]
 
     def get_ettr(self, job: Job) -> dict | None:
-        from scheduling.ettr import job_ettr
 
         return job_ettr([job]).get(job.pk)
 
     def get_checkpoint_recommendation(self, job: Job) -> dict:
-        from scheduling.checkpoints import recommendation
 
         return recommendation(job)
 
@@ -460,7 +460,6 @@ class InferenceServiceSerializer(serializers.ModelSerializer):
         read_only_fields = ["load_rps", "desired_replicas", "updated_at"]
 
     def get_replicas(self, service) -> dict:
-        from scheduling.inference import replicas_of
 
         states = list(replicas_of(service).values_list("state", flat=True))
         return {"running": states.count("running"), "pending": states.count("pending")}

@@ -12,8 +12,11 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from cluster.topology_files import load_document
+from engine.presets import PRESETS
 from engine.topology_spec import TopologyError
-from monitoring.simreport import (
+from monitoring.models import Simulation
+from monitoring.tasks import run_simulation_task
+from monitoring.whatif.simreport import (
     COMPARISON_HEADER,
     comparison_rows,
     parse_config,
@@ -125,9 +128,6 @@ class Command(BaseCommand):
 
     def _on_workers(self, opts) -> list[dict]:
         """A stored simulation, one task per configuration (as POST /api/v1/simulations/ runs it)."""
-        from engine.presets import PRESETS
-        from monitoring.models import Simulation
-        from monitoring.tasks import run_simulation_task
 
         if opts["cluster"] not in PRESETS and opts["cluster"] != "inventory":
             raise CommandError(

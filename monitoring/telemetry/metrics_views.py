@@ -16,8 +16,8 @@ from django.http import HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from monitoring.gpu_metrics import ShardError, gpu_exposition
-from monitoring.metrics import control_plane_exposition
+from monitoring.telemetry.gpu_metrics import ShardError, gpu_exposition
+from monitoring.telemetry.metrics import control_plane_exposition
 
 
 def _allowed(request) -> bool:

@@ -33,19 +33,20 @@ from cluster.models import GPU, Node
 from cluster.services import apply_node_action
 from cluster.snapshot import topology_cache
 from engine.checkpoint import CheckpointKind
-from engine.frames import decode_frame, delta_message, encode_frame, snapshot_message
+from engine.frames import decode_frame, encode_frame
 from engine.lifecycle import checkpoint_bytes
 from engine.network import Network, traffic_per_gpu
 from engine.states import InvalidTransition
-from monitoring.ingest import overlay_agents
-from monitoring.livestore import FRAME_KEY, NETWORK_KEY, STATE_KEY, live_store
-from monitoring.services import report_fault
+from monitoring.faults.services import report_fault
+from monitoring.telemetry.ingest import overlay_agents
+from monitoring.telemetry.livestore import FRAME_KEY, NETWORK_KEY, STATE_KEY, live_store, publish_frame
 from scheduling.checkpoints import PHYSICS
 from scheduling.choices import JobState
-from scheduling.models import Job
-from scheduling.services import change_state, record_checkpoint
+from scheduling.models import Job, Queue
+from scheduling.services import SubmitError, change_state, record_checkpoint, submit_job
 from scheduling.store import allocations
 from sim.fleet import Fleet
+from sim.workload import generate
 
 SEED = 20261130
 DEFAULT_CHECKPOINT_S = 1800.0
@@ -82,20 +83,6 @@ def _utilization(snapshot, fleet: Fleet) -> np.ndarray:
             lo, hi = np.searchsorted(pairs[:, 0], [job_id, job_id + 1])
             util[topology_cache.gpu_indices(pairs[lo:hi, 1])] = 0.15 + 0.8 * share
     return util
-
-
-def publish_frame(previous: bytes | None, encoded: bytes) -> None:
-    """With Redis, hand the change to every dashboard once through the channel layer (on the
-    embedded default each server process's broadcaster picks it up from the live store)."""
-    if not settings.REDIS_URL:
-        return
-    from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
-
-    layer = get_channel_layer()
-    if layer is not None:
-        message = delta_message(previous, encoded) if previous else snapshot_message(encoded)
-        async_to_sync(layer.group_send)("telemetry", {"type": "telemetry.frame", "frame": message})
 
 
 def _network(snapshot, seq: int, sim_t: float) -> dict:
@@ -275,7 +262,6 @@ _workloads: dict[tuple, list] = {}
 
 
 def _workload(capacity: dict[str, int]) -> list:
-    from sim.workload import generate
 
     key = tuple(sorted(capacity.items()))
     if key not in _workloads:
@@ -285,8 +271,6 @@ def _workload(capacity: dict[str, int]) -> list:
 
 def _arrivals(state: dict, snapshot, sim_t: float) -> int:
     """Submit the jobs whose arrival time passed since the last tick (the day repeats)."""
-    from scheduling.models import Queue
-    from scheduling.services import SubmitError, submit_job
 
     queues = {q.name: q for q in Queue.objects.filter(name__in=set(QUEUE_NAMES.values()), stopped=False)}
     if not queues:

@@ -17,9 +17,10 @@ from django.utils import timezone
 from cluster.snapshot import topology_cache
 from engine.frames import decode_frame
 from engine.states import GPU_STATE_CODE, NODE_STATE_CODE
-from monitoring.livestore import newest_frame
 from monitoring.models import ClusterSample, FaultEvent
+from monitoring.telemetry.livestore import newest_frame
 from scheduling.choices import JobState
+from scheduling.ettr import cluster_ettr
 from scheduling.models import Job
 from scheduling.store import allocations
 
@@ -137,7 +138,6 @@ def history(window: str = "day", now=None, points: int = 360) -> dict:
 
 def ettr_last_day(now=None) -> dict:
     """Cluster ETTR over the last 24 h and where the rest went (GPU-weighted)."""
-    from scheduling.ettr import cluster_ettr
 
     now = now or timezone.now()
     data = cluster_ettr(now - timedelta(hours=24), now)

@@ -19,11 +19,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from cluster.agents import agent_node_ids
 from cluster.models import GPU, ChipType, Rack
 from cluster.snapshot import topology_cache
 from engine.frames import decode_frame
-from monitoring.livestore import newest_frame
 from monitoring.models import FaultEvent
+from monitoring.telemetry.ingest import gpu_grid, latest_reports
+from monitoring.telemetry.livestore import newest_frame
 
 GPU_METRICS = (
     ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
@@ -132,7 +134,6 @@ def select_gpus(table: GPUTable, shard: int | None, of: int | None, datacenter: 
 def gpu_values(table: GPUTable, snap=None) -> dict[str, np.ndarray]:
     """Every GPU's values for the GPU_METRICS, from the newest telemetry frame, the agents'
     newest readings (exact, where a node has an agent) and the open XID faults."""
-    from monitoring.ingest import gpu_grid, latest_reports
 
     snap = snap or topology_cache.current()
     n = snap.num_gpus
@@ -159,7 +160,6 @@ def gpu_values(table: GPUTable, snap=None) -> dict[str, np.ndarray]:
     values["DCGM_FI_DEV_XID_ERRORS"] = np.zeros(n)
     values["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"] = np.zeros(n)
     values["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"] = np.zeros(n)
-    from cluster.agents import agent_node_ids
 
     reports = latest_reports(agent_node_ids())
     if reports:

@@ -13,11 +13,18 @@ from datetime import timedelta
 import numpy as np
 from django.utils import timezone
 
+from cluster.models import Node
+from cluster.services import apply_node_action
+from cluster.snapshot import topology_cache
 from engine import lifecycle
 from engine.placement import LEVELS as PLACEMENT_LEVELS
 from engine.placement import level_limit
 from engine.states import NODE_ACTIONS, NODE_STATES
-from monitoring.levels import LevelQueryError, UnknownDomain, _an_id, _hierarchy, _ids, _names
+from monitoring.telemetry import domains
+from monitoring.telemetry.domains import LevelQueryError, UnknownDomain
+from scheduling.checkpoints import job_policy
+from scheduling.models import Job
+from scheduling.store import allocations, layouts
 
 DRAINABLE = ("pod", "rack", "node")
 ACTIONS = {"drain": "drain", "mark-down": "mark_down"}  # as the API spells them: engine.states' name
@@ -26,12 +33,12 @@ ACTIONS = {"drain": "drain", "mark-down": "mark_down"}  # as the API spells them
 def _domain(snap, within: str) -> tuple[str, int, np.ndarray]:
     """(level, cell, node indices) of ``within`` (LEVEL:ID of a pod, rack or node)."""
     level, _, ident = (within or "").partition(":")
-    if level not in DRAINABLE or not _an_id(ident):
+    if level not in DRAINABLE or not domains.an_id(ident):
         raise LevelQueryError("within", "must be pod:ID, rack:ID or node:ID")
-    found = np.flatnonzero(_ids(snap, level) == int(ident))
+    found = np.flatnonzero(domains.ids(snap, level) == int(ident))
     if not len(found):
         raise UnknownDomain("within", f"there is no {level} with id {ident}")
-    hierarchy, _ = _hierarchy(snap)
+    hierarchy, _ = domains.hierarchy(snap)
     cell = int(found[0])
     nodes = np.array([cell]) if level == "node" else hierarchy.within("node", level, cell)
     return level, cell, nodes
@@ -42,7 +49,7 @@ def _place_name(snap, level: int, domain: int) -> str:
     if name == "node":
         return snap.node_hostname[domain]
     if name == "rack":
-        _, racks = _hierarchy(snap)
+        _, racks = domains.hierarchy(snap)
         return f"{snap.names['pod'][snap.rack_pod[domain]]}/{racks[domain]}"
     if name in ("pod", "datacenter", "region"):
         return snap.names[name][domain]
@@ -51,8 +58,6 @@ def _place_name(snap, level: int, domain: int) -> str:
 
 def held_gpus(snap) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(GPUs held by a running job as a mask, and for each held GPU its index and its job)."""
-    from cluster.snapshot import topology_cache
-    from scheduling.store import allocations
 
     pairs = allocations.active_pairs()
     held = np.zeros(len(snap.gpu_id), dtype=bool)
@@ -67,7 +72,6 @@ def where_it_fits(snap, job, free: np.ndarray) -> str:
     """Where ``job`` could run right now among the ``free`` GPUs: the domain of the widest level
     its topology allows with the most free GPUs of its chip types, if that is enough (before quota
     and priority, which the next cycle applies)."""
-    from scheduling.store import layouts
 
     layout = layouts.layout(snap)
     chips = [snap.chip_names.index(c) for c in job.chip_types if c in snap.chip_names]
@@ -85,13 +89,12 @@ def where_it_fits(snap, job, free: np.ndarray) -> str:
 
 
 def preview(snap, within: str, now=None, action: str = "drain") -> dict:
-    from scheduling.models import Job
 
     if action not in ACTIONS:
         raise LevelQueryError("action", f"must be one of {', '.join(ACTIONS)}")
     now = now or timezone.now()
     level, cell, nodes = _domain(snap, within)
-    _, racks = _hierarchy(snap)
+    _, racks = domains.hierarchy(snap)
     in_domain = np.isin(snap.gpu_node, nodes)
     held, gpu, job_ids = held_gpus(snap)
     totals = dict(zip(*np.unique(job_ids, return_counts=True), strict=True))
@@ -130,8 +133,8 @@ def preview(snap, within: str, now=None, action: str = "drain") -> dict:
         "action": action,
         "domain": {
             "level": level,
-            "id": int(_ids(snap, level)[cell]),
-            "name": _names(snap, level, racks, [cell])[0],
+            "id": int(domains.ids(snap, level)[cell]),
+            "name": domains.names(snap, level, racks, [cell])[0],
         },
         "nodes": len(nodes),
         "nodes_drainable": int(sum(drainable)),
@@ -144,7 +147,6 @@ def preview(snap, within: str, now=None, action: str = "drain") -> dict:
 
 def _kind(job):
     """The job's checkpoint kind (its policy's, else its queue's default): whether a drain saves first."""
-    from scheduling.checkpoints import job_policy
 
     return job_policy(job).kind
 
@@ -153,8 +155,6 @@ def drain(snap, within: str, *, actor: str, reason: str, grace_s: int = 0, actio
     """Drain (or mark down) every node of the domain the action may take (all of them or none), the
     reason in the audit; the nodes it may not take (already draining, down or in repair, say) are
     left as they are."""
-    from cluster.models import Node
-    from cluster.services import apply_node_action
 
     _, _, nodes = _domain(snap, within)
     ids = [int(snap.node_id[n]) for n in nodes]

@@ -13,11 +13,20 @@ from datetime import timedelta
 import numpy as np
 from django.utils import timezone
 
+from cluster.models import GPU, Node, Rack
+from cluster.snapshot import topology_cache
 from engine.frames import FRAME_METRICS, decode_frame
 from engine.levels import AGGREGATES, LEVELS, Hierarchy, aggregate_all
+from engine.states import NODE_STATE_CODE
+from monitoring.faults.drain_preview import held_gpus, where_it_fits
+from monitoring.models import FaultEvent
+from monitoring.telemetry import domains
+from monitoring.telemetry.domains import LevelQueryError, UnknownDomain
+from monitoring.telemetry.livestore import FRAME_KEY, NETWORK_KEY, live_store
+from scheduling.ettr import job_ettr
+from scheduling.models import Allocation, Job
 
 _lock = threading.Lock()
-_hierarchies: dict[int, tuple] = {}  # id(snapshot) -> (snapshot, Hierarchy, rack names)
 _aggregates: OrderedDict = OrderedDict()  # (id(snapshot), seq, metric, how, threshold) -> arrays
 KEEP = 32  # aggregates kept per process (a few frames x the metrics and aggregates viewers chose)
 MARKS_S = 2.0  # node states, lemons and open faults are read again after this many seconds
@@ -28,58 +37,11 @@ MARKS = (*NODE_STATE_MARKS, "spare", "lemon", "open_faults", "faults_24h")
 VIEW_AGGREGATES = (*AGGREGATES, "faults")
 
 
-class LevelQueryError(ValueError):
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field, self.message = field, message
-
-
-class UnknownDomain(LevelQueryError):
-    """The query names a domain or job that does not exist (404, where a malformed one is 400)."""
-
-
-def _hierarchy(snap):
-    entry = _hierarchies.get(id(snap))
-    if entry is None or entry[0] is not snap:
-        from cluster.models import Rack
-
-        names = dict(Rack.objects.values_list("id", "name"))
-        entry = (snap, Hierarchy.of(snap), tuple(names.get(int(r), str(r)) for r in snap.rack_id))
-        _hierarchies.clear()
-        _hierarchies[id(snap)] = entry
-    return entry[1], entry[2]
-
-
-def _ids(snap, level: str) -> np.ndarray:
-    return {
-        "datacenter": snap.datacenter_id,
-        "pod": snap.pod_id,
-        "rack": snap.rack_id,
-        "node": snap.node_id,
-        "gpu": snap.gpu_id,
-    }[level]
-
-
-def _names(snap, level: str, racks: tuple[str, ...], cells: np.ndarray) -> list[str]:
-    if level in ("datacenter", "pod"):
-        names = snap.names[level]
-        return [names[c] for c in cells]
-    if level == "rack":
-        pods = snap.names["pod"]
-        return [f"{pods[snap.rack_pod[c]]}/{racks[c]}" for c in cells]
-    if level == "node":
-        return [snap.node_hostname[c] for c in cells]
-    return [f"{snap.node_hostname[snap.gpu_node[c]]} GPU {snap.gpu_slot[c]}" for c in cells]
-
-
 def _node_marks(snap) -> dict[str, np.ndarray]:
     """Per node: its state when not ready, spare, lemon, and its open faults (a count)."""
     now = time.monotonic()
     if _marks.get("snap") is snap and now - _marks["at"] < MARKS_S:
         return _marks["nodes"]
-    from cluster.models import Node
-    from engine.states import NODE_STATE_CODE
-    from monitoring.models import FaultEvent
 
     nodes = {state: snap.node_state == NODE_STATE_CODE[state] for state in NODE_STATE_MARKS}
     nodes["spare"] = np.asarray(snap.node_spare, dtype=bool)
@@ -114,9 +76,6 @@ def _node_marks(snap) -> dict[str, np.ndarray]:
 
 def _job_overlay(snap, hierarchy: Hierarchy, level: str, job_id: int) -> tuple[dict, np.ndarray]:
     """The job's summary and how many of its GPUs each cell of ``level`` holds."""
-    from cluster.snapshot import topology_cache
-    from scheduling.ettr import job_ettr
-    from scheduling.models import Allocation, Job
 
     job = Job.objects.select_related("queue").filter(pk=job_id).first()
     if job is None:
@@ -137,8 +96,6 @@ def _job_overlay(snap, hierarchy: Hierarchy, level: str, job_id: int) -> tuple[d
         "ettr": job_ettr([job]).get(job.pk),
     }
     if job.state == "pending":  # where it could run now, or why not
-        from monitoring.drain_preview import held_gpus, where_it_fits
-
         summary["would_fit"] = where_it_fits(snap, job, snap.schedulable() & ~held_gpus(snap)[0])
     return summary, hierarchy.count(level, gpus, of="gpu")
 
@@ -149,8 +106,6 @@ def _uplinks(snap, level: str, cells: np.ndarray, path: list[dict]) -> list[dict
     Empty until the fleet or the agents' collector has written the network figures."""
     import json
 
-    from monitoring.livestore import NETWORK_KEY, live_store
-
     raw = live_store().get(NETWORK_KEY)
     if raw is None:
         return []
@@ -159,7 +114,7 @@ def _uplinks(snap, level: str, cells: np.ndarray, path: list[dict]) -> list[dict
         "pod": dict(zip(net.get("pod_ids", []), net.get("pod_util", []), strict=False)),
         "rack": dict(zip(net.get("rack_ids", []), net.get("rack_util", []), strict=False)),
     }
-    _, racks = _hierarchy(snap)
+    _, racks = domains.hierarchy(snap)
     out = [
         {
             "kind": p["level"],
@@ -171,19 +126,14 @@ def _uplinks(snap, level: str, cells: np.ndarray, path: list[dict]) -> list[dict
         if p["level"] in util and p["id"] in util[p["level"]]
     ]
     if level in util:
-        ids = _ids(snap, level)[cells]
-        names = _names(snap, level, racks, cells)
+        ids = domains.ids(snap, level)[cells]
+        names = domains.names(snap, level, racks, cells)
         out += [
             {"kind": level, "id": int(i), "name": n, "util": round(100 * util[level][int(i)], 1)}
             for i, n in zip(ids, names, strict=True)
             if int(i) in util[level]
         ]
     return out
-
-
-def _an_id(text: str) -> bool:
-    """Digits that fit a database id (a 64-bit integer)."""
-    return 0 < len(text) <= 19 and text.isascii() and text.isdigit() and int(text) < 2**63
 
 
 def parse(params) -> dict:
@@ -204,13 +154,13 @@ def parse(params) -> dict:
     parent = None
     if within:
         name, _, ident = within.partition(":")
-        if name not in LEVELS or not _an_id(ident):
+        if name not in LEVELS or not domains.an_id(ident):
             raise LevelQueryError("within", "must be LEVEL:ID, as datacenter:3 or rack:120")
         if LEVELS.index(name) >= LEVELS.index(level):
             raise LevelQueryError("within", f"a {name} is not above the level {level}")
         parent = (name, int(ident))
     job = params.get("job") or None
-    if job is not None and not _an_id(job):
+    if job is not None and not domains.an_id(job):
         raise LevelQueryError("job", "must be a job id")
     return {
         "level": level,
@@ -228,11 +178,11 @@ def _scope(snap, hierarchy: Hierarchy, racks, query: dict) -> tuple[np.ndarray, 
     if query["within"] is None:
         return np.arange(hierarchy.size(level)), []
     name, ident = query["within"]
-    found = np.flatnonzero(_ids(snap, name) == ident)
+    found = np.flatnonzero(domains.ids(snap, name) == ident)
     if not len(found):
         raise UnknownDomain("within", f"there is no {name} with id {ident}")
     path = [
-        {"level": lv, "id": int(_ids(snap, lv)[c]), "name": _names(snap, lv, racks, [c])[0]}
+        {"level": lv, "id": int(domains.ids(snap, lv)[c]), "name": domains.names(snap, lv, racks, [c])[0]}
         for lv, c in hierarchy.ancestors(name, int(found[0]))
     ]
     return hierarchy.within(level, name, int(found[0])), path
@@ -282,7 +232,7 @@ def _faults_by_hour(snap, hierarchy: Hierarchy, level: str, cells: np.ndarray) -
 
 def level_view(snap, frame: bytes, query: dict) -> dict:
     """The cells of ``query['level']`` (inside ``query['within']``) with their figures."""
-    hierarchy, racks = _hierarchy(snap)
+    hierarchy, racks = domains.hierarchy(snap)
     seq, t, values = decode_frame(frame)
     if len(values["util"]) != hierarchy.num_gpus:
         gpus = len(values["util"])
@@ -291,7 +241,7 @@ def level_view(snap, frame: bytes, query: dict) -> dict:
     cells, path = _scope(snap, hierarchy, racks, query)
     figures = _figures(snap, hierarchy, seq, values, query)
     value, unhealthy, gpus = figures[0][level][cells], figures[1][level][cells], hierarchy.gpus(level)[cells]
-    ids, names = _ids(snap, level)[cells], _names(snap, level, racks, cells)
+    ids, names = domains.ids(snap, level)[cells], domains.names(snap, level, racks, cells)
     counts = _cell_marks(snap, hierarchy, level, cells)
     hours = None
     if query["aggregate"] == "faults":  # faults of the last 24 hours, from the database, hour by hour
@@ -340,9 +290,6 @@ def view_json(seq: int | None = None, query: dict | None = None) -> str | None:
     frame. A bad query raises LevelQueryError."""
     import json
 
-    from cluster.snapshot import topology_cache
-    from monitoring.livestore import FRAME_KEY, live_store
-
     key = (seq, tuple(sorted((k, str(v)) for k, v in query.items())))
     with _lock:
         if seq is not None and key in _views:
@@ -365,8 +312,6 @@ def find(snap, text: str, limit: int = 20) -> list[dict]:
     """Where ``text`` names something in the cluster: a datacenter, pod or rack by name, a node by
     hostname, a GPU by UUID, a job by id or name; each with the view (level, within) that shows
     it, and for a job its id for the overlay."""
-    from cluster.models import GPU, Node, Rack
-    from scheduling.models import Job
 
     text = text.strip()
     if not text:
@@ -375,7 +320,7 @@ def find(snap, text: str, limit: int = 20) -> list[dict]:
     for level, child in (("datacenter", "pod"), ("pod", "rack")):
         for i, name in enumerate(snap.names[level]):
             if low in name.lower():
-                out.append(_hit(level, name, child, f"{level}:{int(_ids(snap, level)[i])}"))
+                out.append(_hit(level, name, child, f"{level}:{int(domains.ids(snap, level)[i])}"))
     pods = dict(zip(snap.pod_id.tolist(), snap.names["pod"], strict=True))
     for rack, name, pod in Rack.objects.filter(name__icontains=text).values_list("id", "name", "pod_id")[
         :limit
@@ -389,7 +334,8 @@ def find(snap, text: str, limit: int = 20) -> list[dict]:
     )
     for uuid, index, node, hostname in gpus[:limit]:
         out.append(_hit("gpu", f"{hostname} GPU {index} ({uuid})", "gpu", f"node:{node}"))
-    jobs = Job.objects.filter(pk=int(text)) if _an_id(text) else Job.objects.filter(name__icontains=text)
+    by_id = domains.an_id(text)
+    jobs = Job.objects.filter(pk=int(text)) if by_id else Job.objects.filter(name__icontains=text)
     for job, name, state in jobs.order_by("-id").values_list("id", "name", "state")[:limit]:
         out.append({**_hit("job", f"job {job} {name} ({state})".replace("  ", " "), "pod", ""), "job": job})
     return out[:limit]

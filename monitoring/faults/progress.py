@@ -1,7 +1,7 @@
 """Hung and slow nodes of jobs on real nodes, from the per-rank progress their agents report.
 
 A launched job's ranks append their step counter to ``$MYRIAD_PROGRESS_FILE``; each node's agent
-sends the newest with its report (monitoring.reports), kept with the node's latest readings in the
+sends the newest with its report (monitoring.telemetry.reports), kept with the node's latest readings in the
 live store. Every agent watch (``check_progress``) judges each running job whose every rank runs,
 by engine.progress's rule, on the server's clock:
 
@@ -26,9 +26,9 @@ from cluster.models import Node
 from cluster.services import CONTROLLER, apply_node_action
 from engine.progress import ProgressRule, Verdict, localize
 from engine.states import InvalidTransition
-from monitoring.ingest import latest_reports
+from monitoring.faults.services import report_fault
 from monitoring.models import FaultEvent
-from monitoring.services import report_fault
+from monitoring.telemetry.ingest import latest_reports
 from scheduling import launch
 from scheduling.choices import EventKind, JobState
 from scheduling.models import Job, JobEvent

@@ -24,9 +24,11 @@ from django.utils import timezone
 
 from cluster.agents import UNKNOWN_CREDENTIAL, agent_node_ids
 from cluster.models import Node, NodeCredential
-from monitoring.livestore import AGENT_REPORT_PREFIX, live_store
-from monitoring.reports import forget, revoked
-from monitoring.services import report_fault
+from cluster.snapshot import topology_cache
+from engine.frames import FRAME_METRICS, decode_frame, encode_frame
+from monitoring.faults.services import report_fault
+from monitoring.telemetry.identities import forget, revoked
+from monitoring.telemetry.livestore import AGENT_REPORT_PREFIX, FRAME_KEY, live_store, publish_frame
 from scheduling import launch
 
 _UP_SINCE = timezone.now()  # nodes are judged silent only once this process has been up as long
@@ -287,10 +289,6 @@ def compose_frame() -> int:
     written every watch interval; returns the GPUs that have an agent's readings."""
     if settings.SIMULATED_FLEET:
         return 0  # the fleet's tick overlays the agents' readings on its own frame
-    from cluster.snapshot import topology_cache
-    from engine.frames import FRAME_METRICS, decode_frame, encode_frame
-    from monitoring.fleet_driver import publish_frame
-    from monitoring.livestore import FRAME_KEY
 
     store = live_store()
     snapshot = topology_cache.current()

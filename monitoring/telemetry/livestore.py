@@ -11,6 +11,7 @@ from pathlib import Path
 from django.conf import settings
 
 from cluster.outages import LiveStoreDown
+from engine.frames import delta_message, snapshot_message
 
 FRAME_KEY = "myriad:telemetry:frame"
 STATE_KEY = "myriad:fleet:state"
@@ -170,3 +171,17 @@ def newest_frame() -> bytes | None:
 def reset_store() -> None:
     global _store
     _store = None
+
+
+def publish_frame(previous: bytes | None, encoded: bytes) -> None:
+    """With Redis, hand the change to every dashboard once through the channel layer (on the
+    embedded default each server process's broadcaster picks it up from the live store)."""
+    if not settings.REDIS_URL:
+        return
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    if layer is not None:
+        message = delta_message(previous, encoded) if previous else snapshot_message(encoded)
+        async_to_sync(layer.group_send)("telemetry", {"type": "telemetry.frame", "frame": message})

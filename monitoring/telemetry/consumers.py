@@ -1,5 +1,5 @@
 """Live telemetry over websockets: /ws/telemetry/ (every GPU) and /ws/levels/ (one level of the
-fleet view, monitoring.levels).
+fleet view, monitoring.telemetry.levels).
 
 A client gets a compressed snapshot of the newest frame on connect ("S", sim.fleet) and a
 compressed delta for each newer frame after it ("D": the change from the frame it names), at most
@@ -22,7 +22,8 @@ from django.conf import settings
 
 from cluster.roles import is_viewer
 from engine.frames import decode_frame, delta_message, snapshot_message
-from monitoring.livestore import FRAME_KEY, live_store
+from monitoring.telemetry.levels import LevelQueryError, parse, view_json
+from monitoring.telemetry.livestore import FRAME_KEY, live_store
 
 GROUP = "telemetry"
 _broadcaster: dict[str, asyncio.Task] = {}
@@ -107,15 +108,13 @@ class LevelsConsumer(_FrameConsumer):
     """The fleet view of one level: the client sends the view it shows as JSON (``level``,
     ``within``, ``metric``, ``aggregate``, ``threshold``, ``job``, as the levels API takes them) and
     gets that view as JSON at once and again for every newer frame; each view is made once per
-    frame per server process (monitoring.levels.view_json), whatever the number of clients. A bad
+    frame per server process (monitoring.telemetry.levels.view_json), whatever the number of clients. A bad
     view gets ``{"error": {field: [message]}}``."""
 
     query = None
 
     async def receive(self, text_data=None, bytes_data=None):
         import json
-
-        from monitoring.levels import LevelQueryError, parse
 
         try:
             asked = json.loads(text_data or "")
@@ -139,8 +138,6 @@ class LevelsConsumer(_FrameConsumer):
 
     async def _send_view(self, seq):
         import json
-
-        from monitoring.levels import LevelQueryError, view_json
 
         query = self.query
         try:

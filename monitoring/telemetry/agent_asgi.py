@@ -16,7 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from monitoring.reports import answer, prepare
+from cluster.api.throttling import blocked_for, record_failure
+from monitoring.telemetry.ingest import ingest_many
+from monitoring.telemetry.reports import answer, prepare
 
 REPORT_PATH = "/api/v1/agent/report/"
 
@@ -94,7 +96,6 @@ MAX_BATCH = 500
 
 
 def _apply(pairs) -> tuple:
-    from monitoring.ingest import ingest_many
 
     return ("answers", [answer(a) for a in ingest_many(pairs)])
 
@@ -129,7 +130,6 @@ async def _answer(send, code: int, payload: dict, extra: list | None = None) -> 
 
 def _failed_credential(scope, code: int, answer: dict) -> tuple[int, dict]:
     """The lockout of cluster.api.throttling for the report path, which skips Django's views."""
-    from cluster.api.throttling import blocked_for, record_failure
 
     client = scope.get("client") or ("unknown", 0)
     who = client[0]

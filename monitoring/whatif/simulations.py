@@ -12,9 +12,11 @@ from django.db import transaction
 from django.db.models import Avg
 from django.utils import timezone
 
+from cluster.models import DatacenterLink, Pod
 from engine.presets import PRESETS, preset_document
 from monitoring.models import Simulation, SimulationPart
-from monitoring.simreport import parse_config, run_all, write_report
+from monitoring.signals import simulation_parts_wanted
+from monitoring.whatif.simreport import parse_config, run_all, write_report
 
 
 def report_path(simulation: Simulation) -> Path:
@@ -23,7 +25,6 @@ def report_path(simulation: Simulation) -> Path:
 
 def inventory_document() -> dict:
     """The live inventory as a topology document (so a what-if runs on the cluster as built)."""
-    from cluster.models import DatacenterLink, Pod
 
     regions: dict = {}
     pods = Pod.objects.select_related("datacenter__region").prefetch_related("racks__nodes__chip_type")
@@ -76,10 +77,6 @@ def start(simulation_id: int) -> str:
     sweep fans out as a Celery group, one task per configuration on the simulations workers, and
     the last part to finish assembles the report (``assemble``). This is a chord's work done under
     the simulation's row lock, so it needs no result backend and runs on the embedded broker too."""
-    from celery import group
-
-    from monitoring.tasks import run_simulation_part
-
     sim = Simulation.objects.get(pk=simulation_id)
     configs = sim.configurations or ["baseline"]
     try:
@@ -93,7 +90,7 @@ def start(simulation_id: int) -> str:
         SimulationPart.objects.get_or_create(simulation=sim, index=index)
     if len(configs) == 1:
         return run_part(sim.pk, 0)
-    group(run_simulation_part.s(sim.pk, index) for index in range(len(configs))).apply_async()
+    simulation_parts_wanted.send(sender=Simulation, simulation=sim.pk, indices=list(range(len(configs))))
     return f"{len(configs)} configurations started"
 
 
@@ -167,7 +164,6 @@ def restart_silent_parts(now=None) -> list[tuple[int, int]]:
     """Parts whose worker has been silent for SIMULATION_LEASE_S (a worker killed mid-run) go back
     to the simulations queue, for any worker to take; a kept result is never computed again.
     Returns the (simulation, index) pairs started again."""
-    from monitoring.tasks import run_simulation_part
 
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.SIMULATION_LEASE_S)
@@ -178,7 +174,11 @@ def restart_silent_parts(now=None) -> list[tuple[int, int]]:
     for part in silent:
         # the lease taken over once, by whoever updates it first
         if SimulationPart.objects.filter(pk=part.pk, heartbeat_at=part.heartbeat_at).update(heartbeat_at=now):
-            transaction.on_commit(lambda s=part.simulation_id, i=part.index: run_simulation_part.delay(s, i))
+            transaction.on_commit(
+                lambda s=part.simulation_id, i=part.index: simulation_parts_wanted.send(
+                    sender=Simulation, simulation=s, indices=[i]
+                )
+            )
             restarted.append((part.simulation_id, part.index))
     return restarted
 

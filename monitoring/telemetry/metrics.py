@@ -9,7 +9,7 @@ figure no record keeps, the scheduling cycle's duration, is a histogram of count
 store (Redis' HINCRBYFLOAT, or a locked file on one machine) that every cycle adds to.
 
 The control plane's families are prometheus-client's and its exposition ``generate_latest``; the
-GPUs' are in ``monitoring.gpu_metrics``.
+GPUs' are in ``monitoring.telemetry.gpu_metrics``.
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ from prometheus_client.utils import floatToGoString
 from cluster.outages import best_effort
 from engine.frames import decode_frame
 from engine.reasons import PENDING_KINDS, pending_kind
-from monitoring.livestore import CYCLE_COUNTS_KEY, live_store, newest_frame
 from monitoring.models import FaultEvent
+from monitoring.telemetry.livestore import CYCLE_COUNTS_KEY, live_store, newest_frame
+from monitoring.telemetry.overview import BUCKETS, ettr_last_day, overview
 from scheduling.choices import EventKind, JobState
 from scheduling.models import Job, JobEvent, Queue
+from scheduling.usage import queue_usage
 
 log = logging.getLogger("myriad.metrics")
 
@@ -227,7 +229,6 @@ class ControlPlaneCollector:
         yield wait
 
     def _quota(self):
-        from scheduling.usage import queue_usage
 
         families = {
             key: GaugeMetricFamily(
@@ -246,7 +247,6 @@ class ControlPlaneCollector:
         yield from families.values()
 
     def _gpus(self):
-        from monitoring.overview import BUCKETS, overview
 
         data = overview()
         gpus = GaugeMetricFamily(
@@ -288,7 +288,6 @@ class ControlPlaneCollector:
         yield h
 
     def _health(self):
-        from monitoring.overview import ettr_last_day
 
         ettr = GaugeMetricFamily(
             "myriad_ettr_ratio", "Effective training time ratio of the last 24 h (GPU-weighted, 0 to 1)"

@@ -21,9 +21,10 @@ from engine import lifecycle
 from engine.faults import SOURCE_TABLE
 from monitoring.choices import FaultSource
 from monitoring.models import FaultEvent
-from scheduling import launch, recovery
+from monitoring.signals import fault_recorded
+from scheduling import recovery
 from scheduling.locks import cycle_lock
-from scheduling.trigger import request_cycle
+from scheduling.trigger import assignments_changed, request_cycle
 
 LEMON_WINDOW = timedelta(seconds=lifecycle.LEMON_WINDOW_S)
 
@@ -67,12 +68,7 @@ def report_fault(**fields) -> FaultEvent:
     with transaction.atomic():
         fault = FaultEvent.objects.create(**fields)
 
-        def enqueue() -> None:
-            from monitoring.tasks import handle_fault_task
-
-            handle_fault_task.delay(fault.pk)
-
-        transaction.on_commit(enqueue)
+        transaction.on_commit(lambda: fault_recorded.send(sender=FaultEvent, fault=fault.pk))
     return fault
 
 
@@ -155,5 +151,5 @@ def handle_fault(fault_id: int, now=None) -> dict:
         fault.save()
         if hit or faulty:
             request_cycle()
-            launch.changed()
+            assignments_changed()
     return {"fault": fault_id, "action": c.action.value, "jobs_hit": len(hit)}
