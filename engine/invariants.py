@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from engine.placement import Layout, level_limit
+from engine.reasons import PENDING_KINDS
 from engine.scheduler import build_quota_book
 from engine.workload import MILLI, CycleResult, PendingJob, QueueSpec, RunningJob
 
@@ -113,8 +114,11 @@ def _decision_problems(running, pending, result: CycleResult) -> list[str]:
     for job in pending:
         if job.id not in result.pending and job.id not in admitted:
             problems.append(f"job {job.id} is neither admitted nor given a pending reason")
-        if job.id in result.pending and not result.pending[job.id]:
+        reason = result.pending.get(job.id)
+        if job.id in result.pending and not reason:
             problems.append(f"job {job.id} is pending with an empty reason")
+        elif reason is not None and getattr(reason, "kind", None) not in PENDING_KINDS:
+            problems.append(f"job {job.id} is pending for a reason of no kind: {reason}")
     running_ids = {j.id for j in running}
     for p in result.preemptions:
         if p.job_id not in running_ids:

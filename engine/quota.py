@@ -18,13 +18,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.reasons import Reason
+
 UNLIMITED = np.iinfo(np.int64).max // 4
 
 
 @dataclass(frozen=True)
 class QuotaCheck:
     ok: bool
-    reason: str = ""
+    reason: Reason | None = None  # why not (engine.reasons), kind "quota"
     kind: str = ""  # "", "nominal", "borrowing_limit", "cohort": what ran out
 
 
@@ -114,18 +116,21 @@ class QuotaBook:
         used, nominal = int(self.usage[q, c]), int(self.nominal[q, c])
         after = used + gpus
         cohort = int(self.cohort_of[q])
+
+        def refused(text: str, what: str) -> QuotaCheck:
+            facts = {"queue": name, "chip": chip, "in_use": g(used), "nominal": g(nominal), "needs": g(gpus)}
+            return QuotaCheck(False, Reason(text, "quota", {**facts, "ran_out": what}), what)
+
         if cohort < 0:
             if after <= nominal:
                 return QuotaCheck(True)
-            return QuotaCheck(
-                False,
+            return refused(
                 f"quota of queue {name} exhausted for {chip}: {g(used)} of {g(nominal)} in use, "
                 f"needs {g(gpus)}; the queue is in no cohort, so it cannot borrow",
                 "nominal",
             )
         if after - nominal > self.borrowing_limit[q, c]:
-            return QuotaCheck(
-                False,
+            return refused(
                 f"queue {name} would borrow {g(after - nominal)} {chip} GPUs, above its borrowing "
                 f"limit of {g(self.borrowing_limit[q, c])}",
                 "borrowing_limit",
@@ -137,14 +142,12 @@ class QuotaBook:
             return QuotaCheck(True)
         cohort_name = self.cohort_names[cohort]
         if after <= nominal:
-            return QuotaCheck(
-                False,
+            return refused(
                 f"queue {name}'s nominal {chip} quota ({g(nominal)}) is lent to other queues of "
                 f"cohort {cohort_name}; {g(used)} in use, needs {g(gpus)}: reclaim by preemption",
                 "cohort",
             )
-        return QuotaCheck(
-            False,
+        return refused(
             f"quota of queue {name} exhausted for {chip} ({g(used)} of nominal {g(nominal)} in "
             f"use, needs {g(gpus)}) and cohort {cohort_name} has {g(max(available, 0))} to lend",
             "cohort",

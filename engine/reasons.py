@@ -1,34 +1,54 @@
-"""What kind of thing keeps a job pending, read from the reason the scheduler gave it.
+"""Why a job is still pending: a kind, the facts, and the sentence an operator reads.
 
-The scheduler explains every pending job in words (``engine.scheduler``, ``engine.steps``,
-``engine.quota``); operators and metrics also need the kind: ``stopped`` (its queue is stopped),
-``quota`` (no quota it may use, nor any to borrow), ``topology`` (enough free GPUs, but not in one
-node, rack or pod as the job asks), ``capacity`` (no datacenter or region with room), ``reservation``
-(GPUs are held for it and expected free), ``ordering`` (held behind an earlier job of its queue).
-A reason joined from several chip types ("; ") takes the kind of its first part: the job's
-preferred chip type.
+Every step of the scheduler that leaves a job pending says so with a ``Reason``: the sentence
+itself (a ``str``, so it is written and compared as text), with its ``kind`` and its ``facts``
+(the queue, chip type, GPUs, seconds... that the sentence is made of) alongside. Metrics and the
+API read the kind; nothing parses the sentence.
+
+The kinds: ``stopped`` (its queue is stopped), ``quota`` (no quota it may use, nor any to borrow),
+``topology`` (enough free GPUs, but not in one node, rack or pod as the job asks), ``capacity``
+(no datacenter or region with room, or preemption deferred), ``reservation`` (GPUs are held for it
+and expected free, or the only free ones are held for a larger job), ``ordering`` (held behind an
+earlier job of its queue), ``other`` (no such queue, the cycle's start limit). Reasons joined from
+several chip types ("; ") take the kind and facts of the first: the job's preferred chip type.
 """
 
 from __future__ import annotations
 
 PENDING_KINDS = ("stopped", "quota", "topology", "capacity", "reservation", "ordering", "other")
+TOPOLOGY_LEVELS = ("node", "rack", "pod")  # a gang that fits the fleet but not one of these
 
-_TOPOLOGY_LEVELS = ("node", "rack", "pod")
+
+class Reason(str):
+    """A pending reason: the sentence, with ``kind`` (one of PENDING_KINDS) and ``facts``."""
+
+    kind: str
+    facts: dict
+
+    def __new__(cls, text: str, kind: str, facts: dict | None = None) -> Reason:
+        if kind not in PENDING_KINDS:
+            raise ValueError(f"kind: {kind!r} is not one of {', '.join(PENDING_KINDS)}")
+        self = super().__new__(cls, text)
+        self.kind = kind
+        self.facts = facts or {}
+        return self
+
+    def __getnewargs__(self):  # pickles (the what-if workers) with its kind and facts
+        return str(self), self.kind, self.facts
+
+    def but(self, more: str, **facts) -> Reason:
+        """The same reason with words added (a queue's bounded wait, the chip types ranked)."""
+        return Reason(f"{self}{more}", self.kind, {**self.facts, **facts})
 
 
-def pending_kind(reason: str) -> str:
-    first = reason.split("; ", 1)[0]
-    if first.startswith("queue ") and first.endswith(" is stopped"):
-        return "stopped"
-    if first.startswith("waiting for reservation"):
-        return "reservation"
-    if first.startswith("waiting behind job"):
-        return "ordering"
-    if first.startswith("no "):
-        level = first[3:].split(" ", 1)[0]
-        return "topology" if level in _TOPOLOGY_LEVELS else "capacity"
-    if "quota" in first or "borrow" in first or "lend" in first:
-        return "quota"
-    if first.startswith("preemption deferred"):
-        return "capacity"
-    return "other"
+def joined(reasons: list[Reason]) -> Reason | None:
+    """One reason from a reason per chip type tried, in the job's order (None: there were none)."""
+    if not reasons:
+        return None
+    first = reasons[0]
+    return Reason("; ".join(reasons), first.kind, first.facts) if len(reasons) > 1 else first
+
+
+def placement_kind(level: str) -> str:
+    """No room in one domain of this level: topology below a datacenter, capacity at or above."""
+    return "topology" if level in TOPOLOGY_LEVELS else "capacity"

@@ -30,6 +30,7 @@ import numpy as np
 from engine.placement import FreePool, Layout, level_limit
 from engine.pools import Pools
 from engine.quota import UNLIMITED, QuotaBook
+from engine.reasons import Reason, joined
 from engine.steps.admission import AdmissionStep
 from engine.steps.drain import DrainStep
 from engine.steps.elasticity import ElasticStep
@@ -176,7 +177,9 @@ class Cycle(
         self.held: dict[int, tuple[int, set[int], str]] = {}
         self.first_blocked: set[int] = set()  # queues whose first blocked job was seen
         self.quota_blocked = False  # the last job scheduled was refused by quota on every chip
-        self.borrow_blocked = ""  # why the last preemption attempt was refused while borrowing
+        self.borrow_blocked: Reason | None = (
+            None  # why the last preemption attempt was refused while borrowing
+        )
         self._options: dict[tuple, list[int]] = {}  # (queue, chip types) -> chip options
         self.result = CycleResult()
 
@@ -190,8 +193,10 @@ class Cycle(
             self.result.considered += 1
             if limit is not None and started >= limit:
                 self.result.start_limited = True
-                self.result.pending[job.id] = (
-                    f"waiting for the next cycle: this one started {started} GPUs, its limit is {limit}"
+                self.result.pending[job.id] = Reason(
+                    f"waiting for the next cycle: this one started {started} GPUs, its limit is {limit}",
+                    "other",
+                    {"started_gpus": started, "limit_gpus": limit},
                 )
                 continue
             behind = self._held_behind(qi, job)
@@ -207,30 +212,35 @@ class Cycle(
             self._grow()
         return self.result
 
-    def _schedule_job(self, qi: int, job: PendingJob) -> str:
+    def _schedule_job(self, qi: int, job: PendingJob) -> Reason | None:
+        """Admit the job (None) or say why it stays pending."""
         queue = self.queues[qi]
         self.quota_blocked = False
         if queue.stopped:
-            return f"queue {queue.name} is stopped"
+            return Reason(f"queue {queue.name} is stopped", "stopped", {"queue": queue.name})
         if job.fractional:
             return self._admit_fraction(qi, job)
         chips = self._chip_options(qi, job)
         if not chips:
             wanted = ", ".join(job.chip_types) if job.chip_types else "any chip type"
-            return f"queue {queue.name} has no quota for {wanted} and its cohort has none to lend"
+            return Reason(
+                f"queue {queue.name} has no quota for {wanted} and its cohort has none to lend",
+                "quota",
+                {"queue": queue.name, "chip_types": list(job.chip_types)},
+            )
         max_level = level_limit(job.topology)
         if job.elastic:
             for c in chips:
                 if self._admit_elastic(qi, job, c, max_level):
-                    return ""
+                    return None
             # from here on it asks for its minimum, like a rigid job of that size
             job = replace(job, gpus=job.min_gpus, min_gpus=None)
-        reasons: list[str] = []
+        reasons: list[Reason] = []
         capacity_blocked = self._try_chips(qi, job, chips, max_level, reasons)
         if capacity_blocked is None:
-            return ""
+            return None
         if job.mixed and len(chips) > 1 and self._admit_mixed(qi, job, chips, max_level):
-            return ""
+            return None
         # reclaiming lent quota on any chip type comes before evicting the queue's own work
         passes = []
         if queue.reclaim_within_cohort != Reclaim.NEVER and self.quota.cohort_of[qi] >= 0:
@@ -240,17 +250,19 @@ class Cycle(
         for own in passes:
             for c in chips:
                 if self.result.preemption_attempts >= self.config.max_preemption_attempts:
-                    reasons.append("preemption deferred to the next cycle (attempt limit reached)")
+                    limit = self.config.max_preemption_attempts
+                    deferred = "preemption deferred to the next cycle (attempt limit reached)"
+                    reasons.append(Reason(deferred, "capacity", {"attempt_limit": limit}))
                     break
                 if self._admit_by_shrinking(qi, job, c, max_level, own):
-                    return ""
+                    return None
                 if self._admit_by_preemption(qi, job, c, max_level, own):
-                    return ""
+                    return None
                 if own and self.borrow_blocked:
                     reasons.append(self.borrow_blocked)
-        return self._try_reserve(job, capacity_blocked, max_level) or "; ".join(reasons)
+        return self._try_reserve(job, capacity_blocked, max_level) or joined(reasons)
 
-    def _try_chips(self, qi, job, chips, max_level, reasons: list[str]) -> list[int] | None:
+    def _try_chips(self, qi, job, chips, max_level, reasons: list[Reason]) -> list[int] | None:
         """Admit and place on the first chip type that has quota and room (None: admitted);
         otherwise returns the chip types it found no room on, and adds each chip's reason."""
         capacity_blocked: list[int] = []
@@ -280,8 +292,8 @@ class Cycle(
             reasons.append(self._placement_reason(job, c, max_level))
         return capacity_blocked
 
-    def _try_reserve(self, job, capacity_blocked: list[int], max_level: int) -> str:
-        """Reserve for a gang blocked by capacity; returns its reason, or "" without a reservation."""
+    def _try_reserve(self, job, capacity_blocked: list[int], max_level: int) -> Reason | None:
+        """Reserve for a gang blocked by capacity; returns its reason, or None without a reservation."""
         for c in capacity_blocked:
             if (
                 len(self.result.reservations) < self.config.max_reservations
@@ -290,11 +302,19 @@ class Cycle(
                 reservation = self._reserve(job, c, max_level)
                 if reservation is not None:
                     when = reservation.start_at - self.now
-                    return (
-                        f"waiting for reservation: {job.gpus} {self.topo.chip_names[c]} GPUs in "
-                        f"{reservation.domain}, expected free in {when:.0f} s"
+                    chip = self.topo.chip_names[c]
+                    return Reason(
+                        f"waiting for reservation: {job.gpus} {chip} GPUs in "
+                        f"{reservation.domain}, expected free in {when:.0f} s",
+                        "reservation",
+                        {
+                            "gpus": job.gpus,
+                            "chip": chip,
+                            "domain": reservation.domain,
+                            "free_in_s": round(when),
+                        },
                     )
-        return ""
+        return None
 
 
 def schedule(

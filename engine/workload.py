@@ -8,6 +8,7 @@ from enum import StrEnum
 import numpy as np
 
 from engine.lifecycle import unsaved_s
+from engine.reasons import Reason
 
 MILLI = 1000  # a whole GPU, in the thousandths that shared GPUs are counted in
 
@@ -238,7 +239,7 @@ class CycleResult:
     preemptions: list[Preemption] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
     resizes: list[Resize] = field(default_factory=list)
-    pending: dict[int, str] = field(default_factory=dict)  # job id -> why it is still pending
+    pending: dict[int, Reason] = field(default_factory=dict)  # job id -> why it is still pending
     considered: int = 0
     preemption_attempts: int = 0
     start_limited: bool = False  # the start limit left jobs for the next cycle

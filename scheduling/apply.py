@@ -11,6 +11,7 @@ from datetime import datetime
 
 from cluster.models import ChipType
 from cluster.services import mark_drained
+from engine.reasons import Reason
 from engine.workload import CycleResult
 from scheduling.bulk import update_rows
 from scheduling.checkpoints import job_policy
@@ -40,11 +41,12 @@ class ReasonWriter:
     def __init__(self) -> None:
         self.cycles = 0
 
-    def changed(self, new: dict[int, str], old: dict[int, str]) -> list[tuple[int, str]]:
+    def changed(self, new: dict[int, Reason], old: dict[int, str]) -> list[tuple[int, str, str]]:
+        """(job id, sentence, kind) of the reasons to write."""
         self.cycles += 1
         refresh = self.cycles % REASON_REFRESH_CYCLES == 0
         return [
-            (job_id, reason[:2000])
+            (job_id, reason[:2000], reason.kind)
             for job_id, reason in new.items()
             if old.get(job_id) != reason and (refresh or _wording(old.get(job_id) or "") != _wording(reason))
         ]
@@ -79,13 +81,13 @@ def apply_decisions(
     for a in result.admissions:
         rows.add(a.job_id, snapshot.gpu_id[a.gpus])
         admitted_jobs.append(
-            (a.job_id, JobState.RUNNING.value, now, chip_ids[a.chip], a.domain[:128], "", len(a.gpus))
+            (a.job_id, JobState.RUNNING.value, now, chip_ids[a.chip], a.domain[:128], "", "", len(a.gpus))
         )
         events.extend(_admission_events(a, now))
     if admitted_jobs:
         update_rows(
             Job,
-            ["state", "started_at", "chip", "placement", "pending_reason", "allocated_gpus"],
+            ["state", "started_at", "chip", "placement", "pending_reason", "pending_kind", "allocated_gpus"],
             admitted_jobs,
         )
         _plan_admitted(result, snapshot, now, events)
@@ -95,8 +97,8 @@ def apply_decisions(
     # 4. pending reasons (jobs whose chip types were ranked say so)
     for job_id, ranking in (ranked or {}).items():
         if job_id in result.pending:
-            result.pending[job_id] = f"{result.pending[job_id]} ({ranking})"
-    update_rows(Job, ["pending_reason"], reasons.changed(result.pending, old_reasons))
+            result.pending[job_id] = result.pending[job_id].but(f" ({ranking})", ranked=ranking)
+    update_rows(Job, ["pending_reason", "pending_kind"], reasons.changed(result.pending, old_reasons))
     JobEvent.objects.bulk_create(events, batch_size=1000)
 
     # 5. draining nodes left empty are drained

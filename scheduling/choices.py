@@ -1,7 +1,7 @@
 from django.db import models
 
 from cluster.choices import engine_choices
-from engine import checkpoint, lifecycle, tiers
+from engine import checkpoint, lifecycle, reasons, tiers
 from engine.placement import TOPOLOGY_CONSTRAINTS
 from engine.workload import QUEUEING_STRATEGIES, RECLAIM_POLICIES, WITHIN_QUEUE_POLICIES
 
@@ -16,6 +16,8 @@ JobState = engine_choices("JobState", lifecycle.JOB_STATES)
 
 
 ACTIVE_STATES = tuple(JobState(s) for s in lifecycle.ACTIVE_JOB_STATES)
+
+PendingKind = engine_choices("PendingKind", reasons.PENDING_KINDS)  # what keeps a job pending
 
 
 CheckpointKind = engine_choices(

@@ -18,6 +18,7 @@ from scheduling.choices import (
     EventKind,
     JobKind,
     JobState,
+    PendingKind,
     ProcessState,
     QueueingStrategy,
     ReclaimPolicy,
@@ -107,13 +108,9 @@ class CheckpointPolicy(models.Model):
     @staticmethod
     def fields_of(value: checkpoint_policy.CheckpointPolicy) -> dict:
         """The model's fields for an engine policy (its name aside)."""
-        return {
-            "kind": value.kind.value if value.kind else _DEFAULT_POLICY.kind.value,
-            "interval_s": value.interval_s,
-            "triggered_success": value.triggered_success,
-            "recovery_tier": str(value.tier),
-            "replica_groups": value.replica_groups,
-        }
+        kind, tier = (value.kind or _DEFAULT_POLICY.kind).value, str(value.tier)
+        fields = {"interval_s": value.interval_s, "triggered_success": value.triggered_success}
+        return {"kind": kind, **fields, "recovery_tier": tier, "replica_groups": value.replica_groups}
 
     @classmethod
     def from_value(cls, value: checkpoint_policy.CheckpointPolicy, **fields) -> CheckpointPolicy:
@@ -331,6 +328,8 @@ class Job(models.Model):
     )
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
     pending_reason = models.TextField(blank=True)
+    # what keeps it pending (engine.reasons) as the last cycle said; empty until one says
+    pending_kind = models.CharField(max_length=16, choices=PendingKind.choices, blank=True)
     submitted_at = models.DateTimeField(db_index=True)
     started_at = models.DateTimeField(null=True, blank=True, help_text="Start of the current run")
     finished_at = models.DateTimeField(null=True, blank=True)

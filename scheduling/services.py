@@ -133,7 +133,7 @@ def _release(job: Job, now) -> int:
 
 
 # the fields a requeue changes, for bulk updates
-REQUEUE_FIELDS = ["state", "started_at", "placement", "pending_reason", "allocated_gpus"]
+REQUEUE_FIELDS = ["state", "started_at", "placement", "pending_reason", "pending_kind", "allocated_gpus"]
 
 
 def requeue(job: Job, reason: str) -> list[str]:
@@ -142,6 +142,7 @@ def requeue(job: Job, reason: str) -> list[str]:
     job.state = job_action_target("requeue", job.state)
     job.started_at, job.placement, job.allocated_gpus = None, "", 0
     job.pending_reason = reason[:2000]
+    job.pending_kind = ""  # until the next cycle says what it waits for
     return REQUEUE_FIELDS
 
 
@@ -196,6 +197,7 @@ def change_state(job_id: int, action: str, *, actor: str = "", reason: str = "",
         job.pending_reason = "waiting for the next scheduling cycle"
     else:
         job.pending_reason = ""
+    job.pending_kind = ""  # the next cycle says what a pending job waits for
     job.started_at = job.started_at if action in ("finish", "fail") else None
     job.allocated_gpus = 0
     job.save()

@@ -253,11 +253,37 @@ def test_a_blocked_gang_reserves_and_short_jobs_backfill():
     (res,) = result.reservations
     assert res.job_id == 1 and res.start_at == 1000 and len(res.gpus) == 48
     assert result.pending[1].startswith("waiting for reservation: 48 H100-SXM GPUs in")
+    assert result.pending[1].kind == "reservation" and result.pending[1].facts["free_in_s"] == 1000
     admitted = {a.job_id: a for a in result.admissions}
     assert 2 in admitted and admitted[2].backfilled
     assert (
         "reserved for a larger job starting in 1000 s; this job would not end before it" in result.pending[3]
     )
+    assert (
+        result.pending[3].kind == "reservation" and result.pending[3].facts["reservation_starts_in_s"] == 1000
+    )
+
+
+def test_every_pending_reason_has_its_kind_and_facts():
+    """The scheduler says what keeps each job pending as a kind with the facts of its sentence;
+    metrics and the API read the kind and never parse the words."""
+    lay = layout_for()  # two datacenters of 64 GPUs: racks of 16, pods of 32
+    queues = [big_queue(), QueueSpec("small", nominal={H100: 8}), big_queue("off", stopped=True)]
+    pending = [
+        job(1, 24, topology="rack"),  # no rack holds 24: topology
+        job(2, 16, queue="small"),  # 16 of 8 GPUs of quota, no cohort: quota
+        job(3, 8, queue="off"),  # its queue is stopped
+        job(4, 8, queue="nowhere"),  # no such queue
+        job(5, 200, topology="any"),  # more than the fleet: capacity
+    ]
+    result, _ = cycle(lay, queues, [], pending)
+    kinds = {job_id: (reason.kind, reason.facts) for job_id, reason in result.pending.items()}
+    assert kinds[1] == ("topology", {**kinds[1][1], "level": "rack", "gpus": 24, "chip": H100})
+    assert kinds[2][0] == "quota" and kinds[2][1]["queue"] == "small" and kinds[2][1]["needs"] == "16"
+    assert kinds[3] == ("stopped", {"queue": "off"})
+    assert kinds[4] == ("other", {"queue": "nowhere"})
+    assert kinds[5][0] == "capacity" and kinds[5][1]["largest_free"] < 200
+    assert str(result.pending[2]).startswith("quota of queue small exhausted for H100-SXM: 0 of 8 in use")
 
 
 # --- start limit ------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from cluster.agents import create_enrolment_token, enrol
 from cluster.models import GPU, Node
 from cluster.snapshot import topology_cache
-from engine.reasons import pending_kind
 from monitoring.models import FaultEvent
 from monitoring.telemetry import gpu_metrics, ingest, metrics
 from monitoring.telemetry.livestore import CYCLE_COUNTS_KEY, live_store, reset_store
@@ -72,23 +71,6 @@ def test_scrapes_need_the_token_or_an_allowed_address(small_cluster, settings):
     assert Client().post("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 405
 
 
-def test_pending_reasons_are_classified_by_kind():
-    assert pending_kind("queue vision is stopped") == "stopped"
-    assert pending_kind("no pod with 64 free H100-SXM GPUs (largest free block: 32 in dc1-p01)") == "topology"
-    assert pending_kind("no datacenter with 512 free H100-SXM GPUs (largest free block: 40)") == "capacity"
-    assert pending_kind("waiting for reservation: 64 H100-SXM GPUs in dc1-p01, expected free in 30 s") == (
-        "reservation"
-    )
-    assert pending_kind("waiting behind job 7: queue vision admits its jobs in strict order") == "ordering"
-    assert (
-        pending_kind(
-            "quota of queue legacy exhausted for A100-80G: 12 of 12 in use, needs 4; the queue is in no "
-            "cohort, so it cannot borrow; no pod with 4 free H100-SXM GPUs"
-        )
-        == "quota"
-    )
-
-
 def _submit(operator_client, queue: str, gpus: int, **extra) -> int:
     body = {"queue": queue, "gpus": gpus, "chip_types": extra.pop("chip_types", ["H100-SXM"]), **extra}
     response = operator_client.post("/api/v1/jobs/", body, format="json")
@@ -100,10 +82,12 @@ def test_the_control_plane_figures_follow_what_happens(queues, operator_client, 
     # vision borrows 16 of nlp's H100s; two A100 jobs of legacy pass its 12-GPU quota (no cohort)
     borrower = _submit(operator_client, "vision", 48, topology="any")
     _submit(operator_client, "legacy", 8, chip_types=["A100-80G"])
-    _submit(operator_client, "legacy", 8, chip_types=["A100-80G"])
+    second = _submit(operator_client, "legacy", 8, chip_types=["A100-80G"])
     run_cycle()
     found = samples(scrape("/metrics").content)
     assert value(found, "myriad_pending_jobs", queue="legacy", reason="quota") == 1
+    waiting = operator_client.get(f"/api/v1/jobs/{second}/").json()
+    assert waiting["pending_kind"] == "quota" and waiting["pending_reason"].startswith("quota of queue legacy")
     assert value(found, "myriad_pending_jobs", queue="vision") == 0
     assert value(found, "myriad_admitted_jobs_total", queue="vision") == 1
     assert value(found, "myriad_running_jobs", queue="vision") == 1

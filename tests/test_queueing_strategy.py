@@ -104,6 +104,7 @@ def test_strict_fifo_holds_the_queue_behind_any_blocked_job():
     result, _ = cycle(lay, [strict], running, [big, small], now=2.0)
     assert not result.admissions
     assert result.pending[11] == "waiting behind job 10: queue train admits its jobs in strict order"
+    assert result.pending[11].kind == "ordering" and result.pending[11].facts["behind_job"] == 10
     best_effort = replace(strict, queueing="best_effort")
     result, _ = cycle(lay, [best_effort], running, [big, small], now=2.0)
     assert [a.job_id for a in result.admissions] == [11]  # best effort lets it pass (not waited yet)

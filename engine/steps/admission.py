@@ -5,6 +5,7 @@ A step of engine.scheduler.Cycle: it works on the cycle's state (pools, quota, r
 from __future__ import annotations
 
 from engine.placement import LEVELS, FreePool
+from engine.reasons import Reason, placement_kind
 from engine.workload import MILLI, Admission, PendingJob, RunningJob
 
 
@@ -87,7 +88,7 @@ class AdmissionStep:
             )
         )
 
-    def _placement_reason(self, job: PendingJob, c: int, max_level: int) -> str:
+    def _placement_reason(self, job: PendingJob, c: int, max_level: int) -> Reason:
         chip = self.topo.chip_names[c]
         level_name = LEVELS[max_level]
         block = self.largest_blocks.get((c, max_level))
@@ -95,17 +96,29 @@ class AdmissionStep:
             size, level, domain = self.pools.open.largest_block(c, max_level)
             block = self.largest_blocks[(c, max_level)] = (size, self.layout.domain_name(level, domain))
         size, where = block
+        facts = {
+            "gpus": job.gpus,
+            "chip": chip,
+            "level": level_name,
+            "largest_free": size,
+            "largest_in": where,
+        }
         if self.pools.free_only_if_reserved(c, job.gpus, max_level):
-            return (
-                f"{job.gpus} {chip} GPUs are free only on GPUs reserved for a larger job starting in "
-                f"{self.horizon - self.now:.0f} s; this job "
-                + (
-                    "has no estimated duration"
-                    if job.estimated_duration_s is None
-                    else "would not end before it"
-                )
+            starts_in = self.horizon - self.now
+            why = (
+                "has no estimated duration" if job.estimated_duration_s is None else "would not end before it"
             )
-        return f"no {level_name} with {job.gpus} free {chip} GPUs (largest free block: {size} in {where})"
+            return Reason(
+                f"{job.gpus} {chip} GPUs are free only on GPUs reserved for a larger job starting in "
+                f"{starts_in:.0f} s; this job {why}",
+                "reservation",
+                {**facts, "reservation_starts_in_s": round(starts_in)},
+            )
+        return Reason(
+            f"no {level_name} with {job.gpus} free {chip} GPUs (largest free block: {size} in {where})",
+            placement_kind(level_name),
+            facts,
+        )
 
     def _charge(self, job: RunningJob, sign: int) -> None:
         """Add (+1) or take back (-1) a running job's quota, per chip type it holds."""

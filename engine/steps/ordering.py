@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 
+from engine.reasons import Reason
 from engine.workload import PendingJob, Queueing
 
 
@@ -19,7 +20,9 @@ class OrderingStep:
             jobs.sort(key=lambda j: (-j.priority, j.submitted_at, j.id))
         unknown = per_queue.pop(-1, [])
         for job in unknown:
-            self.result.pending[job.id] = f"queue {job.queue} does not exist"
+            self.result.pending[job.id] = Reason(
+                f"queue {job.queue} does not exist", "other", {"queue": job.queue}
+            )
         heads = []
         position = dict.fromkeys(per_queue, 0)
         for qi, jobs in per_queue.items():
@@ -43,24 +46,28 @@ class OrderingStep:
         return (borrows, -job.priority, share, job.submitted_at, job.id, qi)
 
     # --- 1b. queueing strategy ---------------------------------------------------------------
-    def _held_behind(self, qi: int, job: PendingJob) -> str:
-        """Why ``job`` waits behind an earlier job of its queue this cycle ("" when it does not)."""
+    def _held_behind(self, qi: int, job: PendingJob) -> Reason | None:
+        """Why ``job`` waits behind an earlier job of its queue this cycle (None when it does not)."""
         held = self.held.get(qi)
         if held is None:
-            return ""
+            return None
         holder, chips, why = held
         if chips and not chips & set(self._chip_options(qi, job)):
-            return ""  # it asks for other chip types than the one it waits behind
+            return None  # it asks for other chip types than the one it waits behind
         return why
 
-    def _hold(self, qi: int, job: PendingJob, reason: str) -> str:
+    def _hold(self, qi: int, job: PendingJob, reason: Reason) -> Reason:
         """Apply the queue's strategy to a job that could not start; returns its pending reason."""
         queue = self.queues[qi]
         if queue.stopped or qi in self.held:
             return reason
         if queue.queueing == Queueing.STRICT_FIFO:
             why = f"waiting behind job {job.id}: queue {queue.name} admits its jobs in strict order"
-            self.held[qi] = (job.id, set(), why)
+            self.held[qi] = (
+                job.id,
+                set(),
+                Reason(why, "ordering", {"behind_job": job.id, "queue": queue.name}),
+            )
             return reason
         bound = queue.head_wait_s
         if bound is None or not self.quota_blocked:
@@ -71,19 +78,27 @@ class OrderingStep:
         if waited < bound:
             if not first or waited < 60:
                 return reason
-            return (
-                f"{reason} (waited {waited:.0f} s; after {bound:.0f} s queue {queue.name} "
-                f"holds its quota for it)"
+            return reason.but(
+                f" (waited {waited:.0f} s; after {bound:.0f} s queue {queue.name} holds its quota for it)",
+                waited_s=round(waited),
+                bound_s=round(bound),
             )
         chips = [c for c in self._chip_options(qi, job) if self.quota.ceiling(qi, c) >= job.demand]
         if not chips:
             return reason  # its queue could never hold it: holding would block the queue for nothing
-        self.held[qi] = (
-            job.id,
-            set(chips),
+        why = (
             f"waiting behind job {job.id} of queue {queue.name}, pending {waited:.0f} s "
-            f"(past the queue's bounded wait of {bound:.0f} s)",
+            f"(past the queue's bounded wait of {bound:.0f} s)"
         )
-        return (
-            f"{reason} (waited {waited:.0f} s, past {bound:.0f} s: queue {queue.name} holds its quota for it)"
+        facts = {
+            "behind_job": job.id,
+            "queue": queue.name,
+            "waited_s": round(waited),
+            "bound_s": round(bound),
+        }
+        self.held[qi] = (job.id, set(chips), Reason(why, "ordering", facts))
+        return reason.but(
+            f" (waited {waited:.0f} s, past {bound:.0f} s: queue {queue.name} holds its quota for it)",
+            waited_s=round(waited),
+            bound_s=round(bound),
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.reasons import Reason
 from engine.workload import PendingJob, Preemption, Reclaim, RunningJob, WithinQueue
 
 
@@ -34,14 +35,16 @@ class PreemptionStep:
         usage, nominal = self.quota.usage[qi, c], self.quota.nominal[qi, c]
         freeable = sum(dict(v.demand_by_chip()).get(chip, 0) for v in mine)
         within_nominal = usage - freeable + job.demand <= nominal
-        self.borrow_blocked = ""
+        self.borrow_blocked = None
         if cohort >= 0 and not within_nominal:
             limit = queue.borrow_preempt_max_priority
             if limit is None:
                 if mine:
-                    self.borrow_blocked = (
+                    self.borrow_blocked = Reason(
                         f"job {job.id} would borrow {chip} quota even after preempting its queue's "
-                        f"lower-priority work; queue {queue.name} does not preempt while borrowing"
+                        f"lower-priority work; queue {queue.name} does not preempt while borrowing",
+                        "quota",
+                        {"queue": queue.name, "chip": chip},
                     )
                 return []
             mine = [v for v in mine if v.priority <= limit]

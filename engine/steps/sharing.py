@@ -8,6 +8,7 @@ import numpy as np
 
 from engine.packing import TaskMix
 from engine.packing_scores import choose_shared_gpu
+from engine.reasons import Reason, joined
 from engine.workload import MILLI, PendingJob
 
 WHOLE_NODE = 8  # a gang of more GPUs needs whole nodes: it counts as a task of one whole node
@@ -15,7 +16,7 @@ WHOLE_NODE = 8  # a gang of more GPUs needs whole nodes: it counts as a task of 
 
 class SharingStep:
     # --- shared GPUs ----------------------------------------------------------------------
-    def _admit_fraction(self, qi: int, job: PendingJob) -> str:
+    def _admit_fraction(self, qi: int, job: PendingJob) -> Reason | None:
         """A fraction of one GPU: among the shared GPUs with room and the fresh GPU the pools would
         give (on the fullest node), the one ``choose_shared_gpu`` picks against the kinds of work
         of the chip (its running and waiting jobs): no sliver smaller than any waiting fraction
@@ -28,7 +29,9 @@ class SharingStep:
                 continue
             gpu = self._fraction_gpu(c, job.share)
             if gpu is None:
-                reasons.append(f"no {self.topo.chip_names[c]} GPU has {job.share / MILLI:g} of a GPU free")
+                chip, share = self.topo.chip_names[c], job.share / MILLI
+                facts = {"chip": chip, "share": share}
+                reasons.append(Reason(f"no {chip} GPU has {share:g} of a GPU free", "capacity", facts))
                 continue
             if self.pools.open.free[gpu]:  # a fresh GPU leaves the pools and becomes shared
                 self.pools.take(np.array([gpu], dtype=np.int64))
@@ -36,8 +39,8 @@ class SharingStep:
             self.gpu_used[gpu] += job.share
             node = int(self.topo.gpu_node[gpu])
             self._record_admission(qi, job, c, np.array([gpu], dtype=np.int64), 0, node)
-            return ""
-        return "; ".join(reasons)
+            return None
+        return joined(reasons)
 
     def _share_mix(self, c: int) -> TaskMix:
         """The kinds of work of chip ``c`` (GPUs per job, share), running and waiting, by count."""

@@ -93,6 +93,7 @@ def _job_overlay(snap, hierarchy: Hierarchy, level: str, job_id: int) -> tuple[d
         "allocated_gpus": int(len(gpus)),
         "placement": job.placement,
         "pending_reason": job.pending_reason,
+        "pending_kind": job.pending_kind,
         "ettr": job_ettr([job]).get(job.pk),
     }
     if job.state == "pending":  # where it could run now, or why not

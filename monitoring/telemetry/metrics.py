@@ -33,7 +33,7 @@ from prometheus_client.utils import floatToGoString
 
 from cluster.outages import best_effort
 from engine.frames import decode_frame
-from engine.reasons import PENDING_KINDS, pending_kind
+from engine.reasons import PENDING_KINDS
 from monitoring.models import FaultEvent
 from monitoring.telemetry.livestore import CYCLE_COUNTS_KEY, live_store, newest_frame
 from monitoring.telemetry.overview import BUCKETS, ettr_last_day, overview
@@ -176,13 +176,13 @@ class ControlPlaneCollector:
             labels=["queue", "reason"],
         )
         counts: dict[tuple[str, str], int] = {}
-        for queue, reason, n in (
+        for queue, kind, n in (  # the kind the scheduler gave (engine.reasons), never the sentence
             Job.objects.filter(state=JobState.PENDING)
-            .values_list("queue__name", "pending_reason")
+            .values_list("queue__name", "pending_kind")
             .annotate(n=Count("id"))
             .order_by()
         ):
-            key = (queue, pending_kind(reason) if reason else "other")
+            key = (queue, kind or "other")
             counts[key] = counts.get(key, 0) + n
         queues = list(Queue.objects.order_by("name").values_list("name", flat=True))
         for queue in queues:
