@@ -87,7 +87,8 @@ def test_the_control_plane_figures_follow_what_happens(queues, operator_client, 
     found = samples(scrape("/metrics").content)
     assert value(found, "myriad_pending_jobs", queue="legacy", reason="quota") == 1
     waiting = operator_client.get(f"/api/v1/jobs/{second}/").json()
-    assert waiting["pending_kind"] == "quota" and waiting["pending_reason"].startswith("quota of queue legacy")
+    assert waiting["pending_kind"] == "quota"
+    assert waiting["pending_reason"].startswith("quota of queue legacy")
     assert value(found, "myriad_pending_jobs", queue="vision") == 0
     assert value(found, "myriad_admitted_jobs_total", queue="vision") == 1
     assert value(found, "myriad_running_jobs", queue="vision") == 1
