@@ -346,6 +346,7 @@ SPECTACULAR_SETTINGS = {
         "GPUStateEnum": "cluster.choices.GPUState",
         "GPUHealthEnum": "cluster.choices.GPUHealth",
         "JobStateEnum": "scheduling.choices.JobState",
+        "PendingKindEnum": "scheduling.choices.PendingKind",
         "JobKindEnum": "scheduling.choices.JobKind",
         "JobEventKindEnum": "scheduling.choices.EventKind",
         "TopologyConstraintEnum": "scheduling.choices.TopologyConstraint",

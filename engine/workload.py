@@ -105,13 +105,13 @@ class PendingJob:
         """Quota this job is charged, in thousandths of a GPU."""
         return self.gpus * self.share
 
-    def started(self, gpus: np.ndarray, chip: str, now: float, parts=()) -> RunningJob:
-        """This job as a running job, admitted at ``now`` on ``gpus``."""
+    def started(self, held: np.ndarray, chip: str, now: float, parts=()) -> RunningJob:
+        """This job as a running job, admitted at ``now`` on the GPU indices ``held``."""
         end = now + self.estimated_duration_s if self.estimated_duration_s is not None else None
         return RunningJob(
             self.id,
             self.queue,
-            gpus,
+            held,
             chip,
             self.priority,
             now,

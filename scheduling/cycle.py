@@ -60,8 +60,8 @@ def run_cycle(
 ) -> CycleSummary:
     """Run one cycle. With ``wait=False`` a cycle already running elsewhere makes this one skip."""
     timings: dict[str, float] = {}
-    with transaction.atomic(), cycle_lock(wait=wait) as held:
-        if not held:
+    with transaction.atomic(), cycle_lock(wait=wait) as locked:
+        if not locked:
             return CycleSummary(ran=False)
         t0 = time.perf_counter()  # from the lock taken: a cycle waiting for another is not slow
         held_from = lock_clock()

@@ -27,7 +27,7 @@ from scheduling.choices import EventKind, JobState
 from scheduling.models import Allocation, Checkpoint, Job, JobEvent
 from scheduling.plans import resize_job
 from scheduling.services import requeue
-from scheduling.store import Held, NewAllocations, allocations
+from scheduling.store import Holdings, NewAllocations, allocations
 
 
 @dataclass(frozen=True)
@@ -62,15 +62,15 @@ def recover_jobs(
     scheduling lock inside a transaction."""
     if not job_ids:
         return []
-    held = Held()
+    holdings = Holdings()
     faulty = topology_cache.gpu_indices(faulty_gpu_ids) if faulty_gpu_ids else np.array([], dtype=np.int64)
     jobs = Job.objects.select_related("queue__default_checkpoint_policy", "checkpoint_policy").filter(
         pk__in=job_ids
     )
-    return [(job.pk, _recover(job, hit, faulty, held, now)) for job in jobs]
+    return [(job.pk, _recover(job, hit, faulty, holdings, now)) for job in jobs]
 
 
-def _plan(job: Job, hit: FaultHit, faulty: np.ndarray, held: Held):
+def _plan(job: Job, hit: FaultHit, faulty: np.ndarray, holdings: Holdings):
     """The job's recovery plan (engine.recovery), with whether a triggered save succeeded: a
     seeded draw per (fault, job), so replaying the same fault gives the same outcome."""
     policy = job_policy(job)
@@ -79,11 +79,11 @@ def _plan(job: Job, hit: FaultHit, faulty: np.ndarray, held: Held):
     modelled = policy.triggered and hit.classification.memory_readable and not job.command
     triggered_ok = luck < policy.triggered_success if modelled else None
     plan = plan_recovery(
-        held.layout,
-        held.gpus_of(job.pk),
+        holdings.layout,
+        holdings.gpus_of(job.pk),
         faulty,
         hit.classification,
-        owned=held.owned,
+        owned=holdings.owned,
         topology=job.topology,
         policy=policy,
         triggered_ok=triggered_ok,
@@ -91,7 +91,7 @@ def _plan(job: Job, hit: FaultHit, faulty: np.ndarray, held: Held):
         physics=PHYSICS,
         min_gpus=job.min_gpus,
         size_step=job.size_step,
-        yielding=held.yielding(),
+        yielding=holdings.yielding(),
         step_s=tiers.step_seconds(job.parameters or 0.0, job.gpus),
     )
     return plan, triggered_ok
@@ -146,40 +146,40 @@ def _record_fault(job: Job, hit: FaultHit, triggered_ok: bool | None) -> None:
     )
 
 
-def _take_back_spares(job: Job, plan, held: Held, now) -> None:
+def _take_back_spares(job: Job, plan, holdings: Holdings, now) -> None:
     """Jobs that borrowed the spares this recovery takes are preempted first (saving where their
     policy can) and requeued."""
-    owners = held.owner[plan.replacement_gpus]
+    owners = holdings.owner[plan.replacement_gpus]
     victims = sorted({int(o) for o in owners if o >= 0 and o != job.pk})
     if not victims:
         return
     reason = f"its spare GPUs are taken back for the recovery of job {job.pk}"
     events = apply_preemptions([Preemption(v, job.pk, reason) for v in victims], now)
     JobEvent.objects.bulk_create(events)
-    freed = np.isin(held.owner, victims)
-    held.owned[freed] = False
-    held.owner[freed] = -1
+    freed = np.isin(holdings.owner, victims)
+    holdings.owned[freed] = False
+    holdings.owner[freed] = -1
 
 
-def _move(job: Job, plan, held: Held, now) -> None:
-    """The job gives up its lost GPUs and takes its replacements (``held`` follows)."""
-    snapshot = held.snapshot
+def _move(job: Job, plan, holdings: Holdings, now) -> None:
+    """The job gives up its lost GPUs and takes its replacements (``holdings`` follows)."""
+    snapshot = holdings.snapshot
     if len(plan.lost_gpus):
         allocations.release(now, job=job, gpu_ids=snapshot.gpu_id[plan.lost_gpus].tolist())
         replacements = NewAllocations()
         replacements.add(job.pk, snapshot.gpu_id[plan.replacement_gpus])
         allocations.insert(replacements, now, {job.pk: job.share})
-        held.owned[plan.lost_gpus] = False
-        held.owned[plan.replacement_gpus] = True
-        held.owner[plan.lost_gpus] = -1
-        held.owner[plan.replacement_gpus] = job.pk
+        holdings.owned[plan.lost_gpus] = False
+        holdings.owned[plan.replacement_gpus] = True
+        holdings.owner[plan.lost_gpus] = -1
+        holdings.owner[plan.replacement_gpus] = job.pk
 
 
-def _recover(job: Job, hit: FaultHit, faulty: np.ndarray, held: Held, now) -> float | None:
+def _recover(job: Job, hit: FaultHit, faulty: np.ndarray, holdings: Holdings, now) -> float | None:
     """Plan and apply one job's recovery; returns the modelled time to recover (None: requeued).
-    ``held`` is updated with the GPUs the job gave up and took, for the next job of the same fault."""
-    job_gpus = held.gpus_of(job.pk)
-    plan, triggered_ok = _plan(job, hit, faulty, held)
+    ``holdings`` is updated with the GPUs the job gave up and took, for the next job of the same fault."""
+    job_gpus = holdings.gpus_of(job.pk)
+    plan, triggered_ok = _plan(job, hit, faulty, holdings)
     _record_fault(job, hit, triggered_ok)
     if job.command and job_policy(job).triggered and hit.classification.memory_readable:
         # on real nodes a triggered save is the job's: every rank gets the checkpoint signal (the
@@ -190,22 +190,22 @@ def _recover(job: Job, hit: FaultHit, faulty: np.ndarray, held: Held, now) -> fl
     steps = {s.name: round(s.seconds, 3) for s in plan.steps}
     if plan.outcome == "requeue":
         allocations.release(now, job=job)
-        held.owned[job_gpus] = False
-        held.owner[job_gpus] = -1
+        holdings.owned[job_gpus] = False
+        holdings.owner[job_gpus] = -1
         fields = requeue(job, f"requeued after a fault: {plan.reason}")
         job.save(update_fields=[*fields, "progress_s"])
         data = {"fault": hit.id, "steps": steps, "progress_s": job.progress_s}
         JobEvent.objects.create(job=job, kind=EventKind.REQUEUED, at=detected, reason=plan.reason, data=data)
         return None
     if plan.outcome == "spare":
-        _take_back_spares(job, plan, held, now)
-    _move(job, plan, held, now)
+        _take_back_spares(job, plan, holdings, now)
+    _move(job, plan, holdings, now)
     job.save(update_fields=["progress_s"])
     if plan.outcome == "shrink":
         kept = np.setdiff1d(job_gpus, plan.lost_gpus)
         job.allocated_gpus = len(job_gpus)  # the size before the fault, for the event
         reason = f"shrunk from {len(job_gpus)} to {len(kept)} GPUs after a fault"
-        resize_job(job, held.snapshot, kept, at=detected, reason=reason, fault=hit.id).save()
+        resize_job(job, holdings.snapshot, kept, at=detected, reason=reason, fault=hit.id).save()
     if job.command:  # on real nodes the recovery is measured when every rank runs again (launch)
         return None
     JobEvent.objects.create(

@@ -224,7 +224,7 @@ class AllocationStore:
         transaction.on_commit(keep_carried)
 
 
-class Held:
+class Holdings:
     """Who holds which GPUs, in snapshot indices (read once, updated by the caller as it moves
     jobs): for fault recovery and anything else that plans outside the cycle."""
 
@@ -242,7 +242,7 @@ class Held:
 
     def yielding(self) -> np.ndarray:
         """Spare GPUs held by jobs of queues allowed to borrow spares: recovery may take them.
-        Which jobs those are is read once per ``Held`` (one fault), not once per job it hits."""
+        Which jobs those are is read once per ``Holdings`` (one fault), not once per job it hits."""
         snap = self.snapshot
         on_spares = self.owned & snap.node_spare[snap.gpu_node]
         if not on_spares.any():

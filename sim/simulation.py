@@ -57,7 +57,7 @@ READY = NODE_STATE_CODE["ready"]
 class _Job:
     spec: SimJob
     remaining: float  # GPU-seconds of work still to do
-    gpus: np.ndarray | None = None
+    held: np.ndarray | None = None  # the GPU indices it runs on (None: not running)
     run_start: float = 0.0  # productive work starts here (after restart overheads)
     interval: float = 3600.0
     stall_fraction: float = 0.0
@@ -73,7 +73,7 @@ class _Job:
 
     @property
     def size(self) -> int:
-        return len(self.gpus) if self.gpus is not None else 0
+        return len(self.held) if self.held is not None else 0
 
 
 class Simulation:
@@ -222,7 +222,7 @@ class Simulation:
                 RunningJob(
                     spec.id,
                     spec.queue,
-                    job.gpus,
+                    job.held,
                     spec.chip,
                     spec.priority,
                     job.first_admit or self.now,
@@ -254,7 +254,7 @@ class Simulation:
         for r in result.resizes:
             job = self.running[r.job_id]
             self._save(job, graceful=True)
-            self.owner[job.gpus] = -1
+            self.owner[job.held] = -1
             self._start(job, r.gpus, resumed=True)
         for a in result.admissions:
             job = self.jobs[a.job_id]
@@ -268,10 +268,10 @@ class Simulation:
         job.interval, job.stall_fraction, job.step_s = t.interval, t.stall_fraction, t.step_s
         job.rollback, job.overhead = t.rollback, t.overhead
 
-    def _start(self, job: _Job, gpus: np.ndarray, *, resumed: bool) -> None:
-        size = len(gpus)
-        job.gpus = np.asarray(gpus, dtype=np.int64)
-        self.owner[job.gpus] = job.spec.id
+    def _start(self, job: _Job, held: np.ndarray, *, resumed: bool) -> None:
+        size = len(held)
+        job.held = np.asarray(held, dtype=np.int64)
+        self.owner[job.held] = job.spec.id
         self._policy(job)
         overhead = self.ph.process_start_s + self.ph.comm_init_s(size)
         if resumed:
@@ -314,10 +314,10 @@ class Simulation:
 
     def _stop(self, job: _Job, *, graceful: bool, requeue: bool) -> None:
         self._save(job, graceful=graceful)
-        self.owner[job.gpus] = -1
+        self.owner[job.held] = -1
         job.version += 1
         del self.running[job.spec.id]
-        job.gpus = None
+        job.held = None
         if requeue:
             job.waiting_since = self.now
             self._queue(job)
@@ -331,7 +331,7 @@ class Simulation:
         job.ettr.add("checkpoint_stall", elapsed * job.stall_fraction)
         job.ettr.add("degraded", elapsed * job.overhead)
         job.remaining = 0.0
-        self.owner[job.gpus] = -1
+        self.owner[job.held] = -1
         del self.running[job_id]
         job.ended = self.now
         self.dirty = True
@@ -379,7 +379,7 @@ class Simulation:
         if cause == "network":
             # a switch or link fault on the rack's uplink: every job crossing it is interrupted
             rack = int(self.topo.node_rack[node])
-            crossing = {i: j.gpus for i, j in self.running.items()}
+            crossing = {i: j.held for i, j in self.running.items()}
             hit |= set(self.network.jobs_crossing_rack(rack, crossing))
         for job_id in sorted(hit):
             self._recover(self.running[job_id], c, faulty)
@@ -423,7 +423,7 @@ class Simulation:
         spec = job.spec
         plan = plan_recovery(
             self.layout,
-            job.gpus,
+            job.held,
             faulty,
             c,
             owned=self.owner >= 0,
@@ -447,10 +447,10 @@ class Simulation:
             taken = {int(o) for o in self.owner[plan.replacement_gpus] if o >= 0 and o != spec.id}
             for victim in sorted(taken):
                 self._stop(self.running[victim], graceful=True, requeue=True)
-        self.owner[job.gpus] = -1
-        gpus = np.union1d(np.setdiff1d(job.gpus, plan.lost_gpus), plan.replacement_gpus)
-        job.gpus = gpus
-        self.owner[gpus] = spec.id
+        self.owner[job.held] = -1
+        held = np.union1d(np.setdiff1d(job.held, plan.lost_gpus), plan.replacement_gpus)
+        job.held = held
+        self.owner[held] = spec.id
         restart = plan.seconds  # detection + reschedule + restart + load, as planned
         job.ettr.add("restart", restart - detection)
         job.ettr.add("degraded", plan.degraded_s)  # trained on without a replica group meanwhile

@@ -45,7 +45,7 @@ def _training_ettr(started, end: float) -> tuple[list[dict], Ettr]:
         if span <= 0:
             continue
         acc = Ettr(span, dict(j.ettr.buckets))
-        if j.gpus is not None and j.ended is None:
+        if j.held is not None and j.ended is None:
             # still running at the end: the work since its last restore point is not yet safe
             # (what a fault at the end would lose: the simulator's _save, the same rule)
             keep = 1 - j.stall_fraction - j.overhead
@@ -150,7 +150,7 @@ def take_sample(self) -> None:
     self.fleet.step(self.now, util)
     self.network.load(
         [
-            (j.gpus, *traffic_per_gpu(j.spec.parameters, j.spec.chip, j.size))
+            (j.held, *traffic_per_gpu(j.spec.parameters, j.spec.chip, j.size))
             for j in self.running.values()
             if j.spec.kind == "training"
         ]

@@ -97,11 +97,11 @@ def _simulated():
     sim.arrive_and_schedule(1)
     job = sim.running[1]
     job.run_start = 0.0  # training (and the checkpoint clock) starts at t0, as in production
-    node = int(topo.gpu_node[job.gpus[0]])
+    node = int(topo.gpu_node[job.held[0]])
     verdicts, figures = [], {}
     for k, (dt, source, xid) in enumerate(SEQUENCE):
         sim.now = dt
-        before, held = dict(job.ettr.buckets), job.gpus.copy()
+        before, held = dict(job.ettr.buckets), job.held.copy()
         verdicts.append(_facts(sim.inject(node, source, xid)))
         if k == 0:
             delta = {b: job.ettr.buckets[b] - before[b] for b in before}
@@ -109,10 +109,10 @@ def _simulated():
                 "lost_work": delta["lost_work"],
                 "detection": delta["detection"],
                 "restart": delta["restart"],
-                "kept_its_gpus": np.array_equal(np.sort(held), np.sort(job.gpus)),
+                "kept_its_gpus": np.array_equal(np.sort(held), np.sort(job.held)),
             }
         if k == 2:
-            figures["left_the_lemon"] = not np.isin(topo.gpu_node[job.gpus], [node]).any()
+            figures["left_the_lemon"] = not np.isin(topo.gpu_node[job.held], [node]).any()
     return verdicts, figures, sim, node
 
 

@@ -232,7 +232,7 @@ def test_the_rules_see_a_cycle_and_an_import_inside_a_function(tmp_path):
     pkg.mkdir()
     (pkg / "a.py").write_text("from monitoring.b import x\n")
     (pkg / "b.py").write_text("from monitoring import c\n")
-    (pkg / "c.py").write_text("import monitoring.a\n\ndef f():\n    from scheduling.store import Held\n")
+    (pkg / "c.py").write_text("import monitoring.a\n\ndef f():\n    from scheduling.store import Holdings\n")
     paths = sorted(pkg.glob("*.py"))
 
     cycles = import_cycles({f"monitoring.{p.stem}": p for p in paths})

@@ -76,9 +76,9 @@ def test_a_link_down_interrupts_every_job_crossing_the_rack_uplink():
     sim._on_arrive(2)
     sim._on_cycle()
     a, b = sim.running[1], sim.running[2]
-    racks_a = set(np.unique(t.node_rack[t.gpu_node[a.gpus]]).tolist())
+    racks_a = set(np.unique(t.node_rack[t.gpu_node[a.held]]).tolist())
     assert len(racks_a) > 1
-    rack_b = int(t.node_rack[t.gpu_node[b.gpus[0]]])
+    rack_b = int(t.node_rack[t.gpu_node[b.held[0]]])
     # a rack that job 1 crosses: a fault on one of its nodes that holds neither job
     rack = next(r for r in racks_a)
     nodes = [
@@ -89,7 +89,7 @@ def test_a_link_down_interrupts_every_job_crossing_the_rack_uplink():
     target = int(nodes[0]) if nodes else int(np.flatnonzero(t.node_rack == rack)[0])
     sim._on_fault(target, "network")
     assert sim.jobs[1].interruptions == 1
-    assert sim.jobs[2].interruptions == (1 if rack_b == rack and target in t.gpu_node[b.gpus] else 0)
+    assert sim.jobs[2].interruptions == (1 if rack_b == rack and target in t.gpu_node[b.held] else 0)
 
 
 def test_samples_report_link_utilization():

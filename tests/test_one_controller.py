@@ -55,8 +55,8 @@ def test_the_simulator_and_the_live_services_place_and_recover_alike(
         return sorted(set(held.values_list("gpu__node__hostname", flat=True)))
 
     def sim_nodes() -> list[str]:
-        gpus = sim.jobs[job.pk].gpus
-        return sorted({topo.node_hostname[n] for n in np.unique(topo.gpu_node[gpus])})
+        held = sim.jobs[job.pk].held
+        return sorted({topo.node_hostname[n] for n in np.unique(topo.gpu_node[held])})
 
     assert live_nodes() == sim_nodes() and len(live_nodes()) == 2
     outcomes = []

@@ -81,7 +81,7 @@ def test_the_invariant_checker_passes_after_every_cycle_and_the_books_balance(de
         assert 0 <= s["busy"] <= s["allocated"] <= out["gpus"]  # never above 100%
     # the GPUs the simulator marks as held are exactly those of its running jobs
     held = np.flatnonzero(sim.owner >= 0)
-    running = np.sort(np.concatenate([j.gpus for j in sim.running.values()])) if sim.running else held[:0]
+    running = np.sort(np.concatenate([j.held for j in sim.running.values()])) if sim.running else held[:0]
     assert np.array_equal(held, running)
     assert len(np.unique(running)) == len(running)
     # nobody holds a GPU that is out of service

@@ -48,7 +48,7 @@ class OrderingStep:
     # --- 1b. queueing strategy ---------------------------------------------------------------
     def _held_behind(self, qi: int, job: PendingJob) -> Reason | None:
         """Why ``job`` waits behind an earlier job of its queue this cycle (None when it does not)."""
-        held = self.held.get(qi)
+        held = self.queue_holds.get(qi)
         if held is None:
             return None
         holder, chips, why = held
@@ -59,11 +59,11 @@ class OrderingStep:
     def _hold(self, qi: int, job: PendingJob, reason: Reason) -> Reason:
         """Apply the queue's strategy to a job that could not start; returns its pending reason."""
         queue = self.queues[qi]
-        if queue.stopped or qi in self.held:
+        if queue.stopped or qi in self.queue_holds:
             return reason
         if queue.queueing == Queueing.STRICT_FIFO:
             why = f"waiting behind job {job.id}: queue {queue.name} admits its jobs in strict order"
-            self.held[qi] = (
+            self.queue_holds[qi] = (
                 job.id,
                 set(),
                 Reason(why, "ordering", {"behind_job": job.id, "queue": queue.name}),
@@ -96,7 +96,7 @@ class OrderingStep:
             "waited_s": round(waited),
             "bound_s": round(bound),
         }
-        self.held[qi] = (job.id, set(chips), Reason(why, "ordering", facts))
+        self.queue_holds[qi] = (job.id, set(chips), Reason(why, "ordering", facts))
         return reason.but(
             f" (waited {waited:.0f} s, past {bound:.0f} s: queue {queue.name} holds its quota for it)",
             waited_s=round(waited),

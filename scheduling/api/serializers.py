@@ -10,7 +10,7 @@ from cluster.snapshot import topology_cache
 from engine.inference import LoadProfile, replica_topology
 from engine.steptime import ModelSpec
 from scheduling.checkpoints import recommendation
-from scheduling.choices import STATE_COLOURS, JobKind, TopologyConstraint
+from scheduling.choices import STATE_COLOURS, JobKind, PendingKind, TopologyConstraint
 from scheduling.ettr import job_ettr
 from scheduling.inference import replicas_of
 from scheduling.launch import env_problem
@@ -201,6 +201,8 @@ class JobSerializer(serializers.ModelSerializer):
     topology = serializers.ChoiceField(choices=TopologyConstraint.choices, default="datacenter")
     kind = serializers.ChoiceField(choices=JobKind.choices, default=JobKind.TRAINING)
     state_colour = serializers.SerializerMethodField()
+    # what keeps it pending (engine.reasons); empty until a cycle says
+    pending_kind = serializers.ChoiceField(choices=PendingKind.choices, allow_blank=True, read_only=True)
     gpus = serializers.IntegerField(min_value=1, max_value=1_000_000)
     min_gpus = serializers.IntegerField(min_value=1, required=False, allow_null=True)
     size_step = serializers.IntegerField(min_value=1, max_value=4096, required=False, default=1)
