@@ -105,19 +105,8 @@ def stop_service(service: InferenceService, actor: str) -> int:
     return n
 
 
-SERVICE_AUDITED = (
-    "queue_id",
-    "chip_types",
-    "replica_gpus",
-    "replica_share",
-    "capacity_rps",
-    "headroom",
-    "min_replicas",
-    "max_replicas",
-    "load_profile",
-    "scale_down_delay_s",
-    "paused",
-)
+# what a service's audit record compares: its editable fields, the queue by id
+SERVICE_AUDITED = ("queue_id", *(f for f in InferenceService.EDITABLE_FIELDS if f not in ("name", "queue")))
 
 
 def _service_state(service: InferenceService | None) -> dict:

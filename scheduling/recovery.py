@@ -24,9 +24,9 @@ from engine.workload import Preemption
 from scheduling.apply import apply_preemptions
 from scheduling.checkpoints import PHYSICS, job_policy
 from scheduling.choices import EventKind, JobState
-from scheduling.models import Allocation, Checkpoint, Job, JobEvent
+from scheduling.models import Allocation, Job, JobEvent
 from scheduling.plans import resize_job
-from scheduling.services import requeue
+from scheduling.services import durable_checkpoint, requeue
 from scheduling.store import Holdings, NewAllocations, allocations
 
 
@@ -127,14 +127,7 @@ def _record_fault(job: Job, hit: FaultHit, triggered_ok: bool | None) -> None:
         return
     if triggered_ok:
         job.progress_s = outcome.progress_s
-        Checkpoint.objects.create(
-            job=job,
-            at=detected,
-            progress_s=job.progress_s,
-            kind=CheckpointKind.TRIGGERED,
-            durable=True,
-            size_bytes=lifecycle.checkpoint_bytes(job.parameters, PHYSICS),
-        )
+        durable_checkpoint(job, detected, CheckpointKind.TRIGGERED).save()
     JobEvent.objects.create(
         job=job,
         kind=EventKind.CHECKPOINTED,

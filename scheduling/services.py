@@ -161,15 +161,13 @@ def stop_job(job: Job, now, kind: CheckpointKind | None, *, graceful: bool = Tru
     if not outcome.saved:
         return outcome, None
     job.progress_s, job.last_checkpoint_at = outcome.progress_s, now
-    checkpoint = Checkpoint(
-        job=job,
-        at=now,
-        progress_s=job.progress_s,
-        kind=kind.value,
-        durable=True,
-        size_bytes=lifecycle.checkpoint_bytes(job.parameters, PHYSICS),
-    )
-    return outcome, checkpoint
+    return outcome, durable_checkpoint(job, now, kind)
+
+
+def durable_checkpoint(job: Job, at, kind) -> Checkpoint:
+    """The (unsaved) row of a whole durable checkpoint of ``job`` at ``at``, at its progress now."""
+    size = lifecycle.checkpoint_bytes(job.parameters, PHYSICS)
+    return Checkpoint(job=job, at=at, progress_s=job.progress_s, kind=kind, durable=True, size_bytes=size)
 
 
 @transaction.atomic
