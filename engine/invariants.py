@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from engine.placement import Layout, level_limit
+from engine.quota import build_quota_book
 from engine.reasons import PENDING_KINDS
-from engine.scheduler import build_quota_book
 from engine.workload import MILLI, CycleResult, PendingJob, QueueSpec, RunningJob
 
 

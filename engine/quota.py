@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.reasons import Reason
+from engine.workload import MILLI, QueueSpec, RunningJob
 
 UNLIMITED = np.iinfo(np.int64).max // 4
 
@@ -188,3 +189,53 @@ class QuotaBook:
                         f"{self.gpus(self.pool_capacity[k, c])} lendable"
                     )
         return problems
+
+
+def build_quota_book(
+    queues: list[QueueSpec],
+    chip_names,
+    running: list[RunningJob],
+    usage_by: dict[tuple[str, str], int] | None = None,
+    unit: int = MILLI,
+) -> QuotaBook:
+    """Quota book for the queues, in ``unit``s per GPU (default thousandths); usage from running
+    jobs (charged their share of each GPU), or from {(queue, chip): amount in units}."""
+    chips = {name: i for i, name in enumerate(chip_names)}
+    cohorts = sorted({q.cohort for q in queues if q.cohort})
+    cohort_index = {name: i for i, name in enumerate(cohorts)}
+    shape = (len(queues), len(chips))
+    nominal = np.zeros(shape, dtype=np.int64)
+    borrowing = np.full(shape, UNLIMITED, dtype=np.int64)
+    lending = np.full(shape, UNLIMITED, dtype=np.int64)
+    for qi, q in enumerate(queues):
+        for chip, value in q.nominal.items():
+            if chip in chips:
+                nominal[qi, chips[chip]] = value * unit
+        for chip, value in q.borrowing_limit.items():
+            if chip in chips and value is not None:
+                borrowing[qi, chips[chip]] = value * unit
+        for chip, value in q.lending_limit.items():
+            if chip in chips and value is not None:
+                lending[qi, chips[chip]] = value * unit
+    usage = np.zeros(shape, dtype=np.int64)
+    queue_index = {q.name: i for i, q in enumerate(queues)}
+    for job in running:
+        if job.queue not in queue_index:
+            continue
+        for chip, amount in job.demand_by_chip():
+            if chip in chips:
+                usage[queue_index[job.queue], chips[chip]] += amount * unit // MILLI
+    for (queue, chip), gpus in (usage_by or {}).items():
+        if queue in queue_index and chip in chips:
+            usage[queue_index[queue], chips[chip]] += gpus
+    return QuotaBook(
+        [q.name for q in queues],
+        list(chip_names),
+        [cohort_index[q.cohort] if q.cohort else -1 for q in queues],
+        cohorts,
+        nominal,
+        borrowing,
+        lending,
+        usage,
+        unit,
+    )

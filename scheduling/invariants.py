@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from django.db.models import Count, Q, Sum
 
 from cluster.models import ChipType
-from engine.scheduler import build_quota_book
+from engine.quota import build_quota_book
 from scheduling.choices import JobState
 from scheduling.models import Allocation, Job
 from scheduling.store import load_queues

@@ -7,7 +7,7 @@ from collections import defaultdict
 from django.db.models import Sum
 from django.utils import timezone
 
-from engine.scheduler import build_quota_book
+from engine.quota import build_quota_book
 from engine.workload import MILLI
 from scheduling.choices import JobState
 from scheduling.models import Allocation, Job, Queue

@@ -1,200 +1,199 @@
 """Evict whole jobs, as the queues' policies allow, to admit and place a job.
 
-A step of engine.scheduler.Cycle: it works on the cycle's state (pools, quota, result)."""
+A step of the scheduling cycle: functions over its state (engine.steps.state.CycleState:
+pools, quota, result)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from engine.reasons import Reason
+from engine.steps.admission import charge, record_admission
+from engine.steps.state import CycleState
 from engine.workload import PendingJob, Preemption, Reclaim, RunningJob, WithinQueue
 
 
-class PreemptionStep:
-    # --- 4. preemption -------------------------------------------------------------------
-    def _victim_candidates(
-        self, qi: int, job: PendingJob, c: int, own: bool = True
-    ) -> list[tuple[RunningJob, str]]:
-        """Jobs ``job`` may evict on chip ``c``, in the order they go (Kueue's rules): first jobs
-        of queues borrowing from the cohort, when this queue reclaims its nominal quota; then, if
-        ``own``, its own queue's lower-priority jobs; inside each group lowest priority first, then
-        least work since the last checkpoint. A job that would still borrow after evicting its own
-        queue's work preempts nothing unless its queue allows preempting while borrowing."""
-        queue = self.queues[qi]
-        chip = self.topo.chip_names[c]
-        cohort = self.quota.cohort_of[qi]
-        mine = []
-        if own and queue.within_queue == WithinQueue.LOWER_PRIORITY:
-            running = self.running_by_queue_chip.get((qi, c), [])
-            if running and job.priority > self._lowest_priority(qi, c, running):
-                mine = [
-                    v
-                    for v in running
-                    if v.id not in self.victims and not v.fractional and v.priority < job.priority
-                ]
-        usage, nominal = self.quota.usage[qi, c], self.quota.nominal[qi, c]
-        freeable = sum(dict(v.demand_by_chip()).get(chip, 0) for v in mine)
-        within_nominal = usage - freeable + job.demand <= nominal
-        self.borrow_blocked = None
-        if cohort >= 0 and not within_nominal:
-            limit = queue.borrow_preempt_max_priority
-            if limit is None:
-                if mine:
-                    self.borrow_blocked = Reason(
-                        f"job {job.id} would borrow {chip} quota even after preempting its queue's "
-                        f"lower-priority work; queue {queue.name} does not preempt while borrowing",
-                        "quota",
-                        {"queue": queue.name, "chip": chip},
-                    )
-                return []
-            mine = [v for v in mine if v.priority <= limit]
-        reclaiming = (
-            queue.reclaim_within_cohort != Reclaim.NEVER
-            and cohort >= 0
-            and usage < nominal
-            and within_nominal
-        )
-        candidates = []
-        if reclaiming:
-            for vq in np.flatnonzero(
-                (self.quota.cohort_of == cohort) & (self.quota.usage[:, c] > self.quota.nominal[:, c])
-            ):
-                if vq == qi:
-                    continue
-                for victim in self.running_by_queue_chip.get((int(vq), c), []):
-                    if (
-                        victim.id in self.victims or victim.fractional
-                    ):  # a shared GPU frees only when all leave
-                        continue
-                    if queue.reclaim_within_cohort == Reclaim.ANY or victim.priority < job.priority:
-                        why = (
-                            f"preempted by job {job.id}: queue {queue.name} reclaims {chip} quota lent to "
-                            f"queue {victim.queue} (borrowed quota goes back first)"
-                        )
-                        candidates.append((0, victim, why))
-        for victim in mine:
-            why = f"preempted by higher-priority job {job.id} in queue {queue.name}"
-            if reclaiming:
-                why += " (its own lower-priority work, as borrowed quota alone was not enough)"
-            candidates.append((1, victim, why))
-        candidates.sort(key=lambda g: (g[0], g[1].priority, g[1].lost_work(self.now), -g[1].started_at))
-        return [(victim, why) for _, victim, why in candidates]
-
-    def _lowest_priority(self, qi: int, c: int, running: list[RunningJob]) -> float:
-        """The lowest priority among the whole-GPU jobs of queue ``qi`` on chip ``c`` as the cycle
-        read them: a pending job at or below it can evict none of them (thousands of pending jobs
-        of one priority ask this in a cycle). Victims chosen later only raise the true lowest, so
-        the value stays a safe bound; a list replaced (a job resized) is read again."""
-        cached = self._lowest_cache.get((qi, c))
-        if cached is None or cached[0] is not running:
-            whole = [v.priority for v in running if not v.fractional]
-            cached = self._lowest_cache[(qi, c)] = (running, min(whole, default=float("inf")))
-        return cached[1]
-
-    def _admit_by_preemption(
-        self, qi: int, job: PendingJob, c: int, max_level: int, own: bool = True
-    ) -> bool:
-        candidates = self._victim_candidates(qi, job, c, own)
-        if not candidates:
-            return False
-        self.result.preemption_attempts += 1
-        lay = self.layout
-        gpu_chip = self.topo.gpu_chip
-        usable = [
-            v.held[self.schedulable[v.held] & ~self.reserved[v.held] & (gpu_chip[v.held] == c)]
-            for v, _ in candidates
-        ]
-        for level in range(max_level + 1):
-            base = self.pools.open.counts(level, c)
-            victim_domains = [lay.node_domain[level][lay.gpu_node[g]] for g in usable]
-            potential = base.copy()
-            for doms in victim_domains:
-                np.add.at(potential, doms, 1)
-            domains = np.flatnonzero(potential >= job.gpus)
-            if not domains.size:
+# --- 4. preemption -------------------------------------------------------------------
+def victim_candidates(
+    s: CycleState, qi: int, job: PendingJob, c: int, own: bool = True
+) -> list[tuple[RunningJob, str]]:
+    """Jobs ``job`` may evict on chip ``c``, in the order they go (Kueue's rules): first jobs
+    of queues borrowing from the cohort, when this queue reclaims its nominal quota; then, if
+    ``own``, its own queue's lower-priority jobs; inside each group lowest priority first, then
+    least work since the last checkpoint. A job that would still borrow after evicting its own
+    queue's work preempts nothing unless its queue allows preempting while borrowing."""
+    queue = s.queues[qi]
+    chip = s.topo.chip_names[c]
+    cohort = s.quota.cohort_of[qi]
+    mine = []
+    if own and queue.within_queue == WithinQueue.LOWER_PRIORITY:
+        running = s.running_by_queue_chip.get((qi, c), [])
+        if running and job.priority > lowest_priority(s, qi, c, running):
+            mine = [
+                v for v in running if v.id not in s.victims and not v.fractional and v.priority < job.priority
+            ]
+    usage, nominal = s.quota.usage[qi, c], s.quota.nominal[qi, c]
+    freeable = sum(dict(v.demand_by_chip()).get(chip, 0) for v in mine)
+    within_nominal = usage - freeable + job.demand <= nominal
+    s.borrow_blocked = None
+    if cohort >= 0 and not within_nominal:
+        limit = queue.borrow_preempt_max_priority
+        if limit is None:
+            if mine:
+                s.borrow_blocked = Reason(
+                    f"job {job.id} would borrow {chip} quota even after preempting its queue's "
+                    f"lower-priority work; queue {queue.name} does not preempt while borrowing",
+                    "quota",
+                    {"queue": queue.name, "chip": chip},
+                )
+            return []
+        mine = [v for v in mine if v.priority <= limit]
+    reclaiming = (
+        queue.reclaim_within_cohort != Reclaim.NEVER and cohort >= 0 and usage < nominal and within_nominal
+    )
+    candidates = []
+    if reclaiming:
+        for vq in np.flatnonzero(
+            (s.quota.cohort_of == cohort) & (s.quota.usage[:, c] > s.quota.nominal[:, c])
+        ):
+            if vq == qi:
                 continue
-            domains = domains[np.argsort(potential[domains], kind="stable")][: self.config.max_victim_domains]
-            best = None
-            for d in domains:
-                chosen = self._victims_for_domain(qi, job, c, int(base[d]), d, victim_domains, candidates)
-                if chosen is None:
+            for victim in s.running_by_queue_chip.get((int(vq), c), []):
+                if victim.id in s.victims or victim.fractional:  # a shared GPU frees only when all leave
                     continue
-                cost = (
-                    sum(1 for i in chosen if candidates[i][0].queue == job.queue),  # borrowers go first
-                    sum(candidates[i][0].lost_work(self.now) for i in chosen),
-                    sum(len(candidates[i][0].held) for i in chosen),
-                )
-                if best is None or cost < best[0]:
-                    best = (cost, int(d), chosen)
-            if best is not None:
-                return self._evict_and_place(
-                    qi, job, c, level, best[1], [candidates[i] for i in best[2]], usable, best[2], max_level
-                )
+                if queue.reclaim_within_cohort == Reclaim.ANY or victim.priority < job.priority:
+                    why = (
+                        f"preempted by job {job.id}: queue {queue.name} reclaims {chip} quota lent to "
+                        f"queue {victim.queue} (borrowed quota goes back first)"
+                    )
+                    candidates.append((0, victim, why))
+    for victim in mine:
+        why = f"preempted by higher-priority job {job.id} in queue {queue.name}"
+        if reclaiming:
+            why += " (its own lower-priority work, as borrowed quota alone was not enough)"
+        candidates.append((1, victim, why))
+    candidates.sort(key=lambda g: (g[0], g[1].priority, g[1].lost_work(s.now), -g[1].started_at))
+    return [(victim, why) for _, victim, why in candidates]
+
+
+def lowest_priority(s: CycleState, qi: int, c: int, running: list[RunningJob]) -> float:
+    """The lowest priority among the whole-GPU jobs of queue ``qi`` on chip ``c`` as the cycle
+    read them: a pending job at or below it can evict none of them (thousands of pending jobs
+    of one priority ask this in a cycle). Victims chosen later only raise the true lowest, so
+    the value stays a safe bound; a list replaced (a job resized) is read again."""
+    cached = s.lowest_cache.get((qi, c))
+    if cached is None or cached[0] is not running:
+        whole = [v.priority for v in running if not v.fractional]
+        cached = s.lowest_cache[(qi, c)] = (running, min(whole, default=float("inf")))
+    return cached[1]
+
+
+def admit_by_preemption(
+    s: CycleState, qi: int, job: PendingJob, c: int, max_level: int, own: bool = True
+) -> bool:
+    candidates = victim_candidates(s, qi, job, c, own)
+    if not candidates:
         return False
+    s.result.preemption_attempts += 1
+    lay = s.layout
+    gpu_chip = s.topo.gpu_chip
+    usable = [
+        v.held[s.schedulable[v.held] & ~s.reserved[v.held] & (gpu_chip[v.held] == c)] for v, _ in candidates
+    ]
+    for level in range(max_level + 1):
+        base = s.pools.open.counts(level, c)
+        victim_domains = [lay.node_domain[level][lay.gpu_node[g]] for g in usable]
+        potential = base.copy()
+        for doms in victim_domains:
+            np.add.at(potential, doms, 1)
+        domains = np.flatnonzero(potential >= job.gpus)
+        if not domains.size:
+            continue
+        domains = domains[np.argsort(potential[domains], kind="stable")][: s.config.max_victim_domains]
+        best = None
+        for d in domains:
+            chosen = victims_for_domain(s, qi, job, c, int(base[d]), d, victim_domains, candidates)
+            if chosen is None:
+                continue
+            cost = (
+                sum(1 for i in chosen if candidates[i][0].queue == job.queue),  # borrowers go first
+                sum(candidates[i][0].lost_work(s.now) for i in chosen),
+                sum(len(candidates[i][0].held) for i in chosen),
+            )
+            if best is None or cost < best[0]:
+                best = (cost, int(d), chosen)
+        if best is not None:
+            return evict_and_place(
+                s, qi, job, c, level, best[1], [candidates[i] for i in best[2]], usable, best[2], max_level
+            )
+    return False
 
-    def _victims_for_domain(self, qi, job, c, free_here, d, victim_domains, candidates):
-        """Victims inside the domain first (they free both GPUs and quota), then any others that
-        only free quota, each group in preference order, until the gang fits and the quota allows
-        it; then drop, in reverse, every victim that turns out not to be needed."""
-        gains = [int(np.count_nonzero(doms == d)) for doms in victim_domains]
-        order = [i for i, g in enumerate(gains) if g > 0] + [i for i, g in enumerate(gains) if g == 0]
 
-        def satisfied(chosen: list[int], have: int) -> bool:
-            return have >= job.gpus and self._quota_ok_without(qi, job, c, [candidates[k][0] for k in chosen])
+def victims_for_domain(s: CycleState, qi, job, c, free_here, d, victim_domains, candidates):
+    """Victims inside the domain first (they free both GPUs and quota), then any others that
+    only free quota, each group in preference order, until the gang fits and the quota allows
+    it; then drop, in reverse, every victim that turns out not to be needed."""
+    gains = [int(np.count_nonzero(doms == d)) for doms in victim_domains]
+    order = [i for i, g in enumerate(gains) if g > 0] + [i for i, g in enumerate(gains) if g == 0]
 
-        chosen: list[int] = []
-        have = free_here
-        chip = self.topo.chip_names[c]
-        taken: dict[int, int] = {}  # another queue -> what its chosen victims free on this chip
-        for i in order:
-            if satisfied(chosen, have):
-                break
-            victim = candidates[i][0]
-            vq = self.queue_index.get(victim.queue, -1)
-            amount = dict(victim.demand_by_chip()).get(chip, 0)
-            if vq != qi:
-                # a borrower gives back what it borrowed, never its own nominal quota
-                if self.quota.usage[vq, c] - taken.get(vq, 0) <= self.quota.nominal[vq, c]:
-                    continue
-                taken[vq] = taken.get(vq, 0) + amount
-            chosen.append(i)
-            have += gains[i]
-        if not chosen or not satisfied(chosen, have):
-            return None
-        for i in reversed(list(chosen)):
-            rest = [k for k in chosen if k != i]
-            if satisfied(rest, have - gains[i]):
-                chosen, have = rest, have - gains[i]
-        return chosen
+    def satisfied(chosen: list[int], have: int) -> bool:
+        return have >= job.gpus and quota_ok_without(s, qi, job, c, [candidates[k][0] for k in chosen])
 
-    def _quota_ok_without(self, qi, job, c, victims: list[RunningJob]) -> bool:
-        """Whether ``job`` fits the quota once ``victims`` are gone; in a cohort it must fit within
-        its queue's nominal quota unless the queue allows preempting while borrowing."""
-        for v in victims:
-            self._charge(v, -1)
-        ok = self.quota.check(qi, c, job.demand).ok
-        if ok and self.quota.cohort_of[qi] >= 0 and self.queues[qi].borrow_preempt_max_priority is None:
-            ok = self.quota.usage[qi, c] + job.demand <= self.quota.nominal[qi, c]
-        for v in victims:
-            self._charge(v, +1)
-        return ok
+    chosen: list[int] = []
+    have = free_here
+    chip = s.topo.chip_names[c]
+    taken: dict[int, int] = {}  # another queue -> what its chosen victims free on this chip
+    for i in order:
+        if satisfied(chosen, have):
+            break
+        victim = candidates[i][0]
+        vq = s.queue_index.get(victim.queue, -1)
+        amount = dict(victim.demand_by_chip()).get(chip, 0)
+        if vq != qi:
+            # a borrower gives back what it borrowed, never its own nominal quota
+            if s.quota.usage[vq, c] - taken.get(vq, 0) <= s.quota.nominal[vq, c]:
+                continue
+            taken[vq] = taken.get(vq, 0) + amount
+        chosen.append(i)
+        have += gains[i]
+    if not chosen or not satisfied(chosen, have):
+        return None
+    for i in reversed(list(chosen)):
+        rest = [k for k in chosen if k != i]
+        if satisfied(rest, have - gains[i]):
+            chosen, have = rest, have - gains[i]
+    return chosen
 
-    def _evict_and_place(self, qi, job, c, level, domain, victims, usable, chosen_idx, max_level) -> bool:
-        freed = [usable[i] for i in chosen_idx]
-        self.no_room.clear()
-        self.largest_blocks.clear()
+
+def quota_ok_without(s: CycleState, qi, job, c, victims: list[RunningJob]) -> bool:
+    """Whether ``job`` fits the quota once ``victims`` are gone; in a cohort it must fit within
+    its queue's nominal quota unless the queue allows preempting while borrowing."""
+    for v in victims:
+        charge(s, v, -1)
+    ok = s.quota.check(qi, c, job.demand).ok
+    if ok and s.quota.cohort_of[qi] >= 0 and s.queues[qi].borrow_preempt_max_priority is None:
+        ok = s.quota.usage[qi, c] + job.demand <= s.quota.nominal[qi, c]
+    for v in victims:
+        charge(s, v, +1)
+    return ok
+
+
+def evict_and_place(s: CycleState, qi, job, c, level, domain, victims, usable, chosen_idx, max_level) -> bool:
+    freed = [usable[i] for i in chosen_idx]
+    s.no_room.clear()
+    s.largest_blocks.clear()
+    for (victim, _), gpus in zip(victims, freed, strict=True):
+        s.pools.give(gpus)
+        charge(s, victim, -1)
+    placed = s.pools.place(c, job.gpus, max_level, within=(level, domain))
+    if placed is None:  # cannot happen when counts are right; undo and report
         for (victim, _), gpus in zip(victims, freed, strict=True):
-            self.pools.give(gpus)
-            self._charge(victim, -1)
-        placed = self.pools.place(c, job.gpus, max_level, within=(level, domain))
-        if placed is None:  # cannot happen when counts are right; undo and report
-            for (victim, _), gpus in zip(victims, freed, strict=True):
-                self.pools.take_back(gpus)
-                self._charge(victim, +1)
-            return False
-        gpus, lvl, dom = placed
-        for victim, why in victims:
-            self.victims.add(victim.id)
-            self.result.preemptions.append(Preemption(victim.id, job.id, why))
-        self._record_admission(qi, job, c, gpus, lvl, dom, preempted=[v.id for v, _ in victims])
-        return True
+            s.pools.take_back(gpus)
+            charge(s, victim, +1)
+        return False
+    gpus, lvl, dom = placed
+    for victim, why in victims:
+        s.victims.add(victim.id)
+        s.result.preemptions.append(Preemption(victim.id, job.id, why))
+    record_admission(s, qi, job, c, gpus, lvl, dom, preempted=[v.id for v, _ in victims])
+    return True

@@ -201,7 +201,6 @@ class JobSerializer(serializers.ModelSerializer):
     topology = serializers.ChoiceField(choices=TopologyConstraint.choices, default="datacenter")
     kind = serializers.ChoiceField(choices=JobKind.choices, default=JobKind.TRAINING)
     state_colour = serializers.SerializerMethodField()
-    # what keeps it pending (engine.reasons); empty until a cycle says
     pending_kind = serializers.ChoiceField(choices=PendingKind.choices, allow_blank=True, read_only=True)
     gpus = serializers.IntegerField(min_value=1, max_value=1_000_000)
     min_gpus = serializers.IntegerField(min_value=1, required=False, allow_null=True)

@@ -1,0 +1,15 @@
+"""The scheduler's limits per cycle (engine.scheduler)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_reservations: int = 4  # blocked gangs that hold reservations at once
+    max_preemption_attempts: int = 64  # per cycle; the rest wait for the next cycle
+    max_victim_domains: int = 16  # candidate domains examined per preemption attempt
+    # GPUs one cycle may start (None: no limit); the jobs after it wait for the next cycle, which
+    # the caller runs at once. It bounds a cycle's writes (like Slurm's sched_max_job_start).
+    max_start_gpus: int | None = None

@@ -1,0 +1,87 @@
+"""The state of one scheduling cycle, explicit: what the steps (the other modules of
+engine.steps) read and change as they decide. ``engine.scheduler.run`` takes the steps in order.
+
+What it holds: the layout and topology, the queues and the quota book (usage as the cycle
+admits), the free pools and the spare pool, the GPU shares in use on shared GPUs, the running jobs
+by queue and chip, what this cycle started, evicted, resized and reserved, the queues held behind
+a blocked job (``queue_holds``), per-cycle caches (chip options, the lowest-priority candidates,
+ending jobs, the largest free blocks, the gang sizes that found no room), and the result.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.placement import FreePool, Layout
+from engine.pools import Pools
+from engine.quota import build_quota_book
+from engine.reasons import Reason
+from engine.scheduler_config import SchedulerConfig
+from engine.workload import MILLI, CycleResult, RunningJob
+
+
+def chips_of(job: RunningJob) -> tuple[str, ...]:
+    """The chip types a running job holds (a mixed-chip job has several parts)."""
+    return tuple(p for p, _ in job.parts) if job.parts else (job.chip,)
+
+
+class CycleState:
+    def __init__(self, layout: Layout, queues, running, pending, now: float, config: SchedulerConfig):
+        self.layout = layout
+        self.topo = layout.topo
+        self.config = config
+        self.now = now
+        self.queues = list(queues)
+        self.queue_index = {q.name: i for i, q in enumerate(self.queues)}
+        self.chip_index = {name: i for i, name in enumerate(self.topo.chip_names)}
+        self.running = [j for j in running if len(j.held)]
+        self.pending = list(pending)
+        self.quota = build_quota_book(self.queues, self.topo.chip_names, self.running)
+        self.schedulable = self.topo.schedulable()
+        owned = np.zeros(self.topo.num_gpus, dtype=bool)
+        if self.running:
+            owned[np.concatenate([j.held for j in self.running])] = True
+        # thousandths used on shared GPUs; a shared GPU is never free for whole-GPU jobs
+        self.gpu_used = np.zeros(self.topo.num_gpus, dtype=np.int32)
+        for job in self.running:
+            if job.fractional:
+                self.gpu_used[job.held] += job.share
+        self.shared = np.flatnonzero(self.gpu_used)  # GPUs with fractions on them
+        shares = [j.share for j in self.pending if j.fractional]
+        self.min_share = min(shares) if shares else MILLI
+        self.share_mixes: dict = {}  # chip -> the kinds of work fractions are packed against
+        self.pools = Pools(layout, self.schedulable & ~owned)
+        # free GPUs of spare nodes, for queues allowed to borrow them (built when first asked)
+        self.spare_free = self.topo.usable() & self.topo.node_spare[self.topo.gpu_node] & ~owned
+        self.spare_pool: FreePool | None = None
+        self.running_by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
+        self.lowest_cache: dict[tuple[int, int], tuple[list, float]] = {}  # engine.steps.preemption
+        self.running_by_chip: dict[int, list[RunningJob]] = {}
+        for job in self.running:
+            for chip in chips_of(job):
+                c = self.chip_index.get(chip, -1)
+                self.running_by_queue_chip.setdefault((self.queue_index.get(job.queue, -1), c), []).append(
+                    job
+                )
+                self.running_by_chip.setdefault(c, []).append(job)
+        self.reserved = np.zeros(self.topo.num_gpus, dtype=bool)
+        self.horizon = float("inf")  # earliest reservation start
+        self.reservation_attempts = 0
+        self.ending_cache: dict[int, tuple] = {}
+        # (chip, level limit) -> the smallest gang that found no room this cycle
+        self.no_room: dict[tuple[int, int], int] = {}
+        # (chip, level limit) -> (size, name) of the largest free block, for reasons
+        self.largest_blocks: dict[tuple[int, int], tuple[int, str]] = {}
+        self.victims: set[int] = set()
+        self.resized: set[int] = set()  # elastic jobs shrunk or grown this cycle
+        self.capacity_blocked_chips: set[int] = set()  # chips some pending job found no room on
+        self.started: list[RunningJob] = []  # admitted this cycle, as running jobs
+        # queue index -> (the job its later jobs wait behind, that job's chip options, reason)
+        self.queue_holds: dict[int, tuple[int, set[int], Reason]] = {}
+        self.first_blocked: set[int] = set()  # queues whose first blocked job was seen
+        self.quota_blocked = False  # the last job scheduled was refused by quota on every chip
+        self.borrow_blocked: Reason | None = (
+            None  # why the last preemption attempt was refused while borrowing
+        )
+        self.options_cache: dict[tuple, list[int]] = {}  # (queue, chip types) -> chip options
+        self.result = CycleResult()
