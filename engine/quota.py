@@ -119,8 +119,10 @@ class QuotaBook:
         cohort = int(self.cohort_of[q])
 
         def refused(text: str, what: str) -> QuotaCheck:
-            facts = {"queue": name, "chip": chip, "in_use": g(used), "nominal": g(nominal), "needs": g(gpus)}
-            return QuotaCheck(False, Reason(text, "quota", {**facts, "ran_out": what}), what)
+            unit = self.unit  # the facts in GPUs (0.25: a quarter of one)
+            facts = {"queue": name, "chip": chip, "ran_out": what, "in_use": used / unit}
+            facts.update(nominal=nominal / unit, needs=gpus / unit)
+            return QuotaCheck(False, Reason(text, "quota", facts), what)
 
         if cohort < 0:
             if after <= nominal:

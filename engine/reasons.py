@@ -17,20 +17,23 @@ from __future__ import annotations
 
 PENDING_KINDS = ("stopped", "quota", "topology", "capacity", "reservation", "ordering", "other")
 TOPOLOGY_LEVELS = ("node", "rack", "pod")  # a gang that fits the fleet but not one of these
+_KINDS = frozenset(PENDING_KINDS)
 
 
 class Reason(str):
-    """A pending reason: the sentence, with ``kind`` (one of PENDING_KINDS) and ``facts``."""
+    """A pending reason: the sentence, with ``kind`` (one of PENDING_KINDS) and ``facts``.
 
-    kind: str
-    facts: dict
+    Ten thousand pending jobs each get one every cycle, so it is kept small: slots, and facts of
+    plain values (such a dict is not tracked by the garbage collector). ``facts`` is read-only."""
+
+    __slots__ = ("kind", "facts")
 
     def __new__(cls, text: str, kind: str, facts: dict | None = None) -> Reason:
-        if kind not in PENDING_KINDS:
+        if kind not in _KINDS:
             raise ValueError(f"kind: {kind!r} is not one of {', '.join(PENDING_KINDS)}")
         self = super().__new__(cls, text)
         self.kind = kind
-        self.facts = facts or {}
+        self.facts = facts if facts is not None else {}
         return self
 
     def __getnewargs__(self):  # pickles (the what-if workers) with its kind and facts

@@ -279,7 +279,7 @@ def test_every_pending_reason_has_its_kind_and_facts():
     result, _ = cycle(lay, queues, [], pending)
     kinds = {job_id: (reason.kind, reason.facts) for job_id, reason in result.pending.items()}
     assert kinds[1] == ("topology", {**kinds[1][1], "level": "rack", "gpus": 24, "chip": H100})
-    assert kinds[2][0] == "quota" and kinds[2][1]["queue"] == "small" and kinds[2][1]["needs"] == "16"
+    assert kinds[2][0] == "quota" and kinds[2][1]["queue"] == "small" and kinds[2][1]["needs"] == 16
     assert kinds[3] == ("stopped", {"queue": "off"})
     assert kinds[4] == ("other", {"queue": "nowhere"})
     assert kinds[5][0] == "capacity" and kinds[5][1]["largest_free"] < 200
