@@ -117,23 +117,22 @@ class QuotaBook:
         used, nominal = int(self.usage[q, c]), int(self.nominal[q, c])
         after = used + gpus
         cohort = int(self.cohort_of[q])
-
-        def refused(text: str, what: str) -> QuotaCheck:
-            unit = self.unit  # the facts in GPUs (0.25: a quarter of one)
-            facts = {"queue": name, "chip": chip, "ran_out": what, "in_use": used / unit}
-            facts.update(nominal=nominal / unit, needs=gpus / unit)
-            return QuotaCheck(False, Reason(text, "quota", facts), what)
-
         if cohort < 0:
             if after <= nominal:
                 return QuotaCheck(True)
-            return refused(
+            return self._refused(
+                q,
+                c,
+                gpus,
                 f"quota of queue {name} exhausted for {chip}: {g(used)} of {g(nominal)} in use, "
                 f"needs {g(gpus)}; the queue is in no cohort, so it cannot borrow",
                 "nominal",
             )
         if after - nominal > self.borrowing_limit[q, c]:
-            return refused(
+            return self._refused(
+                q,
+                c,
+                gpus,
                 f"queue {name} would borrow {g(after - nominal)} {chip} GPUs, above its borrowing "
                 f"limit of {g(self.borrowing_limit[q, c])}",
                 "borrowing_limit",
@@ -145,16 +144,30 @@ class QuotaBook:
             return QuotaCheck(True)
         cohort_name = self.cohort_names[cohort]
         if after <= nominal:
-            return refused(
+            return self._refused(
+                q,
+                c,
+                gpus,
                 f"queue {name}'s nominal {chip} quota ({g(nominal)}) is lent to other queues of "
                 f"cohort {cohort_name}; {g(used)} in use, needs {g(gpus)}: reclaim by preemption",
                 "cohort",
             )
-        return refused(
+        return self._refused(
+            q,
+            c,
+            gpus,
             f"quota of queue {name} exhausted for {chip} ({g(used)} of nominal {g(nominal)} in "
             f"use, needs {g(gpus)}) and cohort {cohort_name} has {g(max(available, 0))} to lend",
             "cohort",
         )
+
+    def _refused(self, q: int, c: int, gpus: int, text: str, what: str) -> QuotaCheck:
+        unit = self.unit  # the facts in GPUs (0.25: a quarter of one)
+        facts = {"queue": self.queue_names[q], "chip": self.chip_names[c], "ran_out": what}
+        facts.update(
+            in_use=int(self.usage[q, c]) / unit, nominal=int(self.nominal[q, c]) / unit, needs=gpus / unit
+        )
+        return QuotaCheck(False, Reason(text, "quota", facts), what)
 
     # --- updates -------------------------------------------------------------------------
     def add(self, q: int, c: int, gpus: int) -> None:

@@ -107,6 +107,9 @@ def record_admission(
 
 
 def placement_reason(s: CycleState, job: PendingJob, c: int, max_level: int) -> Reason:
+    """Why the gang found no room: GPUs free only where a larger job has reserved them, or no
+    domain of its level with room (the largest free block named; one reason per size, chip and
+    level a cycle, as the largest blocks are read once a cycle)."""
     chip = s.topo.chip_names[c]
     level_name = LEVELS[max_level]
     block = s.largest_blocks.get((c, max_level))
@@ -114,27 +117,36 @@ def placement_reason(s: CycleState, job: PendingJob, c: int, max_level: int) -> 
         size, level, domain = s.pools.open.largest_block(c, max_level)
         block = s.largest_blocks[(c, max_level)] = (size, s.layout.domain_name(level, domain))
     size, where = block
-    facts = {
-        "gpus": job.gpus,
-        "chip": chip,
-        "level": level_name,
-        "largest_free": size,
-        "largest_in": where,
-    }
     if s.pools.free_only_if_reserved(c, job.gpus, max_level):
         starts_in = s.horizon - s.now
         why = "has no estimated duration" if job.estimated_duration_s is None else "would not end before it"
+        facts = {
+            "gpus": job.gpus,
+            "chip": chip,
+            "level": level_name,
+            "reservation_starts_in_s": round(starts_in),
+        }
         return Reason(
             f"{job.gpus} {chip} GPUs are free only on GPUs reserved for a larger job starting in "
             f"{starts_in:.0f} s; this job {why}",
             "reservation",
-            {**facts, "reservation_starts_in_s": round(starts_in)},
+            facts,
         )
-    return Reason(
-        f"no {level_name} with {job.gpus} free {chip} GPUs (largest free block: {size} in {where})",
-        placement_kind(level_name),
-        facts,
-    )
+    reason = s.placement_reasons.get((c, max_level, job.gpus))
+    if reason is None:
+        facts = {
+            "gpus": job.gpus,
+            "chip": chip,
+            "level": level_name,
+            "largest_free": size,
+            "largest_in": where,
+        }
+        reason = s.placement_reasons[(c, max_level, job.gpus)] = Reason(
+            f"no {level_name} with {job.gpus} free {chip} GPUs (largest free block: {size} in {where})",
+            placement_kind(level_name),
+            facts,
+        )
+    return reason
 
 
 def charge(s: CycleState, job: RunningJob, sign: int) -> None:

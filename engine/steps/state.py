@@ -72,6 +72,7 @@ class CycleState:
         self.no_room: dict[tuple[int, int], int] = {}
         # (chip, level limit) -> (size, name) of the largest free block, for reasons
         self.largest_blocks: dict[tuple[int, int], tuple[int, str]] = {}
+        self.placement_reasons: dict[tuple[int, int, int], Reason] = {}  # (chip, level, GPUs) -> why
         self.victims: set[int] = set()
         self.resized: set[int] = set()  # elastic jobs shrunk or grown this cycle
         self.capacity_blocked_chips: set[int] = set()  # chips some pending job found no room on
