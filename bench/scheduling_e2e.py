@@ -213,6 +213,9 @@ def main() -> None:
     if args.child:
         print(json.dumps(child()))
         return
+    # one operator submits 10,000 jobs in-process, far past the per-user submit throttle (6000/min,
+    # for tenants): the benchmark measures scheduling, so its children lift it
+    os.environ.setdefault("MYRIAD_SUBMIT_RATE", "1000000/min")
     results = run_per_backend("bench.scheduling_e2e", redis_with_postgres=True)
     rows = []
     for key, label, target in [
