@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import checkpoint, faults, lifecycle, states, tiers
+from engine import checkpoint, faults, lifecycle, reasons, states, tiers
 from engine.ettr import ETTR_BUCKETS
 from engine.placement import TOPOLOGY_CONSTRAINTS
 from engine.workload import QUEUEING_STRATEGIES, RECLAIM_POLICIES, WITHIN_QUEUE_POLICIES
@@ -27,6 +27,7 @@ ENUMS = {
     "reclaim policies": RECLAIM_POLICIES,
     "within-queue policies": WITHIN_QUEUE_POLICIES,
     "queueing strategies": QUEUEING_STRATEGIES,
+    "pending kinds": reasons.PENDING_KINDS,
 }
 
 
