@@ -45,6 +45,9 @@ class Deployment:
             "MYRIAD_DATA_DIR": str(folder),
             "MYRIAD_DEBUG": "0",
             "MYRIAD_SIMULATED_FLEET": "0",
+            # a killed worker's part is taken over after 30 s of silence, not the default 120 s
+            # (live parts beat every second while they run)
+            "MYRIAD_SIMULATION_LEASE_S": "30",
         }
         env["MYRIAD_DATABASE_URL"] = _postgres_copy(env["MYRIAD_DATABASE_URL"], "deployment")
         env["MYRIAD_REDIS_URL"] = _redis_other_db(env["MYRIAD_REDIS_URL"])
