@@ -36,8 +36,8 @@ def _apply(result, pending, running, now):
     by_id = {j.id: j for j in pending}
     started = {a.job_id for a in result.admissions}
     for a in result.admissions:
-        running.append(by_id[a.job_id].started(a.gpus, a.chip, now, a.parts))
-    resized = {r.job_id: r.gpus for r in result.resizes}
+        running.append(by_id[a.job_id].started(a.held, a.chip, now, a.parts))
+    resized = {r.job_id: r.held for r in result.resizes}
     if resized:
         running = [replace(j, held=resized[j.id]) if j.id in resized else j for j in running]
     return [j for j in pending if j.id not in started], running

@@ -30,11 +30,11 @@ class InvariantViolation(AssertionError):
 def running_after(running: list[RunningJob], result: CycleResult, pending: list[PendingJob], now: float):
     """The running set after applying a cycle's decisions."""
     victims = {p.job_id for p in result.preemptions}
-    resized = {r.job_id: r.gpus for r in result.resizes}
+    resized = {r.job_id: r.held for r in result.resizes}
     by_id = {j.id: j for j in pending}
     after = [replace(j, held=resized.get(j.id, j.held)) for j in running if j.id not in victims]
     for a in result.admissions:
-        after.append(by_id[a.job_id].started(a.gpus, a.chip, now, a.parts))
+        after.append(by_id[a.job_id].started(a.held, a.chip, now, a.parts))
     return after
 
 
@@ -135,8 +135,8 @@ def _resize_problems(ctx: _Context, r, job: RunningJob | None, victims: set[int]
         problems.append(f"job {r.job_id} was both resized and preempted")
     low = job.min_gpus if job.min_gpus is not None else len(job.held)
     high = job.max_gpus if job.max_gpus is not None else len(job.held)
-    if not low <= len(r.gpus) <= high:
-        problems.append(f"job {r.job_id} resized to {len(r.gpus)} GPUs, outside {low}-{high}")
+    if not low <= len(r.held) <= high:
+        problems.append(f"job {r.job_id} resized to {len(r.held)} GPUs, outside {low}-{high}")
     if len(r.added):
         chips = {topo.chip_names[c] for c in np.unique(topo.gpu_chip[r.added])}
         if chips != {job.chip}:
@@ -151,7 +151,7 @@ def _admission_problems(ctx: _Context, a, job: PendingJob) -> list[str]:
     """An admission gets the GPUs it asked for, of its chip types, free, schedulable (or spares its
     queue may borrow), inside its topology domain, from a queue that is not stopped."""
     problems, topo, layout = [], ctx.topo, ctx.layout
-    gpus = np.asarray(a.gpus)
+    gpus = np.asarray(a.held)
     if len(np.unique(gpus)) != len(gpus) or len(gpus) not in job.sizes():
         problems.append(f"job {job.id} asked for {job.gpus} GPUs and got {len(np.unique(gpus))}")
     admitted_as = {chip for chip, _ in a.parts} if a.parts else {a.chip}

@@ -69,7 +69,7 @@ def run(s: CycleState) -> CycleResult:
         reason = schedule_job(s, qi, job)
         if reason:
             s.result.pending[job.id] = hold(s, qi, job, reason)
-        started += sum(len(a.gpus) for a in s.result.admissions[admitted:])
+        started += sum(len(a.held) for a in s.result.admissions[admitted:])
     if not s.result.start_limited:  # growth takes only what no pending job could use
         grow(s)
     return s.result

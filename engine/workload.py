@@ -191,7 +191,7 @@ class RunningJob:
 class Admission:
     job_id: int
     chip: str
-    gpus: np.ndarray
+    held: np.ndarray  # the GPU indices it will hold (its size is len(held))
     domain: str  # the smallest domain holding the whole gang, e.g. "pod bj1-p03"
     borrowed: int  # GPUs above the queue's nominal quota after this admission
     backfilled: bool = False  # placed on GPUs reserved for a larger job, ending before it starts
@@ -211,18 +211,18 @@ class Preemption:
 class Reservation:
     job_id: int
     chip: str
-    gpus: np.ndarray
+    held: np.ndarray  # the GPU indices reserved for it
     start_at: float
     domain: str
 
 
 @dataclass(frozen=True)
 class Resize:
-    """An elastic job changes size: it keeps running on ``gpus`` (its whole new set)."""
+    """An elastic job changes size: it keeps running on ``held`` (its whole new set)."""
 
     job_id: int
     old_size: int
-    gpus: np.ndarray  # the job's GPUs after the resize
+    held: np.ndarray  # the GPU indices it holds after the resize
     added: np.ndarray  # GPUs it gained (empty when shrinking)
     released: np.ndarray  # GPUs it gave up (empty when growing)
     reason: str
@@ -230,7 +230,7 @@ class Resize:
 
     @property
     def new_size(self) -> int:
-        return len(self.gpus)
+        return len(self.held)
 
 
 @dataclass

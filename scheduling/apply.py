@@ -79,9 +79,9 @@ def apply_decisions(
     # 3. admissions: state, placement, events, plans
     admitted_jobs = []
     for a in result.admissions:
-        rows.add(a.job_id, snapshot.gpu_id[a.gpus])
+        rows.add(a.job_id, snapshot.gpu_id[a.held])
         admitted_jobs.append(
-            (a.job_id, JobState.RUNNING.value, now, chip_ids[a.chip], a.domain[:128], "", "", len(a.gpus))
+            (a.job_id, JobState.RUNNING.value, now, chip_ids[a.chip], a.domain[:128], "", "", len(a.held))
         )
         events.extend(_admission_events(a, now))
     if admitted_jobs:
@@ -111,7 +111,7 @@ def apply_decisions(
 
 
 def _admission_events(a, now: datetime) -> list[JobEvent]:
-    data = {"chip": a.chip, "gpus": len(a.gpus), "borrowed": a.borrowed}
+    data = {"chip": a.chip, "gpus": len(a.held), "borrowed": a.borrowed}
     if a.parts:
         data["parts"] = dict(a.parts)
     if a.preempted:
@@ -134,7 +134,7 @@ def _admission_events(a, now: datetime) -> list[JobEvent]:
             + (" on spare nodes (fault recovery may take them back)" if a.on_spares else ""),
             data={
                 "domain": a.domain,
-                "gpus": len(a.gpus),
+                "gpus": len(a.held),
                 "backfilled": a.backfilled,
                 "on_spares": a.on_spares,
             },
@@ -148,7 +148,7 @@ def _plan_admitted(result: CycleResult, snapshot, now: datetime, events: list[Jo
     modelled = Job.objects.filter(pk__in=list(admitted)).exclude(model={}).only("id", "model")
     for job in modelled:
         a = admitted[job.pk]
-        plan = plan_for(job, a.chip, snapshot, a.gpus, a.parts)
+        plan = plan_for(job, a.chip, snapshot, a.held, a.parts)
         Job.objects.filter(pk=job.pk).update(plan=plan)
         events.append(
             JobEvent(
@@ -168,13 +168,13 @@ def _apply_resizes(resizes, snapshot, now: datetime, rows: NewAllocations) -> li
             allocations.release(now, job=job, gpu_ids=snapshot.gpu_id[r.released].tolist())
         rows.add(job.pk, snapshot.gpu_id[r.added])
         extra = {"by_job": r.by_job} if r.by_job is not None else {}
-        events.append(resize_job(job, snapshot, r.gpus, at=now, reason=r.reason, **extra))
+        events.append(resize_job(job, snapshot, r.held, at=now, reason=r.reason, **extra))
     return events
 
 
 def _shares(result: CycleResult) -> dict[int, int]:
     """Thousandths per admitted job that shares a GPU (one query, only when some might)."""
-    single = [a.job_id for a in result.admissions if len(a.gpus) == 1]
+    single = [a.job_id for a in result.admissions if len(a.held) == 1]
     if not single:
         return {}
     return dict(Job.objects.filter(pk__in=single, share__lt=1000).values_list("id", "share"))

@@ -255,11 +255,11 @@ class Simulation:
             job = self.running[r.job_id]
             self._save(job, graceful=True)
             self.owner[job.held] = -1
-            self._start(job, r.gpus, resumed=True)
+            self._start(job, r.held, resumed=True)
         for a in result.admissions:
             job = self.jobs[a.job_id]
             del self.pending[a.job_id]
-            self._start(job, a.gpus, resumed=job.first_admit is not None)
+            self._start(job, a.held, resumed=job.first_admit is not None)
 
     # --- running, saving, stopping ------------------------------------------------------------
     def _policy(self, job: _Job) -> None:

@@ -59,7 +59,7 @@ def test_the_quota_a_drained_job_held_is_free_in_the_same_cycle():
     waiting = PendingJob(2, "train", 8, chip_types=("H100-SXM",))
     result, _ = cycle(lay, queue, [job], [waiting], now=10.0)
     assert [a.job_id for a in result.admissions] == [2]
-    assert 0 not in set(lay.gpu_node[result.admissions[0].gpus].tolist())  # not on the draining node
+    assert 0 not in set(lay.gpu_node[result.admissions[0].held].tolist())  # not on the draining node
 
 
 def test_new_work_never_lands_on_spare_nodes():
@@ -69,7 +69,7 @@ def test_new_work_never_lands_on_spare_nodes():
     lay = Layout(replace(doc_layout.topo, node_spare=spare))
     pending = [PendingJob(i, "train", 8, chip_types=("H100-SXM",)) for i in range(1, 5)]
     result, _ = cycle(lay, QUEUE, [], pending, now=0.0)
-    used = {int(n) for a in result.admissions for n in lay.gpu_node[a.gpus]}
+    used = {int(n) for a in result.admissions for n in lay.gpu_node[a.held]}
     assert len(result.admissions) == 2 and used == {0, 2}
     assert all("free" in result.pending[j] or "GPUs" in result.pending[j] for j in (3, 4))
 
@@ -201,7 +201,7 @@ def test_a_queue_allowed_to_borrow_spares_uses_them_only_when_nothing_else_is_fr
     ]
     result, _ = cycle(lay, queues, busy, pending, now=5.0)  # the invariant checker allows only this
     assert [(a.job_id, a.on_spares) for a in result.admissions] == [(11, True)]
-    assert set(lay.gpu_node[result.admissions[0].gpus].tolist()) == {3}
+    assert set(lay.gpu_node[result.admissions[0].held].tolist()) == {3}
     assert 10 in result.pending
 
 

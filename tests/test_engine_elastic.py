@@ -31,7 +31,7 @@ def as_running(admission, job, queue="a", priority=0):
     return RunningJob(
         admission.job_id,
         queue,
-        admission.gpus,
+        admission.held,
         admission.chip,
         priority,
         min_gpus=job.min_gpus,
@@ -47,14 +47,14 @@ def test_admitted_at_the_largest_size_the_free_gpus_allow():
     job = elastic(1, 16, 128)
     result, _ = cycle(lay, [QueueSpec("a", nominal={H100: 1000})], busy, [job])
     (a,) = result.admissions
-    assert len(a.gpus) == 48
+    assert len(a.held) == 48
 
 
 def test_admitted_at_the_largest_size_the_quota_allows():
     lay = layout_for()
     job = elastic(1, 16, 128)
     result, _ = cycle(lay, [QueueSpec("a", nominal={H100: 40})], [], [job])
-    assert len(result.admissions[0].gpus) == 40
+    assert len(result.admissions[0].held) == 40
 
 
 def test_below_its_minimum_it_stays_pending_with_the_minimum_in_the_reason():
@@ -74,7 +74,7 @@ def test_reclaiming_quota_shrinks_the_borrower_instead_of_evicting_it():
     # the borrower's elastic job runs on all 128 GPUs (64 borrowed), minimum 64
     job = elastic(1, 64, 128, queue="borrower")
     first, after = cycle(lay, queues, [], [job])
-    assert len(first.admissions[0].gpus) == 128
+    assert len(first.admissions[0].held) == 128
     big = after[0]
     # the lender wants 32 of its own back
     want = PendingJob(2, "lender", 32, chip_types=(H100,), submitted_at=5)
@@ -84,8 +84,8 @@ def test_reclaiming_quota_shrinks_the_borrower_instead_of_evicting_it():
     assert resize.job_id == 1 and resize.old_size == 128 and resize.new_size == 96
     assert "for job 2" in resize.reason and "reclaims" in resize.reason
     (a,) = result.admissions
-    assert a.job_id == 2 and len(a.gpus) == 32
-    assert set(a.gpus) <= set(resize.released.tolist())
+    assert a.job_id == 2 and len(a.held) == 32
+    assert set(a.held) <= set(resize.released.tolist())
     sizes = {j.id: len(j.held) for j in after}
     assert sizes == {1: 96, 2: 32}
 
@@ -109,7 +109,7 @@ def test_grows_back_when_gpus_free_up_and_nobody_waits():
     other = running(lay, 100, "a", nodes=list(range(0, 8)))  # 64 busy
     job = elastic(1, 16, 128)
     first, after = cycle(lay, queues, [other], [job])
-    assert len(first.admissions[0].gpus) == 64
+    assert len(first.admissions[0].held) == 64
     mine = next(j for j in after if j.id == 1)
     # the other job ends: the elastic job grows to its maximum in the next cycle
     result, after = cycle(lay, queues, [mine], [], now=60)
@@ -139,4 +139,4 @@ def test_growth_respects_quota_and_steps():
     result, after = cycle(lay, queues, [mine], [], now=5)
     (resize,) = result.resizes
     assert resize.new_size == 80  # 84 allowed, whole nodes of 8
-    assert np.all(np.isin(gpus_of_nodes(lay, 0, 1), resize.gpus))
+    assert np.all(np.isin(gpus_of_nodes(lay, 0, 1), resize.held))

@@ -33,7 +33,7 @@ def test_a_gang_too_big_for_one_chip_type_is_split_inside_one_datacenter():
     result, after = cycle(layout, [q], [], [gang(1, 48)])
     (a,) = result.admissions
     assert dict(a.parts) == {H100: 32, H200: 16}  # the preferred type first
-    assert len(domains_of(layout, a.gpus, "datacenter")) == 1
+    assert len(domains_of(layout, a.held, "datacenter")) == 1
 
 
 def test_without_opting_in_it_waits_with_a_reason():

@@ -27,16 +27,16 @@ def test_a_one_node_job_takes_one_node():
     lay = layout_for()
     result, _ = cycle(lay, [big_queue()], [], [job(1, 8)])
     (a,) = result.admissions
-    assert len(domains_of(lay, a.gpus, "node")) == 1
+    assert len(domains_of(lay, a.held, "node")) == 1
 
 
 def test_a_gang_goes_to_the_smallest_domain_that_holds_it():
     lay = layout_for()  # racks of 2 nodes x 8, pods of 2 racks
     result, _ = cycle(lay, [big_queue()], [], [job(1, 16), job(2, 32), job(3, 64)])
     placed = {a.job_id: a for a in result.admissions}
-    assert len(domains_of(lay, placed[1].gpus, "rack")) == 1 and placed[1].domain.startswith("rack")
-    assert len(domains_of(lay, placed[2].gpus, "pod")) == 1 and placed[2].domain.startswith("pod")
-    assert len(domains_of(lay, placed[3].gpus, "datacenter")) == 1
+    assert len(domains_of(lay, placed[1].held, "rack")) == 1 and placed[1].domain.startswith("rack")
+    assert len(domains_of(lay, placed[2].held, "pod")) == 1 and placed[2].domain.startswith("pod")
+    assert len(domains_of(lay, placed[3].held, "datacenter")) == 1
 
 
 def test_best_fit_keeps_large_blocks_free():
@@ -44,14 +44,14 @@ def test_best_fit_keeps_large_blocks_free():
     # node 0 busy: rack 0 has one free node, rack 1 two. An 8-GPU job goes to rack 0's free node.
     busy = [running(lay, 100, "a", nodes=[0])]
     result, _ = cycle(lay, [big_queue()], busy, [job(1, 8)])
-    assert domains_of(lay, result.admissions[0].gpus, "node") == {1}
+    assert domains_of(lay, result.admissions[0].held, "node") == {1}
 
 
 def test_a_partial_node_job_goes_to_the_fullest_node_that_fits():
     lay = layout_for()
     busy = [running(lay, 100, "a", gpus=np.arange(8, 14))]  # node 1 has 2 free GPUs
     result, _ = cycle(lay, [big_queue()], busy, [job(1, 2)])
-    assert domains_of(lay, result.admissions[0].gpus, "node") == {1}
+    assert domains_of(lay, result.admissions[0].held, "node") == {1}
 
 
 def test_a_gang_is_all_or_nothing():
@@ -70,7 +70,7 @@ def test_the_topology_constraint_is_respected_and_any_spans_datacenters():
     result, _ = cycle(lay, [big_queue()], [], [job(1, 24, topology="rack"), job(2, 96, topology="any")])
     assert result.pending[1].startswith("no rack with 24 free H100-SXM GPUs (largest free block: 16 in rack")
     (a,) = result.admissions
-    assert a.job_id == 2 and len(domains_of(lay, a.gpus, "datacenter")) == 2
+    assert a.job_id == 2 and len(domains_of(lay, a.held, "datacenter")) == 2
 
 
 def test_cordoned_nodes_and_critical_gpus_are_never_used():
@@ -78,7 +78,7 @@ def test_cordoned_nodes_and_critical_gpus_are_never_used():
     lay.topo.node_state[0] = 1  # cordoned
     lay.topo.gpu_health[8] = 2  # critical GPU on node 1
     result, _ = cycle(lay, [big_queue()], [], [job(1, 8), job(2, 8), job(3, 8)])
-    used = np.concatenate([a.gpus for a in result.admissions])
+    used = np.concatenate([a.held for a in result.admissions])
     assert len(result.admissions) == 2 and not (used < 16).any()
     assert "no datacenter with 8 free" in result.pending[3]
 
@@ -201,7 +201,7 @@ def test_victims_free_a_placeable_block_in_one_domain():
     # only 12 frees a whole rack.
     result, _ = cycle(lay, queues, busy, [job(1, 16, priority=5, topology="rack")], now=100)
     assert [p.job_id for p in result.preemptions] == [12]
-    assert domains_of(lay, result.admissions[0].gpus, "node") == {4, 5}
+    assert domains_of(lay, result.admissions[0].held, "node") == {4, 5}
 
 
 def test_a_stopped_queue_admits_nothing_and_keeps_running_work():
@@ -251,7 +251,7 @@ def test_a_blocked_gang_reserves_and_short_jobs_backfill():
     ]
     result, _ = cycle(lay, [big_queue()], busy, pending, now=0)
     (res,) = result.reservations
-    assert res.job_id == 1 and res.start_at == 1000 and len(res.gpus) == 48
+    assert res.job_id == 1 and res.start_at == 1000 and len(res.held) == 48
     assert result.pending[1].startswith("waiting for reservation: 48 H100-SXM GPUs in")
     assert result.pending[1].kind == "reservation" and result.pending[1].facts["free_in_s"] == 1000
     admitted = {a.job_id: a for a in result.admissions}

@@ -24,7 +24,7 @@ def queue(nominal=1000):
 def test_fractions_share_one_gpu_up_to_a_whole():
     lay = layout_for()
     result, after = cycle(lay, [queue()], [], [frac(i, 250) for i in range(1, 6)])
-    gpus = [int(a.gpus[0]) for a in result.admissions]
+    gpus = [int(a.held[0]) for a in result.admissions]
     assert len(gpus) == 5
     assert gpus[:4] == [gpus[0]] * 4  # four quarters fill one GPU
     assert gpus[4] != gpus[0]  # the fifth opens another
@@ -37,7 +37,7 @@ def test_a_whole_gpu_job_never_lands_on_a_shared_gpu():
     assert not result.admissions
     assert "no node with 8 free H100-SXM" in result.pending[2]
     result, _ = cycle(lay, [queue()], [sharer], [PendingJob(3, "a", 7, chip_types=(H100,), topology="node")])
-    assert 0 not in result.admissions[0].gpus
+    assert 0 not in result.admissions[0].held
 
 
 def test_fractions_go_to_the_fullest_node_and_leave_no_useless_sliver():
@@ -46,7 +46,7 @@ def test_fractions_go_to_the_fullest_node_and_leave_no_useless_sliver():
     # pending job can use, so 0.4 goes there (exactly filling it) and 0.3 opens a fresh GPU.
     sharer = RunningJob(1, "a", np.array([0]), H100, share=600)
     result, _ = cycle(lay, [queue()], [sharer], [frac(2, 300), frac(3, 400, priority=-1)])
-    placed = {a.job_id: int(a.gpus[0]) for a in result.admissions}
+    placed = {a.job_id: int(a.held[0]) for a in result.admissions}
     assert placed[3] == 0
     assert placed[2] != 0 and lay.gpu_node[placed[2]] == lay.gpu_node[0]  # same, already used node
 

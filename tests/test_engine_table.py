@@ -231,7 +231,7 @@ def test_scheduling_case(case: Case):
     ]
     result, _ = cycle(lay, case.queues, busy, case.pending, now=case.now)
 
-    landed = {a.job_id: _smallest_level(lay, np.asarray(a.gpus)) for a in result.admissions}
+    landed = {a.job_id: _smallest_level(lay, np.asarray(a.held)) for a in result.admissions}
     assert landed == case.admitted
     assert sorted(p.job_id for p in result.preemptions) == sorted(case.victims)
     assert [r.job_id for r in result.reservations] == case.reserved

@@ -95,7 +95,7 @@ def record_admission(
         Admission(
             job_id=job.id,
             chip=chip,
-            gpus=gpus,
+            held=gpus,
             domain=s.layout.domain_name(level, domain),
             borrowed=-(-sum(s.quota.borrowed(qi, pc) for pc, _ in parts) // MILLI),
             backfilled=backfilled,
