@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from cluster.audit import record
 from cluster.models import EnrolmentToken, Node, NodeCredential
+from cluster.ports import set_ports
 
 TOKEN_PREFIX = "myr-enrol-"
 CREDENTIAL_PREFIX = "myr-node-"
@@ -66,10 +67,17 @@ def create_enrolment_token(
 
 
 def enrol(
-    token_secret: str, *, hostname: str, address: str = "", agent_version: str = "", gpus: int | None = None
+    token_secret: str,
+    *,
+    hostname: str,
+    address: str = "",
+    agent_version: str = "",
+    gpus: int | None = None,
+    ports: list[dict] | None = None,
 ) -> tuple[NodeCredential, str]:
     """Trade a one-time token for a credential of its node (or of the node named ``hostname``).
-    Returns the credential and its secret; refuses a used, expired or unknown token."""
+    Returns the credential and its secret; refuses a used, expired or unknown token. ``ports``
+    (checked by ``cluster.ports.parse_inventory``) becomes the node's port list."""
     now = timezone.now()
     with transaction.atomic():
         token = (
@@ -110,6 +118,8 @@ def enrol(
             raise EnrolmentError("token", "the node is being enrolled by another agent") from exc
         token.used_at, token.used_for = now, node
         token.save(update_fields=["used_at", "used_for"])
+        if ports is not None:
+            set_ports(node.pk, ports)
         record(
             "agent", "enrol", "node", node, {"credential": [None, credential.prefix]}, f"{revoked} revoked"
         )

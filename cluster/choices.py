@@ -30,6 +30,7 @@ def engine_choices(name: str, values, labels: dict[str, str] | None = None) -> t
 NodeState = engine_choices("NodeState", states.NODE_STATES)
 GPUState = engine_choices("GPUState", states.GPU_STATES)
 GPUHealth = engine_choices("GPUHealth", states.GPU_HEALTH, {"ok": "OK"})
+PortKind = engine_choices("PortKind", states.PORT_KINDS, {"ib": "InfiniBand or RoCE", "eth": "Ethernet"})
 
 
 COLOURS: dict[str, str] = {

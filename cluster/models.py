@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import F, Q
 
-from cluster.choices import GPUHealth, GPUState, NodeState
+from cluster.choices import GPUHealth, GPUState, NodeState, PortKind
 
 
 class ChipType(models.Model):
@@ -182,6 +182,31 @@ class GPU(models.Model):
             raise ValidationError(
                 {"index": f"index {self.index} is outside node {self.node}'s {self.node.gpus_per_node} GPUs"}
             )
+
+
+class NicPort(models.Model):
+    """A node's network port as its agent reports it (``mlx5_0/1``, ``eth0``): kind, rail, rate.
+    The agent sends the list at enrolment and whenever it changes; reports name these ports."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="ports")
+    name = models.CharField(max_length=32)
+    kind = models.CharField(max_length=8, choices=PortKind.choices)
+    rail = models.PositiveSmallIntegerField(help_text="The NIC's rail: its index among the node's NICs")
+    rate_gbps = models.FloatField(help_text="Link rate in Gb/s as the port last reported it")
+
+    class Meta:
+        verbose_name = "NIC port"
+        ordering = ["node_id", "rail", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "name"], name="nic_port_name_unique_per_node"),
+            models.CheckConstraint(condition=Q(kind__in=PortKind.values), name="nic_port_kind_valid"),
+            models.CheckConstraint(
+                condition=Q(rate_gbps__gte=0) & Q(rate_gbps__lte=10_000), name="nic_port_rate_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.hostname}/{self.name}"
 
 
 class AuditRecord(models.Model):

@@ -122,6 +122,16 @@ def take_down(node: Node, reason: str, at: datetime | None = None, *, lemon: boo
     return True
 
 
+def cordon(node: Node, reason: str, at: datetime | None = None) -> bool:
+    """A fault cordons the node: no new work is placed there. Returns whether it changed; a node
+    not ready (already cordoned, draining, down) stays as it is."""
+    try:
+        apply_node_action([node], "cordon", actor=CONTROLLER, reason=reason, at=at)
+    except InvalidTransition:
+        return False
+    return True
+
+
 def set_gpus(gpu_ids: list[int], *, state: str | None = None, health: str | None = None) -> int:
     """A fault changes GPUs' state or health (one statement for all of them)."""
     fields = {k: v for k, v in (("state", state), ("health", health)) if v is not None}

@@ -20,6 +20,7 @@ class Action(StrEnum):
     RESET_WHEN_CONVENIENT = "reset_when_convenient"  # keep running; reset at the next job boundary
     REPAIR_NODE = "repair_node"  # the node needs hands-on repair or an RMA
     LINK_DOWN = "link_down"  # a network link or switch: jobs crossing it restart elsewhere
+    CORDON_NODE = "cordon_node"  # the node takes no new work; what runs there runs on
     OBSERVE = "observe"  # record only
 
 
@@ -55,6 +56,7 @@ class Classification:
 XID_DETECTION_S = 30.0  # XID events surface through the driver log / DCGM within seconds to ~30 s
 HANG_DETECTION_S = 300.0  # a hang is found by the collective watchdog; default kept well under NCCL's 10 min
 HEARTBEAT_DETECTION_S = 60.0  # node agent heartbeat missed for a minute
+NIC_DETECTION_S = 5.0  # a port's state and flaps come with the agent's next report (every 5 s)
 
 
 def _xid(action, interrupts, readable, cause, text, scope=Scope.GPU):
@@ -172,6 +174,26 @@ SOURCE_TABLE: dict[str, Classification] = {
         XID_DETECTION_S,
         "network",
         "network link or switch down",
+        Signal.LINK,
+    ),
+    "nic_port_down": Classification(
+        Action.REPAIR_NODE,
+        Scope.NODE,
+        True,
+        True,
+        NIC_DETECTION_S,
+        "network",
+        "a NIC port of the node went down: its rail is cut off",
+        Signal.LINK,
+    ),
+    "nic_link_flap": Classification(
+        Action.CORDON_NODE,
+        Scope.NODE,
+        False,
+        True,
+        NIC_DETECTION_S,
+        "network",
+        "a NIC port keeps flapping: the node takes no new work until it is looked at",
         Signal.LINK,
     ),
     "host_maintenance": Classification(

@@ -199,6 +199,11 @@ class Verdict:
         return self.out == "node"
 
     @property
+    def node_cordoned(self) -> bool:
+        """The node takes no new work; what runs there runs on (a flapping port)."""
+        return self.action == Action.CORDON_NODE and not self.node_down
+
+    @property
     def gpu_warning(self) -> bool:
         """The GPU keeps running with a warning until a reset at the next job boundary."""
         return self.action == Action.RESET_WHEN_CONVENIENT

@@ -9,6 +9,7 @@ from __future__ import annotations
 NODE_STATES: tuple[str, ...] = ("ready", "cordoned", "draining", "down", "repairing", "drained")
 GPU_STATES: tuple[str, ...] = ("ready", "cordoned", "down", "repairing")
 GPU_HEALTH: tuple[str, ...] = ("ok", "warning", "critical", "unknown")
+PORT_KINDS: tuple[str, ...] = ("ib", "eth")  # a node's network ports: InfiniBand or RoCE, Ethernet
 
 NODE_STATE_CODE = {name: code for code, name in enumerate(NODE_STATES)}
 GPU_STATE_CODE = {name: code for code, name in enumerate(GPU_STATES)}

@@ -4,18 +4,20 @@ simulations. Every list is scoped and paginated on the server; arrays come from 
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
+import orjson
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import Count, Q, Sum
-from django.http import Http404
+from django.http import Http404, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
+from cluster.audit import record
 from cluster.choices import COLOURS, NodeState
-from cluster.models import GPU, AuditRecord, Datacenter, Node, Pod, Rack
+from cluster.models import GPU, AuditRecord, Datacenter, NicPort, Node, Pod, Rack
 from cluster.pages import flat_errors, viewer_page
 from cluster.roles import is_operator
 from cluster.services import apply_node_action, operator_actions
@@ -31,7 +33,9 @@ from monitoring.faults.services import LEMON_WINDOW, node_fault_counts
 from monitoring.forms import DRAIN_GRACE_CHOICES, NodeActionForm
 from monitoring.models import FaultEvent, Simulation
 from monitoring.tasks import run_simulation_task
-from monitoring.telemetry.livestore import newest_frame
+from monitoring.telemetry import netreports
+from monitoring.telemetry.ingest import latest_reports
+from monitoring.telemetry.livestore import live_store, newest_frame
 from monitoring.telemetry.overview import BUCKETS, ettr_last_day, overview
 from scheduling.choices import EventKind
 from scheduling.models import Allocation, Job, JobEvent
@@ -204,6 +208,16 @@ def node_detail(request, hostname: str):
     node = get_object_or_404(
         Node.objects.select_related("rack__pod__datacenter__region", "chip_type"), hostname=hostname
     )
+    if request.method == "POST" and request.POST.get("action") == "record_trace":
+        if not is_operator(request.user):
+            return HttpResponseForbidden("only operators may record a node's network trace")
+        if not NicPort.objects.filter(node=node).exists():
+            messages.error(request, f"record: node {node.hostname} has reported no network ports")
+        else:
+            netreports.ask_for_trace(node.pk, 60, request.user.username, live_store())
+            record(request.user, "record network trace", "node", node, {}, "60 s")
+            messages.success(request, "asked the agent for its last 60 s of 10 ms windows (sent within 20 s)")
+        return redirect("node-page", hostname=node.hostname)
     if request.method == "POST":
         form = NodeActionForm(request.POST)
         action = request.POST.get("action", "")
@@ -254,8 +268,37 @@ def node_detail(request, hostname: str):
             "audit": AuditRecord.objects.filter(object_type="node", object_id=node.pk)[:10],
             "actions": actions,
             "state_colour": COLOURS[node.state],
+            "can_record": is_operator(request.user),
+            **_node_ports(node),
         },
     )
+
+
+def _node_ports(node: Node) -> dict:
+    """The node's NIC ports with its newest report's summary of each, and its trace's state."""
+    store = live_store()
+    entry = latest_reports([node.pk], store).get(node.pk) or {}
+    latest = {p["port"]: p for p in entry.get("net") or []}
+    rows = []
+    for port in NicPort.objects.filter(node=node):
+        s = latest.get(port.name) or {}
+        rows.append(
+            {
+                "port": port,
+                "s": s,
+                "errors": sum((s.get("errors") or {}).values()),
+                "flaps": len(s.get("flaps") or []),
+                "cnp": s.get("cnp_sent_per_s"),
+            }
+        )
+    trace = netreports.newest_trace(node.pk, store)
+    asked = netreports.trace_request(node.pk, store)
+    when = lambda t: datetime.fromtimestamp(t, tz=UTC)  # noqa: E731
+    return {
+        "ports": rows,
+        "trace_requested": {**asked, "asked_at": when(asked["asked_at"])} if asked else None,
+        "trace_received_at": when(orjson.loads(trace)["received_at"]) if trace else None,
+    }
 
 
 def _impact(node: Node) -> list[dict]:

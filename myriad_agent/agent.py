@@ -18,6 +18,8 @@ from myriad_agent import __version__
 from myriad_agent.client import Backoff, Client, Refused, ReportBuffer, Unreachable
 from myriad_agent.config import Config, ConfigError
 from myriad_agent.gpus import GPUReader
+from myriad_agent.network import NetSampler
+from myriad_agent.nics import discover
 from myriad_agent.supervisor import Supervisor
 
 log = logging.getLogger("myriad_agent")
@@ -57,6 +59,12 @@ class Agent:
         self.refused: str | None = None
         self.checkpoint_posts: collections.deque = collections.deque(maxlen=1000)
         self.sent = 0
+        ports = discover(config.sysfs_root) if config.net_interval_s > 0 else []
+        self.net = NetSampler(ports, config.net_interval_s) if ports else None
+        self.ports_reported: list[dict] | None = None  # the inventory the server was last sent
+        self.trace_asked: dict | None = None  # an operator's request for the recorded windows
+        self.trace_sent_for = 0.0  # the request the last trace answered
+        self.trace_retry_at = 0.0
 
     # --- start ----------------------------------------------------------------------------------
 
@@ -84,6 +92,7 @@ class Agent:
                 "address": self.config.address,
                 "gpus": self.reader.count,
                 "agent_version": __version__,
+                "ports": self.net.inventory() if self.net else [],
             },
         )
         saved = {"server": self.config.server, **answer}
@@ -100,6 +109,9 @@ class Agent:
 
     def run(self) -> int:
         self.reader.start_xid_watch()
+        if self.net is not None:
+            self.net.start()
+            log.info("sampling %d network ports every %g ms", len(self.net.ports), self.net.interval_s * 1000)
         threading.Thread(target=self._poll_assignments, name="assignments", daemon=True).start()
         next_report = 0.0
         try:
@@ -115,9 +127,12 @@ class Agent:
                     next_report = now + self.config.period_s
                 self._flush()
                 self._forward_checkpoints()
+                self._send_trace()
                 self.stopping.wait(0.1)
         finally:
             self.reader.stop()
+            if self.net is not None:
+                self.net.stop()
         if self.refused:
             log.error("the control plane refuses this node's credential: %s", self.refused)
             self.supervisor.stop_all(self.config.grace_s)
@@ -135,7 +150,7 @@ class Agent:
         self.seq += 1
         _write_private(self.state_file, {"seq": self.seq})
         processes = self.supervisor.to_report(time.time())
-        return {
+        report = {
             "seq": self.seq,
             "sent_at": time.time(),
             "agent_version": __version__,
@@ -145,6 +160,14 @@ class Agent:
             "progress": self.supervisor.progress(),
             "dropped": self.buffer.dropped,
         }
+        if self.net is not None and self.net.count:
+            ports = self.net.inventory()
+            net: dict = {"ports": self.net.summary()}
+            if ports != self.ports_reported:  # at start and when a port's rate changes
+                net["inventory"] = ports
+                self.ports_reported = ports
+            report["net"] = net
+        return report
 
     def _flush(self, force: bool = False) -> bool:
         """Send buffered reports oldest first until one fails; False when one did."""
@@ -197,6 +220,7 @@ class Agent:
             with self.lock:
                 self.version = answer["version"]
                 self.assignments = {(a["job"], a["generation"]): a for a in answer["assignments"]}
+                self.trace_asked = answer.get("trace")
 
     def _reconcile(self) -> None:
         with self.lock:
@@ -254,6 +278,25 @@ class Agent:
                     a["nnodes"],
                 )
                 self.supervisor.adopt(proc, a, self.config.reconfigure_signal)
+
+    def _send_trace(self) -> None:
+        """The ports' last seconds of 10 ms windows, once per operator's request."""
+        with self.lock:
+            asked = self.trace_asked
+        if asked is None or self.net is None or asked["asked_at"] <= self.trace_sent_for:
+            return
+        if time.time() < self.trace_retry_at:
+            return
+        trace = {"asked_at": asked["asked_at"], **self.net.trace(float(asked.get("seconds", 60)))}
+        try:
+            self.client.request("POST", "/api/v1/agent/trace/", trace, timeout_s=30)
+        except Unreachable:
+            self.trace_retry_at = time.time() + 5  # tried again in a while
+            return
+        except Refused as exc:
+            log.error("the recorded trace was refused: %s", exc)
+        self.trace_sent_for = asked["asked_at"]
+        log.info("sent %d windows of the ports' trace", len(trace["t_ms"]))
 
     def _forward_checkpoints(self) -> None:
         """Checkpoints the job wrote to $MYRIAD_CHECKPOINT_REPORT (JSON lines), reported by rank 0."""

@@ -32,6 +32,8 @@ class Config:
     nvml: str  # "auto", "real", or "fake:<state file>"
     retry_max_s: float
     log_tail_lines: int
+    net_interval_s: float  # 0: network ports not sampled
+    sysfs_root: Path
 
     @property
     def credential_file(self) -> Path:
@@ -74,6 +76,18 @@ OPTIONS = [
     ("--nvml", "MYRIAD_AGENT_NVML", "auto", "auto, real, or fake:<state file> (tests)"),
     ("--retry-max", "MYRIAD_AGENT_RETRY_MAX_S", "30", "longest wait between retries (with jitter)"),
     ("--log-tail", "MYRIAD_AGENT_LOG_TAIL_LINES", "200", "lines of each job's output kept for the API"),
+    (
+        "--net-interval-ms",
+        "MYRIAD_AGENT_NET_INTERVAL_MS",
+        "10",
+        "ms between samples of the network ports' counters (0: not sampled)",
+    ),
+    (
+        "--sysfs-root",
+        "MYRIAD_AGENT_SYSFS_ROOT",
+        "/",
+        "where sys/class/infiniband and sys/class/net are read (a fake tree in tests)",
+    ),
 ]
 
 
@@ -133,9 +147,18 @@ def load(argv: list[str] | None = None, environ: dict | None = None) -> tuple[Co
             nvml=nvml,
             retry_max_s=_number("--retry-max", raw["--retry-max"], 0.1, 3600),
             log_tail_lines=int(_number("--log-tail", raw["--log-tail"], 1, 100_000, whole=True)),
+            net_interval_s=_net_interval(raw["--net-interval-ms"]),
+            sysfs_root=Path(raw["--sysfs-root"]),
         ),
         args,
     )
+
+
+def _net_interval(raw: str) -> float:
+    ms = _number("--net-interval-ms", raw, 0, 60_000)
+    if 0 < ms < 1:
+        raise ConfigError(f"--net-interval-ms: {raw} is below 1 ms (0 turns sampling off)")
+    return ms / 1000
 
 
 def _signal(flag: str, value: str) -> int:

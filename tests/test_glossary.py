@@ -18,6 +18,7 @@ ENUMS = {
     "node states": states.NODE_STATES,
     "GPU states": states.GPU_STATES,
     "GPU health": states.GPU_HEALTH,
+    "port kinds": states.PORT_KINDS,
     "node actions and events": tuple(states.NODE_TRANSITIONS),
     "checkpoint kinds": tuple(checkpoint.CheckpointKind),
     "recovery tiers": tiers.TIERS,

@@ -18,7 +18,8 @@ ALLOWED = {
     "sim": {"engine"},
     "cluster": {"engine"},
     "scheduling": {"engine", "sim", "cluster"},
-    "monitoring": {"engine", "sim", "cluster", "scheduling"},
+    # the agent defines its report's network fields (myriad_agent.network); ingest checks them
+    "monitoring": {"engine", "sim", "cluster", "scheduling", "myriad_agent"},
 }
 
 

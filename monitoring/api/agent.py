@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import orjson
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
@@ -14,12 +15,17 @@ from rest_framework.views import APIView
 
 from cluster.agents import EnrolmentError, enrol
 from cluster.api.throttling import EnrolThrottle
+from cluster.fields import FieldError
 from cluster.permissions import IsNodeAgent, node_of
+from cluster.ports import parse_inventory
+from monitoring.telemetry import netreports
+from monitoring.telemetry.livestore import live_store
 from monitoring.telemetry.reports import handle_report
 from scheduling.launch import assignments
 from scheduling.trigger import assignments_version
 
 MAX_WAIT_S = 25.0
+TRACE_MAX_BYTES = 2_500_000  # 60 s of 10 ms windows of 8 ports is ~1.6 MB
 
 
 class EnrolSerializer(serializers.Serializer):
@@ -28,6 +34,15 @@ class EnrolSerializer(serializers.Serializer):
     address = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
     gpus = serializers.IntegerField(min_value=0, max_value=72, required=False, allow_null=True)
     agent_version = serializers.CharField(max_length=32, required=False, allow_blank=True, default="")
+    ports = serializers.JSONField(
+        required=False, help_text="The node's network ports: [{name, kind, rail, rate_gbps}]"
+    )
+
+    def validate_ports(self, value):
+        try:
+            return parse_inventory(value)
+        except FieldError as exc:
+            raise serializers.ValidationError(str(exc)) from None
 
 
 class EnrolView(APIView):
@@ -49,6 +64,7 @@ class EnrolView(APIView):
                 address=data["address"],
                 agent_version=data["agent_version"],
                 gpus=data.get("gpus"),
+                ports=data.get("ports"),
             )
         except EnrolmentError as exc:
             code = status.HTTP_403_FORBIDDEN if exc.field == "token" else status.HTTP_400_BAD_REQUEST
@@ -105,4 +121,32 @@ class AssignmentsView(APIView):
         while version == seen and time.monotonic() < deadline:
             time.sleep(0.2)
             version = assignments_version()
-        return Response({"version": version, "node": node.hostname, "assignments": assignments(node)})
+        answer = {"version": version, "node": node.hostname, "assignments": assignments(node)}
+        asked = netreports.trace_request(node.pk, live_store())
+        if asked is not None:  # an operator asked for the node's recorded 10 ms windows
+            answer["trace"] = {"asked_at": asked["asked_at"], "seconds": asked["seconds"]}
+        return Response(answer)
+
+
+class TraceView(APIView):
+    """The node's recorded trace (its ports' last seconds of 10 ms windows), asked for by an
+    operator and announced in the node's assignments; a malformed one is refused by field."""
+
+    permission_classes = [IsNodeAgent]
+    parser_classes: list = []  # read raw: its size is checked before it is parsed
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request):
+        node = node_of(request)
+        raw = request.body
+        if len(raw) > TRACE_MAX_BYTES:
+            return Response({"body": [f"the trace is {len(raw)} bytes; the limit is {TRACE_MAX_BYTES}"]}, 413)
+        try:
+            body = orjson.loads(raw or b"null")
+            trace = netreports.parse_trace(body, netreports.read_ports(node.pk))
+        except orjson.JSONDecodeError as exc:
+            return Response({"body": [f"not JSON ({exc})"]}, status=400)
+        except FieldError as exc:
+            return Response({exc.field: [exc.message]}, status=400)
+        kept = netreports.store_trace(node.pk, trace, live_store())
+        return Response({"received_at": kept["received_at"], "windows": len(trace["t_ms"])}, status=201)

@@ -16,8 +16,12 @@ urlpatterns = [
     path("telemetry/frame/", views.TelemetryFrameView.as_view(), name="telemetry-frame"),
     path("telemetry/levels/", views.TelemetryLevelsView.as_view(), name="telemetry-levels"),
     path("telemetry/levels/find/", views.TelemetryLevelsFindView.as_view(), name="telemetry-levels-find"),
+    path("nodes/<int:pk>/ports/", views.NodePortsView.as_view(), name="node-ports"),
+    path("nodes/<int:pk>/ports/record/", views.NodePortsRecordView.as_view(), name="node-ports-record"),
+    path("nodes/<int:pk>/ports/trace/", views.NodePortsTraceView.as_view(), name="node-ports-trace"),
     path("drain-preview/", views.DrainPreviewView.as_view(), name="drain-preview"),
     path("agent/enrol/", agent.EnrolView.as_view(), name="agent-enrol"),
     path("agent/report/", agent.ReportView.as_view(), name="agent-report"),
     path("agent/assignments/", agent.AssignmentsView.as_view(), name="agent-assignments"),
+    path("agent/trace/", agent.TraceView.as_view(), name="agent-trace"),
 ]

@@ -1,15 +1,19 @@
 from __future__ import annotations
 
 import numpy as np
+import orjson
 from django.db import transaction
 from django.http import FileResponse, HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import mixins, status, viewsets
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.generics import get_object_or_404
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from cluster.audit import record
+from cluster.models import NicPort, Node
 from cluster.snapshot import topology_cache
 from engine.frames import FRAME_METRICS, decode_frame
 from engine.levels import LEVELS
@@ -19,6 +23,8 @@ from monitoring.faults.drain_preview import drain, preview
 from monitoring.faults.services import report_fault
 from monitoring.models import FaultEvent, Simulation
 from monitoring.tasks import run_simulation_task
+from monitoring.telemetry import netreports
+from monitoring.telemetry.ingest import latest_reports
 from monitoring.telemetry.levels import LevelQueryError, UnknownDomain, find, level_view, parse
 from monitoring.telemetry.livestore import FRAME_KEY, NETWORK_KEY, live_store
 from monitoring.telemetry.overview import WINDOWS, ettr_last_day, history, overview
@@ -109,6 +115,74 @@ class NetworkView(APIView):
         data = live_store().get(NETWORK_KEY)
         if data is None:
             return Response({"detail": "no network figures yet"}, status=404)
+        return HttpResponse(data, content_type="application/json")
+
+
+class NodePortsView(APIView):
+    """A node's network ports (name, kind, rail, rate) and what its agent's newest report says of
+    each: bytes each way, utilization over 10 ms windows (mean, p50, p99, max), bursts, CNP and
+    ECN per second, the share of windows waiting to transmit, errors, link flaps; and the state
+    of a recorded trace (asked for, received)."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: None})
+    def get(self, request, pk: int):
+        node = get_object_or_404(Node, pk=pk)
+        store = live_store()
+        entry = latest_reports([node.pk], store).get(node.pk) or {}
+        latest = {p["port"]: p for p in entry.get("net") or []}
+        ports = [
+            {
+                "name": port.name,
+                "kind": port.kind,
+                "rail": port.rail,
+                "rate_gbps": port.rate_gbps,
+                "latest": latest.get(port.name),
+            }
+            for port in NicPort.objects.filter(node=node)
+        ]
+        trace = netreports.newest_trace(node.pk, store)
+        return Response(
+            {
+                "node": node.hostname,
+                "reported_at": entry.get("t"),
+                "ports": ports,
+                "trace_requested": netreports.trace_request(node.pk, store),
+                "trace_received_at": orjson.loads(trace)["received_at"] if trace else None,
+            }
+        )
+
+
+class RecordSerializer(serializers.Serializer):
+    seconds = serializers.FloatField(min_value=1, max_value=60, default=60)
+
+
+class NodePortsRecordView(APIView):
+    """Ask the node's agent for the last seconds (1 to 60) of its ports' 10 ms windows: it sends
+    them with its next poll of its assignments (within 20 s); then ``ports/trace/`` has them."""
+
+    @extend_schema(request=RecordSerializer, responses={202: OpenApiTypes.OBJECT, 404: None})
+    def post(self, request, pk: int):
+        node = get_object_or_404(Node, pk=pk)
+        body = RecordSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        if not NicPort.objects.filter(node=node).exists():
+            return Response({"detail": f"node {node} has reported no network ports"}, status=409)
+        seconds = body.validated_data["seconds"]
+        asked = netreports.ask_for_trace(node.pk, seconds, request.user.username, live_store())
+        record(request.user, "record network trace", "node", node, {}, f"{asked['seconds']:g} s")
+        return Response(asked, status=202)
+
+
+class NodePortsTraceView(APIView):
+    """The node's newest recorded trace: per port, utilization each way and the congestion
+    counters per 10 ms window, the state's changes."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: None})
+    def get(self, request, pk: int):
+        node = get_object_or_404(Node, pk=pk)
+        data = netreports.newest_trace(node.pk, live_store())
+        if data is None:
+            return Response({"detail": f"no trace recorded on node {node} yet"}, status=404)
         return HttpResponse(data, content_type="application/json")
 
 

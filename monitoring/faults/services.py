@@ -16,7 +16,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from cluster.models import GPU, Node
-from cluster.services import set_gpus, take_down
+from cluster.services import cordon, set_gpus, take_down
 from engine import lifecycle
 from engine.faults import SOURCE_TABLE
 from monitoring.choices import FaultSource
@@ -106,6 +106,8 @@ def _take_out_of_service(fault: FaultEvent, v: lifecycle.Verdict, gpu_ids: list[
         take_down(node, text, at=now, lemon=True)
     elif v.node_down:
         take_down(node, f"{fault}: {v.action.value.replace('_', ' ')}"[:255], at=now)
+    elif v.node_cordoned:
+        cordon(node, f"{fault}: {fault.description or 'cordoned'}"[:255], at=now)
 
 
 def handle_fault(fault_id: int, now=None) -> dict:

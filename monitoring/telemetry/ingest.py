@@ -23,10 +23,12 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from cluster.agents import UNKNOWN_CREDENTIAL, agent_node_ids
+from cluster.fields import FieldError
 from cluster.models import Node, NodeCredential
 from cluster.snapshot import topology_cache
 from engine.frames import FRAME_METRICS, decode_frame, encode_frame
 from monitoring.faults.services import report_fault
+from monitoring.telemetry import netreports
 from monitoring.telemetry.identities import forget, revoked
 from monitoring.telemetry.livestore import AGENT_REPORT_PREFIX, FRAME_KEY, live_store, publish_frame
 from scheduling import launch
@@ -89,6 +91,7 @@ def _entry(report: dict, now: datetime) -> bytes:
             "progress": report.get("progress", []),
             "sent_at": report.get("sent_at") or now.timestamp(),
             "dropped": report["dropped"],
+            "net": report["net"]["ports"] if report.get("net") else None,
         }
     )
 
@@ -96,7 +99,7 @@ def _entry(report: dict, now: datetime) -> bytes:
 def ingest(identity, report: dict, now: datetime | None = None) -> dict:
     """Apply one checked report; one with XIDs or process states is accepted in the same
     transaction as what they cause."""
-    heavy = bool(report["xids"] or report["processes"])
+    heavy = bool(report["xids"] or report["processes"] or (report.get("net") or {}).get("inventory"))
     with transaction.atomic() if heavy else contextlib.nullcontext():
         return ingest_many([(identity, report)], now)[0]
 
@@ -107,33 +110,64 @@ def ingest_many(batch: list[tuple], now: datetime | None = None) -> list[dict]:
     process states and health changes since those readings (rare) are applied report by report.
     A duplicate or older sequence number changes nothing. Answers in the order given."""
     now = now or timezone.now()
+    store = live_store()
+    answers: list[dict | None] = [None] * len(batch)
+    refused = _counters_backward(batch, store)
+    for i, error in refused.items():
+        answers[i] = {"status": 400, error.field: [error.message]}
+    batch_all, batch = batch, [b if i not in refused else None for i, b in enumerate(batch)]
     newest: dict[int, int] = {}  # a credential twice in one batch: only its newest report can pass
-    for i, (identity, report) in enumerate(batch):
+    for i, item in enumerate(batch):
+        if item is None:
+            continue
+        identity, report = item
         j = newest.get(identity.credential_id)
         if j is None or batch[j][1]["seq"] < report["seq"]:
             newest[identity.credential_id] = i
-    accepted = _accept([batch[i] for i in newest.values()], now)
+    accepted = _accept([batch[i] for i in newest.values()], now) if newest else set()
     passed = [i for i in newest.values() if batch[i][0].credential_id in accepted]
-    store = live_store()
     previous = store.swap_many(
         [AGENT_REPORT_PREFIX + str(batch[i][0].node_id) for i in passed],
         [_entry(batch[i][1], now) for i in passed],
     )
-    answers: list[dict | None] = [None] * len(batch)
     for i, old in zip(passed, previous, strict=True):
         identity, report = batch[i]
         health = _health(report, orjson.loads(old) if old else None)
         faults = 0
-        if health or report["xids"] or report["processes"]:
+        inventory = (report.get("net") or {}).get("inventory")
+        ports = netreports.port_faults(identity.node_id, report, orjson.loads(old) if old else None, store)
+        if health or report["xids"] or report["processes"] or inventory or ports:
             with transaction.atomic():
+                if inventory is not None:
+                    netreports.set_ports(identity.node_id, inventory)
                 node = Node.objects.get(pk=identity.node_id)
-                faults = _faults(node, report, health, now)
+                faults = _faults(node, report, health, now, ports)
                 launch.record_processes(node, report["processes"], now)
         answers[i] = {"accepted": True, "seq": report["seq"], "faults": faults}
     for i, answer in enumerate(answers):
         if answer is None:
-            answers[i] = _not_accepted(*batch[i])
+            answers[i] = _not_accepted(*batch_all[i])
     return answers
+
+
+def _counters_backward(batch: list[tuple], store) -> dict[int, FieldError]:
+    """The reports in ``batch`` whose ports' counters fell below the node's previous report
+    without a reset: refused before anything is written (one live-store read for the batch)."""
+    with_net = [i for i, (_, report) in enumerate(batch) if report.get("net") and report["net"]["ports"]]
+    if not with_net:
+        return {}
+    olds = store.get_many([AGENT_REPORT_PREFIX + str(batch[i][0].node_id) for i in with_net])
+    refused = {}
+    for i, old in zip(with_net, olds, strict=True):
+        entry = orjson.loads(old) if old else {}
+        if entry.get("seq", 0) >= batch[i][1]["seq"]:
+            continue  # not newer: it changes nothing anyway
+        previous = entry.get("net")
+        try:
+            netreports.check_counters(batch[i][1]["net"], {"ports": previous} if previous else None)
+        except FieldError as exc:
+            refused[i] = exc
+    return refused
 
 
 def _health(report: dict, previous: dict | None) -> list[tuple[int, str]]:
@@ -152,15 +186,25 @@ def _health(report: dict, previous: dict | None) -> list[tuple[int, str]]:
     return found
 
 
-def _faults(node: Node, report: dict, health: list, now: datetime) -> int:
-    """FaultEvents for the report's XIDs and health changes, for the production fault task."""
+def _faults(node: Node, report: dict, health: list, now: datetime, ports: list | None = None) -> int:
+    """FaultEvents for the report's XIDs, health changes and NIC port faults (on the node), for
+    the production fault task."""
+    for source, at, text, port in ports or []:
+        report_fault(
+            node=node,
+            at=launch.agent_time(at, now),
+            detected_at=now,
+            source=source,
+            description=text[:255],
+            data={"reported_by": f"node {node.hostname}", "seq": report["seq"], "agent": True, "port": port},
+        )
     found = [
         ({"source": "xid", "xid": x["xid"]}, x["gpu"], launch.agent_time(x["at"], now), f"XID {x['xid']}")
         for x in report["xids"]
     ]
     found += [({"source": "health_check"}, index, now, problem) for index, problem in health]
     if not found:
-        return 0
+        return len(ports or [])
     gpu_ids = launch.gpu_ids_by_index(node)
     for fields, index, at, text in found:
         report_fault(
@@ -171,7 +215,7 @@ def _faults(node: Node, report: dict, health: list, now: datetime) -> int:
             data={"reported_by": f"node {node.hostname}", "seq": report["seq"], "agent": True},
             **fields,
         )
-    return len(found)
+    return len(found) + len(ports or [])
 
 
 # --- the dashboard's frame and the heartbeat ---------------------------------------------------
@@ -192,7 +236,10 @@ def latest_reports(node_ids, store=None) -> dict[int, dict]:
 
 
 def clear_reports() -> None:
-    live_store().delete_prefix(AGENT_REPORT_PREFIX)
+    """Forget every node's newest report, its ports' flap history and recorded trace."""
+    store = live_store()
+    for prefix in (AGENT_REPORT_PREFIX, *netreports.PREFIXES):
+        store.delete_prefix(prefix)
 
 
 def gpu_grid(snapshot) -> tuple[dict[int, int], np.ndarray]:

@@ -9,11 +9,11 @@ from ``monitoring.telemetry.identities``.
 
 from __future__ import annotations
 
-import math
-
 import orjson
 from django.conf import settings
 
+from cluster.fields import FieldError, number, objects, whole
+from monitoring.telemetry import netreports
 from monitoring.telemetry.identities import Refused, identity_for
 from monitoring.telemetry.ingest import ingest
 from scheduling.choices import ProcessState
@@ -47,46 +47,19 @@ MAX_PROCESSES = 64
 MAX_RECENT_STEPS = 16
 
 
-class ReportError(ValueError):
-    """A report refused as a whole; ``field`` names what is wrong (nothing was written)."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field, self.message = field, message
-
-
-def _number(value, where: str, lo: float, hi: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ReportError(where, f"must be a number, not {value!r}"[:200])
-    if not lo <= value <= hi:
-        raise ReportError(where, f"{value} is outside {lo}..{hi}")
-    return value
-
-
-def _int(value, where: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ReportError(where, f"must be a whole number, not {value!r}"[:200])
-    if not lo <= value <= hi:
-        raise ReportError(where, f"{value} is outside {lo}..{hi}")
-    return value
-
-
 def _list(body: dict, name: str, limit: int) -> list:
-    value = body.get(name, [])
-    if not isinstance(value, list):
-        raise ReportError(name, "must be a list")
-    if len(value) > limit:
-        raise ReportError(name, f"{len(value)} entries; at most {limit} in one report")
-    for i, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise ReportError(f"{name}[{i}]", "must be an object")
-    return value
+    return objects(body.get(name, []), name, limit)
 
 
-def parse_report(body, gpus_per_node: int) -> dict:
-    """The report, checked against the node; ReportError names the first bad field."""
+class NeedsDatabase(Exception):
+    """Checking this report needs the database (the node's port list is not known here yet)."""
+
+
+def parse_report(body, gpus_per_node: int, node_id: int | None = None, db: bool = True) -> dict:
+    """The report, checked against the node; FieldError names the first bad field. With
+    ``db=False`` NeedsDatabase when the check would read the database."""
     if not isinstance(body, dict):
-        raise ReportError("body", "a report is a JSON object")
+        raise FieldError("body", "a report is a JSON object")
     unknown = set(body) - {
         "seq",
         "sent_at",
@@ -96,16 +69,17 @@ def parse_report(body, gpus_per_node: int) -> dict:
         "processes",
         "progress",
         "dropped",
+        "net",
     }
     if unknown:
-        raise ReportError(sorted(unknown)[0], "unknown field")
-    seq = _int(body.get("seq"), "seq", 1, (1 << 63) - 1)
+        raise FieldError(sorted(unknown)[0], "unknown field")
+    seq = whole(body.get("seq"), "seq", 1, (1 << 63) - 1)
     n = gpus_per_node
     gpus, seen = [], set()
     for i, g in enumerate(_list(body, "gpus", n)):
-        index = _int(g.get("index"), f"gpus[{i}].index", 0, n - 1)
+        index = whole(g.get("index"), f"gpus[{i}].index", 0, n - 1)
         if index in seen:
-            raise ReportError(f"gpus[{i}].index", f"GPU {index} appears twice")
+            raise FieldError(f"gpus[{i}].index", f"GPU {index} appears twice")
         seen.add(index)
         clean = True  # nearly always: the reading is kept as sent, no copy made
         for key, value in g.items():
@@ -118,21 +92,21 @@ def parse_report(body, gpus_per_node: int) -> dict:
                 if value is None:
                     clean = False
                 else:
-                    _number(value, f"gpus[{i}].{key}", *bounds)
+                    number(value, f"gpus[{i}].{key}", *bounds)
             elif key in FLAGS:
                 clean = clean and type(value) is bool
             elif key == "uuid":
                 clean = clean and type(value) is str and len(value) <= 64
             elif key != "index":
-                raise ReportError(f"gpus[{i}].{key}", "unknown reading")
+                raise FieldError(f"gpus[{i}].{key}", "unknown reading")
         gpus.append(g if clean else _normalized(g))
     xids = []
     for i, x in enumerate(_list(body, "xids", MAX_XIDS)):
         xids.append(
             {
-                "gpu": _int(x.get("gpu"), f"xids[{i}].gpu", 0, n - 1),
-                "xid": _int(x.get("xid"), f"xids[{i}].xid", 1, 100_000),
-                "at": _number(x.get("at"), f"xids[{i}].at", 0, 1e11),
+                "gpu": whole(x.get("gpu"), f"xids[{i}].gpu", 0, n - 1),
+                "xid": whole(x.get("xid"), f"xids[{i}].xid", 1, 100_000),
+                "at": number(x.get("at"), f"xids[{i}].at", 0, 1e11),
             }
         )
     processes = [_process(p, i) for i, p in enumerate(_list(body, "processes", MAX_PROCESSES))]
@@ -140,18 +114,36 @@ def parse_report(body, gpus_per_node: int) -> dict:
     known = set(Job.objects.filter(pk__in=wanted).values_list("pk", flat=True)) if wanted else set()
     for i, p in enumerate(processes):
         if p["job"] not in known:
-            raise ReportError(f"processes[{i}].job", f"no job {p['job']}")
-    dropped = _int(body.get("dropped", 0), "dropped", 0, 1 << 62)
+            raise FieldError(f"processes[{i}].job", f"no job {p['job']}")
+    dropped = whole(body.get("dropped", 0), "dropped", 0, 1 << 62)
+    net = None
+    if body.get("net") is not None:
+        net = _net(body["net"], node_id, db)
     return {
+        "net": net,
         "seq": seq,
         "gpus": gpus,
         "xids": xids,
         "processes": processes,
         "progress": [_progress(p, i) for i, p in enumerate(_list(body, "progress", MAX_PROCESSES))],
-        "sent_at": _number(body.get("sent_at", 0), "sent_at", 0, 1e11),
+        "sent_at": number(body.get("sent_at", 0), "sent_at", 0, 1e11),
         "dropped": dropped,
         "agent_version": str(body.get("agent_version", ""))[:32],
     }
+
+
+def _net(value, node_id: int | None, db: bool) -> dict:
+    def node_ports() -> frozenset[str]:
+        if node_id is None:
+            return frozenset()
+        if not db:
+            raise NeedsDatabase
+        return netreports.read_ports(node_id)
+
+    if not db and isinstance(value, dict) and "inventory" in value:
+        raise NeedsDatabase  # the port list is written in the report's transaction
+    known = netreports.known_ports(node_id) if node_id is not None else None
+    return netreports.parse_net(value, known, node_ports)
 
 
 def _normalized(g: dict) -> dict:
@@ -172,16 +164,16 @@ def _progress(p: dict, i: int) -> dict:
     where = f"progress[{i}]"
     generation = p.get("generation")
     if not isinstance(generation, str) or not 1 <= len(generation) <= 16:
-        raise ReportError(f"{where}.generation", "must be the assignment's generation (1 to 16 characters)")
+        raise FieldError(f"{where}.generation", "must be the assignment's generation (1 to 16 characters)")
     recent = p.get("recent", [])
     if not isinstance(recent, list) or len(recent) > MAX_RECENT_STEPS:
-        raise ReportError(f"{where}.recent", f"must be a list of at most {MAX_RECENT_STEPS} compute times")
+        raise FieldError(f"{where}.recent", f"must be a list of at most {MAX_RECENT_STEPS} compute times")
     return {
-        "job": _int(p.get("job"), f"{where}.job", 1, (1 << 63) - 1),
+        "job": whole(p.get("job"), f"{where}.job", 1, (1 << 63) - 1),
         "generation": generation,
-        "step": _int(p.get("step"), f"{where}.step", 0, 1 << 62),
-        "step_at": _number(p.get("step_at"), f"{where}.step_at", 0, 1e11),
-        "recent": [_number(v, f"{where}.recent[{j}]", 0, 1e6) for j, v in enumerate(recent)],
+        "step": whole(p.get("step"), f"{where}.step", 0, 1 << 62),
+        "step_at": number(p.get("step_at"), f"{where}.step_at", 0, 1e11),
+        "recent": [number(v, f"{where}.recent[{j}]", 0, 1e6) for j, v in enumerate(recent)],
     }
 
 
@@ -189,32 +181,32 @@ def _process(p: dict, i: int) -> dict:
     where = f"processes[{i}]"
     state = p.get("state")
     if state not in ProcessState.values:
-        raise ReportError(f"{where}.state", f"{state!r} is not one of {', '.join(ProcessState.values)}"[:200])
+        raise FieldError(f"{where}.state", f"{state!r} is not one of {', '.join(ProcessState.values)}"[:200])
     generation = p.get("generation")
     if not isinstance(generation, str) or not 1 <= len(generation) <= 16:
-        raise ReportError(f"{where}.generation", "must be the assignment's generation (1 to 16 characters)")
+        raise FieldError(f"{where}.generation", "must be the assignment's generation (1 to 16 characters)")
     out = {
-        "job": _int(p.get("job"), f"{where}.job", 1, (1 << 63) - 1),
+        "job": whole(p.get("job"), f"{where}.job", 1, (1 << 63) - 1),
         "generation": generation,
         "state": state,
     }
     if p.get("pid") is not None:
-        out["pid"] = _int(p["pid"], f"{where}.pid", 1, 1 << 31)
+        out["pid"] = whole(p["pid"], f"{where}.pid", 1, 1 << 31)
     if p.get("exit_code") is not None:
-        out["exit_code"] = _int(p["exit_code"], f"{where}.exit_code", -255, 255)
+        out["exit_code"] = whole(p["exit_code"], f"{where}.exit_code", -255, 255)
     if state == ProcessState.EXITED and "exit_code" not in out:
-        raise ReportError(f"{where}.exit_code", "an exited process needs its exit code")
+        raise FieldError(f"{where}.exit_code", "an exited process needs its exit code")
     for key in ("started_at", "ended_at"):
         if p.get(key) is not None:
-            out[key] = _number(p[key], f"{where}.{key}", 0, 1e11)
+            out[key] = number(p[key], f"{where}.{key}", 0, 1e11)
     adopted = p.get("adopted_from")
     if adopted is not None:
         if not isinstance(adopted, str) or not 1 <= len(adopted) <= 16:
-            raise ReportError(f"{where}.adopted_from", "must be the generation the process ran under")
+            raise FieldError(f"{where}.adopted_from", "must be the generation the process ran under")
         out["adopted_from"] = adopted
     if p.get("log_tail") is not None:
         if not isinstance(p["log_tail"], str):
-            raise ReportError(f"{where}.log_tail", "must be text")
+            raise FieldError(f"{where}.log_tail", "must be text")
         out["log_tail"] = p["log_tail"]
     return out
 
@@ -251,11 +243,14 @@ def prepare(authorization: str, raw: bytes, db: bool = True) -> tuple:
         body = decode_body(raw)
         if not db and isinstance(body, dict) and (body.get("xids") or body.get("processes")):
             return None
-        report = parse_report(body, identity.gpus_per_node)
-        if report["xids"] or report["processes"]:
+        try:
+            report = parse_report(body, identity.gpus_per_node, identity.node_id, db)
+        except NeedsDatabase:
+            return None
+        if report["xids"] or report["processes"] or (report["net"] and report["net"]["inventory"]):
             return ("answer", *answer(ingest(identity, report)))
         return ("readings", identity, report)
-    except ReportError as exc:
+    except FieldError as exc:
         return ("answer", 400, {exc.field: [exc.message]})
     except Refused as exc:
         return ("answer", exc.status, exc.payload)

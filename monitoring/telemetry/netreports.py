@@ -1,0 +1,281 @@
+"""The network part of a node's report: its ports' summaries of 10 ms samples, and the port list.
+
+The agent (``myriad_agent.network``) defines what a port's summary holds; this module checks one
+against the node: every port named must be one of the node's (the list the agent sent at
+enrolment or in this report's ``inventory``), every figure a number in its range, and no
+cumulative counter may fall below the node's previous report unless the port says ``reset``.
+A refused report names the field and writes nothing. The summaries are kept with the node's
+newest report in the live store (never a row per port per report); the port list is the
+inventory (``cluster.models.NicPort``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from django.conf import settings
+from django.db import transaction
+
+from cluster import ports
+from cluster.fields import FieldError, number, objects, whole
+from cluster.models import NicPort
+from myriad_agent.nics import CONGESTION, ERROR_COUNTERS, ETH_COUNTERS, IB_COUNTERS, STATE_NAMES
+
+MAX_FLAPS = 6000  # one per 10 ms window of a minute
+COUNTERS = frozenset(name for name, *_ in IB_COUNTERS + ETH_COUNTERS)
+ERRORS = frozenset(ERROR_COUNTERS)
+STATES = frozenset(STATE_NAMES.values()) | {"unknown"}
+UTIL = ("mean", "p50", "p99", "max")
+WHOLE = ("tx_bytes", "rx_bytes", "windows", "bursts")
+RATES = tuple(CONGESTION.values())
+FIELDS = frozenset(
+    {"port", "state", "rate_gbps", "counters", "util", "xmit_wait_share", "errors", "flaps", "reset"}
+    | set(WHOLE)
+    | set(RATES)
+)
+_TOP = (1 << 64) - 1
+
+
+def _whole(value, where: str) -> int:
+    return whole(value, where, 0, _TOP)
+
+
+def parse_net(value, known: frozenset[str] | None, node_ports) -> dict:
+    """The report's ``net`` object checked. ``known``: the node's port names (None: not read
+    yet; ``node_ports()`` reads them, only when a name is not in ``known``)."""
+    where = "net"
+    if not isinstance(value, dict):
+        raise FieldError(where, "must be an object with the ports' summaries")
+    unknown = set(value) - {"ports", "inventory"}
+    if unknown:
+        raise FieldError(f"net.{sorted(unknown)[0]}", "unknown field")
+    inventory = None
+    if "inventory" in value:
+        try:
+            inventory = ports.parse_inventory(value["inventory"])
+        except FieldError as exc:
+            raise FieldError(exc.field.replace("ports", "net.inventory", 1), exc.message) from None
+        known = frozenset(p["name"] for p in inventory)
+    out, seen = [], set()
+    for i, p in enumerate(objects(value.get("ports", []), "net.ports", ports.MAX_PORTS)):
+        where = f"net.ports[{i}]"
+        name = p.get("port")
+        if not isinstance(name, str):
+            raise FieldError(f"{where}.port", "must be the port's name")
+        if known is None or name not in known:
+            known = node_ports() if inventory is None else known
+            if name not in known:
+                listed = ", ".join(sorted(known)) or "none"
+                raise FieldError(
+                    f"{where}.port", f"the node has no port {name!r} (its ports: {listed})"[:200]
+                )
+        if name in seen:
+            raise FieldError(f"{where}.port", f"port {name!r} appears twice")
+        seen.add(name)
+        out.append(_summary(p, where))
+    return {"ports": out, "inventory": inventory}
+
+
+def _summary(p: dict, where: str) -> dict:
+    extra = set(p) - FIELDS
+    if extra:
+        raise FieldError(f"{where}.{sorted(extra)[0]}", "unknown field")
+    if p.get("state", "unknown") not in STATES:
+        raise FieldError(f"{where}.state", f"{p.get('state')!r} is not a port state"[:200])
+    for key in WHOLE:
+        if key in p:
+            _whole(p[key], f"{where}.{key}")
+    for key in RATES:
+        if key in p:
+            number(p[key], f"{where}.{key}", 0, 1e12)
+    if "rate_gbps" in p:
+        number(p["rate_gbps"], f"{where}.rate_gbps", 0, 10_000)
+    if "xmit_wait_share" in p:
+        number(p["xmit_wait_share"], f"{where}.xmit_wait_share", 0, 1)
+    util = p.get("util")
+    if util is not None:
+        if not isinstance(util, dict) or set(util) - set(UTIL):
+            raise FieldError(f"{where}.util", f"must be an object of {', '.join(UTIL)}")
+        for key, v in util.items():
+            number(v, f"{where}.util.{key}", 0, 100)
+    for name, (field, names) in {"counters": ("counters", COUNTERS), "errors": ("errors", ERRORS)}.items():
+        block = p.get(name, {})
+        if not isinstance(block, dict):
+            raise FieldError(f"{where}.{field}", "must be an object of counter values")
+        for key, v in block.items():
+            if key not in names:
+                raise FieldError(f"{where}.{field}.{key}", "unknown counter")
+            _whole(v, f"{where}.{field}.{key}")
+    flaps = p.get("flaps", [])
+    if not isinstance(flaps, list) or len(flaps) > MAX_FLAPS:
+        raise FieldError(f"{where}.flaps", f"must be a list of at most {MAX_FLAPS} times")
+    for j, t in enumerate(flaps):
+        number(t, f"{where}.flaps[{j}]", 0, 1e11)
+    if not isinstance(p.get("reset", False), bool):
+        raise FieldError(f"{where}.reset", "must be true or false")
+    return p
+
+
+def check_counters(net: dict, previous: dict | None) -> None:
+    """No cumulative counter of a port falls below the node's previous report unless the port
+    says it was reset (or wrapped) in between."""
+    if not previous:
+        return
+    before = {p["port"]: p.get("counters", {}) for p in previous.get("ports", [])}
+    for i, p in enumerate(net["ports"]):
+        old = before.get(p["port"])
+        if not old or p.get("reset"):
+            continue
+        for key, value in p.get("counters", {}).items():
+            if key in old and value < old[key]:
+                raise FieldError(
+                    f"net.ports[{i}].counters.{key}",
+                    f"went back from {old[key]} to {value} without reset: true",
+                )
+
+
+# --- the port names a node has, as last read or written by this process -----------------------
+
+_known: dict[int, frozenset[str]] = {}
+
+
+def known_ports(node_id: int) -> frozenset[str] | None:
+    return _known.get(node_id)
+
+
+def read_ports(node_id: int) -> frozenset[str]:
+    names = frozenset(NicPort.objects.filter(node_id=node_id).values_list("name", flat=True))
+    _known[node_id] = names
+    return names
+
+
+def set_ports(node_id: int, inventory: list[dict]) -> bool:
+    changed = ports.set_ports(node_id, inventory)
+    names = frozenset(p["name"] for p in inventory)
+    transaction.on_commit(lambda: _known.__setitem__(node_id, names))
+    return changed
+
+
+# --- port faults ------------------------------------------------------------------------------
+
+FLAPS_PREFIX = "myriad:net:flaps:"  # + node id: {port: [flap times within the last hour]}
+HOUR_S = 3600.0
+
+
+def port_faults(
+    node_id: int, report: dict, previous: dict | None, store
+) -> list[tuple[str, float, str, str]]:
+    """(source, at, description, port) of the NIC port faults a report shows: a port that went
+    down since the node's previous report (``nic_port_down``), a port whose link went down
+    NIC_FLAPS_PER_HOUR times within an hour (``nic_link_flap``; its count starts again after).
+    Flap times are kept per node in the live store, read only when a report has flaps."""
+    net = report.get("net")
+    if not net or not net["ports"]:
+        return []
+    found = []
+    before = {p["port"]: p.get("state") for p in (previous or {}).get("net") or []}
+    sent_at = report.get("sent_at") or time.time()
+    for p in net["ports"]:
+        if p.get("state") == "down" and before.get(p["port"]) != "down":
+            found.append(("nic_port_down", sent_at, f"port {p['port']} went down", p["port"]))
+    flapping = {p["port"]: p["flaps"] for p in net["ports"] if p.get("flaps")}
+    if flapping:
+        key = FLAPS_PREFIX + str(node_id)
+        raw = store.get(key)
+        history = orjson.loads(raw) if raw else {}
+        limit = settings.NIC_FLAPS_PER_HOUR
+        for port, times in flapping.items():
+            recent = sorted(t for t in history.get(port, []) + list(times) if t > sent_at - HOUR_S)
+            if len(recent) >= limit:
+                text = f"port {port} flapped {len(recent)} times in the last hour (limit {limit})"
+                found.append(("nic_link_flap", recent[-1], text, port))
+                recent = []
+            history[port] = recent
+        store.put(key, orjson.dumps(history))
+    return found
+
+
+# --- recorded traces --------------------------------------------------------------------------
+
+TRACE_REQUEST_PREFIX = "myriad:net:trace-request:"  # + node id: {"asked_at", "seconds", "by"}
+TRACE_PREFIX = "myriad:net:trace:"  # + node id: the newest recorded trace
+MAX_TRACE_WINDOWS = 6000  # 60 s of 10 ms windows
+TRACE_SERIES = ("tx_util", "rx_util", *CONGESTION)
+PREFIXES = (FLAPS_PREFIX, TRACE_REQUEST_PREFIX, TRACE_PREFIX)  # per-node keys of this module
+
+
+def ask_for_trace(node_id: int, seconds: float, by: str, store) -> dict:
+    """Ask the node's agent for its last ``seconds`` of 10 ms windows (with its next poll)."""
+    request = {"asked_at": round(time.time(), 3), "seconds": seconds, "by": by}
+    store.put(TRACE_REQUEST_PREFIX + str(node_id), orjson.dumps(request))
+    return request
+
+
+def trace_request(node_id: int, store) -> dict | None:
+    raw = store.get(TRACE_REQUEST_PREFIX + str(node_id))
+    return orjson.loads(raw) if raw else None
+
+
+def parse_trace(body, known: frozenset[str]) -> dict:
+    """An agent's uploaded trace, checked: ``asked_at`` (the request it answers), ``start``,
+    ``interval_ms``, ``t_ms`` and per port (one of the node's) series as long as ``t_ms``."""
+    if not isinstance(body, dict):
+        raise FieldError("body", "a trace is a JSON object")
+    number(body.get("asked_at"), "asked_at", 0, 1e11)
+    number(body.get("start"), "start", 0, 1e11)
+    number(body.get("interval_ms"), "interval_ms", 1, 60_000)
+    t_ms = body.get("t_ms")
+    if not isinstance(t_ms, list) or len(t_ms) > MAX_TRACE_WINDOWS:
+        raise FieldError("t_ms", f"must be a list of at most {MAX_TRACE_WINDOWS} window times")
+    for j, t in enumerate(t_ms):
+        if type(t) not in (int, float) or not 0 <= t <= 1e8:
+            number(t, f"t_ms[{j}]", 0, 1e8)
+    series = body.get("ports")
+    if not isinstance(series, list) or len(series) > ports.MAX_PORTS:
+        raise FieldError("ports", f"must be a list of at most {ports.MAX_PORTS} ports")
+    for i, p in enumerate(series):
+        where = f"ports[{i}]"
+        if not isinstance(p, dict) or p.get("port") not in known:
+            raise FieldError(
+                f"{where}.port", f"the node has no port {p.get('port') if isinstance(p, dict) else p!r}"
+            )
+        for key, values in p.items():
+            if key == "port":
+                continue
+            if key == "states":
+                if not isinstance(values, list) or len(values) > MAX_TRACE_WINDOWS:
+                    raise FieldError(f"{where}.states", "must be a list of [window, state] changes")
+                for j, change in enumerate(values):
+                    if (
+                        not isinstance(change, list)
+                        or len(change) != 2
+                        or change[1] not in STATES
+                        or isinstance(change[0], bool)
+                        or not isinstance(change[0], int)
+                    ):
+                        raise FieldError(f"{where}.states[{j}]", "must be [window, state]")
+                continue
+            if key not in TRACE_SERIES:
+                raise FieldError(f"{where}.{key}", "unknown series")
+            if not isinstance(values, list) or len(values) != len(t_ms):
+                raise FieldError(f"{where}.{key}", f"must be a list of {len(t_ms)} values, one per window")
+            hi = 100 if key.endswith("_util") else _TOP
+            for j, v in enumerate(values):
+                if type(v) not in (int, float) or not 0 <= v <= hi:
+                    number(v, f"{where}.{key}[{j}]", 0, hi)
+    return body
+
+
+def store_trace(node_id: int, trace: dict, store) -> dict:
+    """Keep the node's newest trace; the request it answers is done (a newer one stays)."""
+    trace = {**trace, "received_at": round(time.time(), 3)}
+    store.put(TRACE_PREFIX + str(node_id), orjson.dumps(trace))
+    asked = trace_request(node_id, store)
+    if asked and asked["asked_at"] <= trace["asked_at"]:
+        store.delete(TRACE_REQUEST_PREFIX + str(node_id))
+    return trace
+
+
+def newest_trace(node_id: int, store) -> bytes | None:
+    return store.get(TRACE_PREFIX + str(node_id))
