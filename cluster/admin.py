@@ -16,6 +16,7 @@ from cluster.models import (
     Datacenter,
     DatacenterLink,
     EnrolmentToken,
+    NicPort,
     Node,
     NodeCredential,
     Pod,
@@ -244,6 +245,24 @@ class GPUAdmin(admin.ModelAdmin):
     @admin.display(description="health", ordering="health")
     def health_label(self, obj):
         return state_badge(obj.health, obj.get_health_display())
+
+
+@admin.register(NicPort)
+class NicPortAdmin(admin.ModelAdmin):
+    """Nodes' network ports as their agents report them (read only: the agent keeps them)."""
+
+    list_display = ["__str__", "kind", "rail", "rate_gbps"]
+    list_filter = ["kind", "rail", "node__rack__pod__datacenter"]
+    search_fields = ["name", "node__hostname"]
+    list_select_related = ["node"]
+    show_full_result_count = False
+    list_per_page = 100
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(AuditRecord)

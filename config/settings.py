@@ -221,6 +221,11 @@ PROGRESS_HANG_STEPS = env_int("MYRIAD_PROGRESS_HANG_STEPS", 3, minimum=1)
 PROGRESS_HANG_FLOOR_S = env_int("MYRIAD_PROGRESS_HANG_FLOOR_S", 30, minimum=1)
 PROGRESS_STRAGGLER_SHARE = env_int("MYRIAD_PROGRESS_STRAGGLER_PERCENT", 10, minimum=1) / 100
 AGENT_WATCH_INTERVAL_S = env_int("MYRIAD_AGENT_WATCH_INTERVAL_S", 5, minimum=1)
+# a fabric link is congested while its worst port's p99 window utilization (percent) or its ports'
+# CNPs per second reach these; congested this long (seconds) opens a congestion record
+FABRIC_CONGESTED_P99 = env_int("MYRIAD_FABRIC_CONGESTED_P99", 90, minimum=1)
+FABRIC_CONGESTED_CNP_PER_S = env_int("MYRIAD_FABRIC_CONGESTED_CNP_PER_S", 5000, minimum=1)
+FABRIC_CONGESTION_MIN_S = env_int("MYRIAD_FABRIC_CONGESTION_MIN_S", 30, minimum=0)
 # a NIC port that flaps this many times within an hour is a fault (nic_link_flap: the node is cordoned)
 NIC_FLAPS_PER_HOUR = env_int("MYRIAD_NIC_FLAPS_PER_HOUR", 3, minimum=1)
 AGENT_REPORT_MAX_BYTES = env_int("MYRIAD_AGENT_REPORT_MAX_BYTES", 262_144, minimum=4096)

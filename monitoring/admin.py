@@ -4,7 +4,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from monitoring.faults.services import fault_problem
-from monitoring.models import FaultEvent, Simulation
+from monitoring.models import CongestionRecord, FaultEvent, Simulation
 from monitoring.tasks import handle_fault_task
 
 
@@ -63,6 +63,22 @@ class FaultEventAdmin(admin.ModelAdmin):
             handle_fault_task.delay(obj.pk)
 
         transaction.on_commit(enqueue)
+
+
+@admin.register(CongestionRecord)
+class CongestionRecordAdmin(admin.ModelAdmin):
+    """Fabric links that stayed congested (opened and closed by the telemetry, read only)."""
+
+    list_display = ["__str__", "ended_at", "peak_p99", "peak_cnp_per_s", "peak_util", "source"]
+    list_filter = ["source", "pod__datacenter"]
+    date_hierarchy = "started_at"
+    list_select_related = ["pod"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Simulation)

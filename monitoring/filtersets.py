@@ -5,7 +5,16 @@ from __future__ import annotations
 import django_filters as filters
 
 from monitoring.choices import FaultSource
-from monitoring.models import FaultEvent
+from monitoring.models import CongestionRecord, FaultEvent
+
+
+class CongestionRecordFilterSet(filters.FilterSet):
+    open = filters.BooleanFilter(field_name="ended_at", lookup_expr="isnull")
+    since = filters.IsoDateTimeFilter(field_name="started_at", lookup_expr="gte")
+
+    class Meta:
+        model = CongestionRecord
+        fields = ["pod", "rail", "open", "since", "source"]
 
 
 class FaultEventFilterSet(filters.FilterSet):

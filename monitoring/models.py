@@ -169,3 +169,50 @@ class ClusterSample(models.Model):
 
     def __str__(self) -> str:
         return f"sample at {self.at:%Y-%m-%d %H:%M}"
+
+
+class CongestionRecord(models.Model):
+    """A fabric link congested for a while: a pod's rail leaf (``rail`` set) or its uplink
+    (``rail`` empty) whose worst port's p99 utilization or CNP rate stayed at its threshold for
+    MYRIAD_FABRIC_CONGESTION_MIN_S. Open while it lasts (``ended_at`` empty), with its peaks and
+    the jobs whose traffic crossed it."""
+
+    pod = models.ForeignKey(Pod, on_delete=models.CASCADE, related_name="congestion")
+    rail = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="The leaf's rail; empty: the pod uplink"
+    )
+    started_at = models.DateTimeField(db_index=True, help_text="When it was first seen congested")
+    ended_at = models.DateTimeField(null=True, blank=True, help_text="When it cleared; empty while open")
+    peak_p99 = models.FloatField(default=0.0, help_text="Highest p99 window utilization of its ports, %")
+    peak_cnp_per_s = models.FloatField(default=0.0)
+    peak_util = models.FloatField(default=0.0, help_text="Highest load over capacity")
+    jobs = models.JSONField(default=list, blank=True, help_text="Jobs running across it while open")
+    source = models.CharField(max_length=16, default="agents", help_text="agents or simulated")
+
+    class Meta:
+        ordering = ["-started_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["pod", "rail"],
+                condition=Q(ended_at__isnull=True, rail__isnull=False),
+                name="congestion_open_once_per_leaf",
+            ),
+            models.UniqueConstraint(
+                fields=["pod"],
+                condition=Q(ended_at__isnull=True, rail__isnull=True),
+                name="congestion_open_once_per_uplink",
+            ),
+            models.CheckConstraint(
+                condition=Q(ended_at__isnull=True) | Q(ended_at__gte=F("started_at")),
+                name="congestion_ends_after_it_starts",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"congestion on {self.link} from {self.started_at:%Y-%m-%d %H:%M:%S}"
+
+    @property
+    def link(self) -> str:
+        return (
+            f"{self.pod.name} rail {self.rail} leaf" if self.rail is not None else f"{self.pod.name} uplink"
+        )

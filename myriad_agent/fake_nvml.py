@@ -33,6 +33,9 @@ NVML_NVLINK_ERROR_DL_REPLAY = 0
 NVML_NVLINK_ERROR_DL_RECOVERY = 1
 NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
 nvmlEventTypeXidCriticalError = 0x8
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+NVML_SUCCESS = 0
 
 
 class NVMLError(Exception):
@@ -165,6 +168,22 @@ def nvmlDeviceGetNvLinkErrorCounter(h, link: int, counter: int) -> int:
     g = _gpu(h)
     key = {0: "nvlink_replay_errors", 1: "nvlink_recovery_errors", 2: "nvlink_crc_errors"}[counter]
     return int(g.get(key, 0)) if link == 0 else 0  # the whole count on link 0
+
+
+def nvmlDeviceGetFieldValues(h, field_ids):
+    """NVLink throughput counters (KiB since the driver loaded) per link, as NVML's field values:
+    a GPU's ``nvlink_tx_kib``/``nvlink_rx_kib`` spread over its links; other fields unsupported."""
+    g, links = _gpu(h), int(_state().get("nvlinks", 18))
+    out = []
+    for field in field_ids:
+        fid, scope = field if isinstance(field, tuple) else (field, 0)
+        key = {138: "nvlink_tx_kib", 139: "nvlink_rx_kib"}.get(fid)
+        ok = key is not None and key in g and scope < links
+        value = SimpleNamespace(ullVal=int(g.get(key, 0)) // max(links, 1) if ok else 0)
+        out.append(
+            SimpleNamespace(fieldId=fid, scopeId=scope, nvmlReturn=NVML_SUCCESS if ok else 3, value=value)
+        )
+    return out
 
 
 def nvmlDeviceGetPcieReplayCounter(h) -> int:

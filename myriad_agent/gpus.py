@@ -37,6 +37,8 @@ class GPUReader:
         self.xid_arrived = threading.Event()  # an XID is waiting: the agent reports at once
         self.lock = threading.Lock()
         self._stop = threading.Event()
+        self._links: dict[int, list[int]] = {}  # GPU -> its active NVLinks (read once)
+        self._nvlink_last: dict[int, tuple[float, int, int]] = {}  # GPU -> (when, tx, rx bytes)
 
     def _try(self, fn, *args):
         """A reading, or None when the GPU does not support it; raises _Lost for a lost GPU."""
@@ -92,6 +94,7 @@ class GPUReader:
                     remap_failure=bool(failed),
                 )
             self._nvlink(h, out)
+            self._nvlink_throughput(i, h, out)
             _put(out, "pcie_replays", self._try(nvml.nvmlDeviceGetPcieReplayCounter, h))
         except _Lost:
             out["lost"] = True
@@ -128,6 +131,41 @@ class GPUReader:
                     sums[key] = (sums[key] or 0) + value
         for key, value in sums.items():
             _put(out, key, value)
+
+    def _nvlink_throughput(self, i: int, h, out: dict) -> None:
+        """NVLink data bytes each way since the driver loaded (NVML field values, summed over the
+        active links) and their rate since the last read; left out where NVML has no such field."""
+        nvml = self.nvml
+        fields = getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", None)
+        links = self._links.get(i)
+        if fields is None or not hasattr(nvml, "nvmlDeviceGetFieldValues"):
+            return
+        if links is None:
+            links = self._links[i] = [
+                link
+                for link in range(nvml.NVML_NVLINK_MAX_LINKS)
+                if self._try(nvml.nvmlDeviceGetNvLinkState, h, link)
+            ]
+        if not links:
+            return
+        ids = [(f, link) for f in (fields, nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX) for link in links]
+        values = self._try(nvml.nvmlDeviceGetFieldValues, h, ids)
+        if values is None:
+            return
+        kib = {"tx": 0, "rx": 0}
+        for (field, _), v in zip(ids, values, strict=True):
+            if v.nvmlReturn != 0:
+                return  # a field the GPU does not support: the figure is left out, not guessed
+            kib["tx" if field == fields else "rx"] += int(v.value.ullVal)
+        now = time.monotonic()
+        tx, rx = kib["tx"] * 1024, kib["rx"] * 1024
+        out["nvlink_tx_bytes"], out["nvlink_rx_bytes"] = tx, rx
+        last = self._nvlink_last.get(i)
+        if last is not None and now > last[0] and tx >= last[1] and rx >= last[2]:
+            seconds = now - last[0]
+            out["nvlink_tx_gbps"] = round((tx - last[1]) * 8 / seconds / 1e9, 3)
+            out["nvlink_rx_gbps"] = round((rx - last[2]) * 8 / seconds / 1e9, 3)
+        self._nvlink_last[i] = (now, tx, rx)
 
     # --- XIDs ---------------------------------------------------------------------------------
 

@@ -282,6 +282,8 @@ class NetSampler:
             deltas, newest, reset = self._port_deltas(p, columns)
             entry: dict = {
                 "port": port.name,
+                "rail": port.rail,
+                "seconds": round(span, 3),
                 "state": STATE_NAMES.get(states[p][-1], "unknown"),
                 "rate_gbps": float(self.rates[p]),
                 "windows": len(dt),

@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 
 from cluster.builder import build_cluster, known_chip_names
 from engine.topology_spec import parse_topology
+from scheduling.models import Job
 
 SMALL_TOPOLOGY = {
     "regions": [
@@ -206,3 +207,20 @@ def colocation(small_cluster):
         load_profile={"kind": "diurnal", "trough_rps": 50, "peak_rps": 350, "peak_hour": 14},
     )
     return service
+
+
+@pytest.fixture
+def running_job(queues, operator_client, eager_celery, django_capture_on_commit_callbacks):
+    """An 8-GPU job running on dc1-p01-r01-n01 (the best fit for one node)."""
+    with django_capture_on_commit_callbacks(execute=True):
+        body = {
+            "queue": "vision",
+            "gpus": 8,
+            "chip_types": ["H100-SXM"],
+            "topology": "node",
+            "parameters": 7e9,
+        }
+        job_id = operator_client.post("/api/v1/jobs/", body, format="json").json()["id"]
+    job = Job.objects.get(pk=job_id)
+    assert job.state == "running"
+    return job

@@ -17,7 +17,7 @@ def admin_client_logged_in(db):
 
 
 @pytest.mark.parametrize(
-    "model", ["chiptype", "region", "datacenter", "datacenterlink", "pod", "rack", "node", "gpu"]
+    "model", ["chiptype", "region", "datacenter", "datacenterlink", "pod", "rack", "node", "gpu", "nicport"]
 )
 def test_every_inventory_changelist_opens(small_cluster, admin_client_logged_in, model):
     response = admin_client_logged_in.get(reverse(f"admin:cluster_{model}_changelist"))

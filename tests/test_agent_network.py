@@ -4,12 +4,14 @@ that wrap or reset, the recorded trace, and the sampler thread keeping its perio
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
-from myriad_agent import fake_sysfs
+from myriad_agent import fake_nvml, fake_sysfs
 from myriad_agent.config import ConfigError, load
+from myriad_agent.gpus import GPUReader
 from myriad_agent.network import NetSampler, counter_deltas, percentile
 from myriad_agent.nics import discover
 
@@ -191,7 +193,8 @@ def test_the_sampler_thread_keeps_its_period(tree):
     time.sleep(1.0)
     sampler.stop()
     assert 80 <= sampler.count + sampler.missed <= 110
-    assert sampler.summary()[0]["windows"] == sampler.count - 1
+    # a report covers up to the newest sample that read every counter (one in ten)
+    assert sampler.summary()[0]["windows"] == (sampler.count - 1) // 10 * 10
 
 
 def test_a_bad_sampling_interval_is_named(tmp_path):
@@ -202,3 +205,20 @@ def test_a_bad_sampling_interval_is_named(tmp_path):
     for bad in ("0.5", "-1", "fast"):
         with pytest.raises(ConfigError, match="--net-interval-ms"):
             load([*base, "--net-interval-ms", bad], environ={})
+
+
+def test_nvlink_throughput_comes_from_nvml_field_values_and_is_left_out_where_missing(tmp_path):
+    state = tmp_path / "nvml.json"
+    gpu0 = {"nvlink_tx_kib": 18_000, "nvlink_rx_kib": 36_000}
+    state.write_text(json.dumps({"gpus": 2, "nvlinks": 18, "gpu": {"0": gpu0}}))
+    fake_nvml.use_state_file(str(state))
+    reader = GPUReader(fake_nvml)
+    first = reader.read()
+    assert first[0]["nvlink_tx_bytes"] == 18_000 * 1024 and first[0]["nvlink_rx_bytes"] == 36_000 * 1024
+    assert "nvlink_tx_gbps" not in first[0]  # a rate needs two reads
+    assert "nvlink_tx_bytes" not in first[1]  # this GPU's NVML has no such field: not invented
+    gpu0["nvlink_tx_kib"] += 18 * 1_000_000  # 18 links x ~1 GB more sent
+    state.write_text(json.dumps({"gpus": 2, "nvlinks": 18, "gpu": {"0": gpu0}}))
+    time.sleep(0.2)
+    second = reader.read()[0]
+    assert second["nvlink_tx_gbps"] > 100 and second["nvlink_rx_gbps"] == 0

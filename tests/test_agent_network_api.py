@@ -6,14 +6,15 @@ not have, counters going back without a reset)."""
 from __future__ import annotations
 
 import pytest
-from django.test import Client
+from django.test import Client, override_settings
 from rest_framework.test import APIClient
 
 from cluster.agents import create_enrolment_token
 from cluster.models import AuditRecord, NicPort, Node, NodeCredential
+from cluster.snapshot import topology_cache
 from monitoring.models import FaultEvent
-from monitoring.telemetry import ingest
-from monitoring.telemetry.livestore import reset_store
+from monitoring.telemetry import fabric, ingest
+from monitoring.telemetry.livestore import live_store, reset_store
 from myriad_agent import fake_sysfs
 from myriad_agent.network import NetSampler
 from myriad_agent.nics import discover
@@ -31,6 +32,7 @@ PORTS = [
 def clean_reports():
     reset_store()
     ingest.clear_reports()
+    live_store().delete(fabric.FABRIC_KEY)
     yield
     ingest.clear_reports()
 
@@ -285,3 +287,26 @@ def test_the_node_page_shows_each_ports_figures_and_an_operator_records_a_trace(
     assert "asked the agent for its last 60 s" in done.content.decode()
     assert "Trace asked for at" in done.content.decode()
     assert client.get("/api/v1/agent/assignments/").json()["trace"]["seconds"] == 60
+
+
+@override_settings(SIMULATED_FLEET=False)
+def test_the_agents_ports_make_the_fabrics_link_loads(
+    node, anonymous_client, viewer_client, django_capture_on_commit_callbacks
+):
+    client, _ = _enrol(node, anonymous_client)
+    hot = _port(
+        "mlx5_1/1", 10, rail=1, seconds=5.0, util={"mean": 40.0, "p50": 30.0, "p99": 97.0, "max": 99.0}
+    )
+    calm = _port("mlx5_0/1", 10, rail=0, seconds=5.0, util={"mean": 5.0, "p50": 4.0, "p99": 8.0, "max": 9.0})
+    _send(client, 1, [calm, hot], django_capture_on_commit_callbacks)
+    assert viewer_client.get("/api/v1/telemetry/fabric/").status_code == 404  # no frame composed yet
+    ingest.compose_frame()
+    shown = viewer_client.get("/api/v1/telemetry/fabric/").json()
+    snap = topology_cache.current()
+    ni = list(snap.node_id).index(node.pk)
+    pod = int(snap.rack_pod[snap.node_rack[ni]])
+    assert shown["source"] == "agents" and shown["ports"] == 2 and shown["rails"] == 8
+    assert shown["leaf"]["congested"] == [pod * 8 + 1]  # the rail-1 leaf of the node's pod
+    assert shown["leaf"]["p99"][pod * 8 + 1] == 97.0 and shown["leaf"]["p99"][pod * 8] == 8.0
+    assert shown["leaf"]["load_gbps"][pod * 8 + 1] == pytest.approx(4_000_000 / 5 * 8 / 1e9, abs=0.01)
+    assert shown["congested_pods"] == [pod] and shown["pod_ids"][pod] == node.rack.pod_id

@@ -11,23 +11,6 @@ from monitoring.models import FaultEvent
 from scheduling.models import Allocation, CheckpointPolicy, Job
 
 
-@pytest.fixture
-def running_job(queues, operator_client, eager_celery, django_capture_on_commit_callbacks):
-    """An 8-GPU job running on dc1-p01-r01-n01 (the best fit for one node)."""
-    with django_capture_on_commit_callbacks(execute=True):
-        body = {
-            "queue": "vision",
-            "gpus": 8,
-            "chip_types": ["H100-SXM"],
-            "topology": "node",
-            "parameters": 7e9,
-        }
-        job_id = operator_client.post("/api/v1/jobs/", body, format="json").json()["id"]
-    job = Job.objects.get(pk=job_id)
-    assert job.state == "running"
-    return job
-
-
 def _inject(client, capture, **body):
     with capture(execute=True):
         return client.post("/api/v1/faults/", body, format="json")

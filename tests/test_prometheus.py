@@ -70,6 +70,12 @@ def test_the_dashboards_cover_every_metric_family_the_control_plane_exports():
         "myriad_ettr_ratio",
         "myriad_live_frame_age_seconds",
         "myriad_celery_queue_length",
+        "myriad_fabric_link_utilization",
+        "myriad_fabric_link_p99_percent",
+        "myriad_fabric_link_cnp_per_second",
+        "myriad_fabric_link_congested",
+        "myriad_congestion_open",
+        "myriad_nic_ports",
         "DCGM_FI_DEV_GPU_UTIL",
         "DCGM_FI_DEV_XID_ERRORS",
     ):
@@ -99,7 +105,9 @@ def scraped(tmp_path_factory):
         config = config.replace("scrape_interval: 30s", "scrape_interval: 2s").replace(
             "scrape_timeout: 10s", "scrape_timeout: 2s"
         )
+        config = config.replace("evaluation_interval: 30s", "evaluation_interval: 2s")
         (folder / "prometheus.yml").write_text(config)
+        (folder / "alerts.yml").write_text((DOCS / "alerts.yml").read_text())
         port = free_port()
         prometheus = subprocess.Popen(
             [
@@ -132,6 +140,7 @@ def scraped(tmp_path_factory):
                 targets = _get(f"{api}/targets")
                 raise AssertionError(f"Prometheus did not scrape every target twice: {targets}")
             time.sleep(1)
+        query.api = api
         yield query
     finally:
         if prometheus is not None:
@@ -144,3 +153,16 @@ def test_every_dashboard_expression_returns_data(scraped, board, panel, expr):
     node = scraped("DCGM_FI_DEV_GPU_UTIL")[0]["metric"]["Hostname"]
     concrete = expr.replace("$__rate_interval", "30s").replace("$node", node)
     assert scraped(concrete), f"{board} / {panel}: {concrete} returned nothing"
+
+
+def test_the_alert_rules_load_and_evaluate(scraped):
+    deadline = time.monotonic() + 60
+    while True:
+        groups = _get(f"{scraped.api}/rules")["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        if rules and all(r["health"] == "ok" for r in rules):
+            break
+        assert time.monotonic() < deadline, f"alert rules not healthy: {rules}"
+        time.sleep(1)
+    names = {r["name"] for r in rules}
+    assert {"MyriadFabricLinkCongested", "MyriadNicPortFlapping", "MyriadNicPortDown"} <= names

@@ -5,8 +5,31 @@ from rest_framework import serializers
 from cluster.api.serializers import NodeDrainSerializer
 from engine.presets import PRESETS
 from monitoring.faults.services import fault_problem
-from monitoring.models import FaultEvent, Simulation
+from monitoring.models import CongestionRecord, FaultEvent, Simulation
 from monitoring.whatif.simreport import parse_config
+
+
+class CongestionRecordSerializer(serializers.ModelSerializer):
+    link = serializers.CharField(read_only=True)
+    pod_name = serializers.CharField(source="pod.name", read_only=True)
+
+    class Meta:
+        model = CongestionRecord
+        fields = [
+            "id",
+            "link",
+            "pod",
+            "pod_name",
+            "rail",
+            "started_at",
+            "ended_at",
+            "peak_p99",
+            "peak_cnp_per_s",
+            "peak_util",
+            "jobs",
+            "source",
+        ]
+        read_only_fields = fields
 
 
 class FaultEventSerializer(serializers.ModelSerializer):

@@ -6,6 +6,7 @@ from monitoring.api import agent, views
 
 routes = [
     ("faults", views.FaultEventViewSet),
+    ("congestion", views.CongestionRecordViewSet),
     ("simulations", views.SimulationViewSet),
 ]
 urlpatterns = [
@@ -13,6 +14,7 @@ urlpatterns = [
     path("overview/history/", views.OverviewHistoryView.as_view(), name="overview-history"),
     path("telemetry/layout/", views.TelemetryLayoutView.as_view(), name="telemetry-layout"),
     path("telemetry/network/", views.NetworkView.as_view(), name="telemetry-network"),
+    path("telemetry/fabric/", views.FabricView.as_view(), name="telemetry-fabric"),
     path("telemetry/frame/", views.TelemetryFrameView.as_view(), name="telemetry-frame"),
     path("telemetry/levels/", views.TelemetryLevelsView.as_view(), name="telemetry-levels"),
     path("telemetry/levels/find/", views.TelemetryLevelsFindView.as_view(), name="telemetry-levels-find"),

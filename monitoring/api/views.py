@@ -18,18 +18,33 @@ from cluster.snapshot import topology_cache
 from engine.frames import FRAME_METRICS, decode_frame
 from engine.levels import LEVELS
 from monitoring import filtersets
-from monitoring.api.serializers import DomainDrainSerializer, FaultEventSerializer, SimulationSerializer
+from monitoring.api.serializers import (
+    CongestionRecordSerializer,
+    DomainDrainSerializer,
+    FaultEventSerializer,
+    SimulationSerializer,
+)
 from monitoring.faults.drain_preview import drain, preview
 from monitoring.faults.services import report_fault
-from monitoring.models import FaultEvent, Simulation
+from monitoring.models import CongestionRecord, FaultEvent, Simulation
 from monitoring.tasks import run_simulation_task
-from monitoring.telemetry import netreports
+from monitoring.telemetry import fabric, netreports
 from monitoring.telemetry.ingest import latest_reports
 from monitoring.telemetry.levels import LevelQueryError, UnknownDomain, find, level_view, parse
 from monitoring.telemetry.livestore import FRAME_KEY, NETWORK_KEY, live_store
 from monitoring.telemetry.overview import WINDOWS, ettr_last_day, history, overview
 from monitoring.whatif.simulations import report_path
 from scheduling.usage import queue_health
+
+
+class CongestionRecordViewSet(viewsets.ReadOnlyModelViewSet):
+    """Fabric links that stayed congested (their ports' p99 windows or CNP rate at the threshold
+    for MYRIAD_FABRIC_CONGESTION_MIN_S): start, end (empty while open), peaks, jobs across it."""
+
+    queryset = CongestionRecord.objects.select_related("pod").order_by("-started_at", "-id")
+    serializer_class = CongestionRecordSerializer
+    filterset_class = filtersets.CongestionRecordFilterSet
+    ordering_fields = ["started_at", "peak_p99"]
 
 
 class FaultEventViewSet(
@@ -183,6 +198,20 @@ class NodePortsTraceView(APIView):
         data = netreports.newest_trace(node.pk, live_store())
         if data is None:
             return Response({"detail": f"no trace recorded on node {node} yet"}, status=404)
+        return HttpResponse(data, content_type="application/json")
+
+
+class FabricView(APIView):
+    """The fabric's switch links, from the agents' port summaries (or the simulated fleet's
+    modelled ports): per rail leaf (pod x rail) and per pod uplink, utilization (load over
+    capacity), the worst port's p99 over 10 ms windows, CNPs per second, ports down, and which
+    are congested; ``congested_pods``: the pods a congested link touches."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: None})
+    def get(self, request):
+        data = live_store().get(fabric.FABRIC_KEY)
+        if data is None:
+            return Response({"detail": "no fabric figures yet: no agent has reported its ports"}, status=404)
         return HttpResponse(data, content_type="application/json")
 
 

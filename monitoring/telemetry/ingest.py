@@ -28,7 +28,7 @@ from cluster.models import Node, NodeCredential
 from cluster.snapshot import topology_cache
 from engine.frames import FRAME_METRICS, decode_frame, encode_frame
 from monitoring.faults.services import report_fault
-from monitoring.telemetry import netreports
+from monitoring.telemetry import congestion, fabric, netreports
 from monitoring.telemetry.identities import forget, revoked
 from monitoring.telemetry.livestore import AGENT_REPORT_PREFIX, FRAME_KEY, live_store, publish_frame
 from scheduling import launch
@@ -92,6 +92,7 @@ def _entry(report: dict, now: datetime) -> bytes:
             "sent_at": report.get("sent_at") or now.timestamp(),
             "dropped": report["dropped"],
             "net": report["net"]["ports"] if report.get("net") else None,
+            "fabric": netreports.fabric_row(report["net"]["ports"]) if report.get("net") else None,
         }
     )
 
@@ -287,11 +288,16 @@ def overlay(frame: dict[str, np.ndarray], snapshot, reports: dict[int, dict], st
     return int(known.sum())
 
 
-def overlay_agents(frame: dict[str, np.ndarray], snapshot, store=None) -> int:
+def overlay_agents(frame: dict[str, np.ndarray], snapshot, store=None, reports=None) -> int:
     """The readings of every node with an agent put into ``frame`` (the simulated fleet's tick
-    and ``compose_frame`` both write frames this way)."""
-    reports = latest_reports(agent_node_ids(), store)
-    return overlay(frame, snapshot, reports, stale_s=3 * settings.AGENT_HEARTBEAT_TIMEOUT_S)
+    and ``compose_frame`` both write frames this way); ``reports``: those already read."""
+    reports = latest_reports(agent_node_ids(), store) if reports is None else reports
+    return overlay(frame, snapshot, reports, stale_s=stale_s())
+
+
+def stale_s() -> float:
+    """Readings older than this show as idle (three missed heartbeats)."""
+    return 3 * settings.AGENT_HEARTBEAT_TIMEOUT_S
 
 
 def watch(now: datetime | None = None) -> dict:
@@ -341,7 +347,11 @@ def compose_frame() -> int:
     snapshot = topology_cache.current()
     frame = {m: np.zeros(snapshot.num_gpus, dtype=np.uint8) for m in FRAME_METRICS}
     frame["health"] = snapshot.gpu_health.astype(np.uint8)
-    written = overlay_agents(frame, snapshot, store)
+    reports = latest_reports(agent_node_ids(), store)
+    written = overlay_agents(frame, snapshot, store, reports)
+    ports = fabric.ports_from_reports(snapshot, reports, stale_s())
+    if len(ports):
+        congestion.follow(fabric.publish(snapshot, ports, "agents", store), store)
     if not written:
         return 0
     previous = store.get(FRAME_KEY)

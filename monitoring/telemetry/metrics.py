@@ -31,10 +31,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from cluster.models import NicPort, Pod
 from cluster.outages import best_effort
 from engine.frames import decode_frame
 from engine.reasons import PENDING_KINDS
-from monitoring.models import FaultEvent
+from monitoring.models import CongestionRecord, FaultEvent
+from monitoring.telemetry import fabric
 from monitoring.telemetry.livestore import CYCLE_COUNTS_KEY, live_store, newest_frame
 from monitoring.telemetry.overview import BUCKETS, ettr_last_day, overview
 from scheduling.choices import EventKind, JobState
@@ -168,6 +170,7 @@ class ControlPlaneCollector:
         yield from self._faults()
         yield from _cycle_histogram()
         yield from self._health()
+        yield from self._fabric()
 
     def _jobs(self):
         pending = GaugeMetricFamily(
@@ -308,6 +311,61 @@ class ControlPlaneCollector:
         for queue, n in celery_queue_lengths().items():
             lengths.add_metric([queue], n)
         yield lengths
+
+    def _fabric(self):
+        """Per switch link (a pod's rail leaf, a pod's uplink), never per port or per job: at
+        100k GPUs 800 leaves and 100 pods, four families, ~3,600 series; the NIC ports as counts
+        by kind and state."""
+        entry = best_effort("reading the fabric figures", fabric.newest, live_store())
+        families = {
+            "util": GaugeMetricFamily(
+                "myriad_fabric_link_utilization",
+                "A switch link's load (its ports' sum) over its capacity; above 1 oversubscribed",
+                labels=["level", "pod", "rail"],
+            ),
+            "p99": GaugeMetricFamily(
+                "myriad_fabric_link_p99_percent",
+                "The worst p99 of its ports' 10 ms windows' utilization, percent",
+                labels=["level", "pod", "rail"],
+            ),
+            "cnp_per_s": GaugeMetricFamily(
+                "myriad_fabric_link_cnp_per_second",
+                "Congestion notifications its ports' NICs sent per second",
+                labels=["level", "pod", "rail"],
+            ),
+            "congested": GaugeMetricFamily(
+                "myriad_fabric_link_congested",
+                "1 while the link is at its congestion threshold (p99 or CNP rate)",
+                labels=["level", "pod", "rail"],
+            ),
+        }
+        if entry:
+            names = dict(Pod.objects.values_list("id", "name"))
+            pods = [names.get(p, str(p)) for p in entry["pod_ids"]]
+            rails = entry["rails"]
+            for level in ("leaf", "pod"):
+                tier = entry[level]
+                hot = set(tier["congested"])
+                for i in range(len(tier["util"])):
+                    if level == "leaf" and entry.get("design", "rail") == "rail":
+                        labels = [level, pods[i // rails], str(i % rails)]
+                    elif level == "leaf":
+                        labels = [level, f"rack {i}", ""]
+                    else:
+                        labels = [level, pods[i], ""]
+                    for key in ("util", "p99", "cnp_per_s"):
+                        families[key].add_metric(labels, tier[key][i])
+                    families["congested"].add_metric(labels, 1.0 if i in hot else 0.0)
+        yield from families.values()
+        ports = GaugeMetricFamily(
+            "myriad_nic_ports", "Nodes' NIC ports in the inventory, by kind", labels=["kind"]
+        )
+        for kind, n in NicPort.objects.values_list("kind").annotate(n=Count("id")).order_by("kind"):
+            ports.add_metric([kind], n)
+        yield ports
+        records = GaugeMetricFamily("myriad_congestion_open", "Fabric links with an open congestion record")
+        records.add_metric([], CongestionRecord.objects.filter(ended_at__isnull=True).count())
+        yield records
 
 
 def celery_queue_lengths() -> dict[str, int]:

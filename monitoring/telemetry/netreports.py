@@ -30,7 +30,19 @@ UTIL = ("mean", "p50", "p99", "max")
 WHOLE = ("tx_bytes", "rx_bytes", "windows", "bursts")
 RATES = tuple(CONGESTION.values())
 FIELDS = frozenset(
-    {"port", "state", "rate_gbps", "counters", "util", "xmit_wait_share", "errors", "flaps", "reset"}
+    {
+        "port",
+        "rail",
+        "seconds",
+        "state",
+        "rate_gbps",
+        "counters",
+        "util",
+        "xmit_wait_share",
+        "errors",
+        "flaps",
+    }
+    | {"reset"}
     | set(WHOLE)
     | set(RATES)
 )
@@ -91,6 +103,10 @@ def _summary(p: dict, where: str) -> dict:
             number(p[key], f"{where}.{key}", 0, 1e12)
     if "rate_gbps" in p:
         number(p["rate_gbps"], f"{where}.rate_gbps", 0, 10_000)
+    if "rail" in p:
+        whole(p["rail"], f"{where}.rail", 0, 255)
+    if "seconds" in p:
+        number(p["seconds"], f"{where}.seconds", 0, 86_400)
     if "xmit_wait_share" in p:
         number(p["xmit_wait_share"], f"{where}.xmit_wait_share", 0, 1)
     util = p.get("util")
@@ -279,3 +295,28 @@ def store_trace(node_id: int, trace: dict, store) -> dict:
 
 def newest_trace(node_id: int, store) -> bytes | None:
     return store.get(TRACE_PREFIX + str(node_id))
+
+
+# --- the row a port adds to the fabric's link loads (monitoring.telemetry.fabric) ---------------
+
+FABRIC_COLUMNS = ("rail", "rate_gbps", "tx_bytes_s", "rx_bytes_s", "p99", "cnp_per_s", "down")
+
+
+def fabric_row(summaries: list[dict]) -> list[float]:
+    """The node's ports flattened for the fabric (FABRIC_COLUMNS per port): computed once per
+    report here so a frame over 100k ports reads arrays, not 100k summaries."""
+    row: list[float] = []
+    for p in summaries:
+        if "rail" not in p:
+            continue
+        seconds = p.get("seconds") or (p.get("windows") or 0) * 0.01 or 1.0
+        row += [
+            p["rail"],
+            p.get("rate_gbps") or 0.0,
+            (p.get("tx_bytes") or 0) / seconds,
+            (p.get("rx_bytes") or 0) / seconds,
+            (p.get("util") or {}).get("p99", 0.0),
+            p.get("cnp_sent_per_s", 0.0),
+            1.0 if p.get("state") == "down" else 0.0,
+        ]
+    return row

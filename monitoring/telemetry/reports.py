@@ -39,6 +39,10 @@ READINGS = {
     "nvlink_replay_errors": (0, 1 << 62),
     "nvlink_recovery_errors": (0, 1 << 62),
     "pcie_replays": (0, 1 << 62),
+    "nvlink_tx_bytes": (0, 1 << 63),
+    "nvlink_rx_bytes": (0, 1 << 63),
+    "nvlink_tx_gbps": (0, 100_000),
+    "nvlink_rx_gbps": (0, 100_000),
 }
 _NUMBER_TYPES = (int, float)
 FLAGS = ("retired_pages_pending", "remap_pending", "remap_failure", "lost")

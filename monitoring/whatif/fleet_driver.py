@@ -38,13 +38,15 @@ from engine.lifecycle import checkpoint_bytes
 from engine.network import Network, traffic_per_gpu
 from engine.states import InvalidTransition
 from monitoring.faults.services import report_fault
-from monitoring.telemetry.ingest import overlay_agents
+from monitoring.telemetry import congestion, fabric
+from monitoring.telemetry.ingest import latest_reports, overlay_agents, stale_s
 from monitoring.telemetry.livestore import FRAME_KEY, NETWORK_KEY, STATE_KEY, live_store, publish_frame
 from scheduling.checkpoints import PHYSICS
 from scheduling.choices import JobState
 from scheduling.models import Job, Queue
 from scheduling.services import SubmitError, change_state, record_checkpoint, submit_job
 from scheduling.store import allocations
+from sim.fabric_traffic import simulated_ports
 from sim.fleet import Fleet
 from sim.workload import generate
 
@@ -85,8 +87,9 @@ def _utilization(snapshot, fleet: Fleet) -> np.ndarray:
     return util
 
 
-def _network(snapshot, seq: int, sim_t: float) -> dict:
-    """Uplink utilization of every rack and pod from the training jobs running now."""
+def _network(snapshot, seq: int, sim_t: float) -> tuple[dict, list]:
+    """Uplink utilization of every rack and pod from the training jobs running now, and each
+    spanning job's (GPU indices, inter-node bytes/s per GPU) for its NIC ports."""
     network = Network(snapshot)
     pairs = allocations.active_pairs()
     jobs = []
@@ -99,7 +102,7 @@ def _network(snapshot, seq: int, sim_t: float) -> dict:
                 jobs.append((gpus, *traffic_per_gpu(float(parameters), chip, len(gpus))))
     network.load(jobs)
     util = network.utilization()
-    return {
+    figures = {
         "seq": seq,
         "t": sim_t,
         "rack_ids": snapshot.rack_id.tolist(),
@@ -107,6 +110,7 @@ def _network(snapshot, seq: int, sim_t: float) -> dict:
         "pod_ids": snapshot.pod_id.tolist(),
         "pod_util": np.round(util["pod"], 4).tolist(),
     }
+    return figures, [(gpus, per_gpu) for gpus, per_gpu, _ in jobs]
 
 
 def tick(now=None) -> dict:
@@ -129,11 +133,16 @@ def tick(now=None) -> dict:
             pass
     fleet.step(sim_t, _utilization(snapshot, fleet))
     frame = fleet.frame()
-    overlay_agents(frame, snapshot, store)  # nodes with an agent show its readings
+    reports = latest_reports(agent_node_ids(), store)
+    overlay_agents(frame, snapshot, store, reports)  # nodes with an agent show its readings
     encoded = encode_frame(seq, sim_t, frame)
     store.put(FRAME_KEY, encoded)
     publish_frame(previous, encoded)
-    store.put(NETWORK_KEY, json.dumps(_network(snapshot, seq, sim_t)).encode())
+    network, traffic = _network(snapshot, seq, sim_t)
+    store.put(NETWORK_KEY, json.dumps(network).encode())
+    modelled = simulated_ports(snapshot, traffic, np.random.default_rng(seq))
+    real = fabric.ports_from_reports(snapshot, reports, stale_s())
+    congestion.follow(fabric.publish(snapshot, fabric.merge(real, modelled), "simulated", store, seq), store)
     telemetry_ms = (time.perf_counter() - started) * 1000
 
     faults = _faults(state, fleet, snapshot, sim_t)
