@@ -9,6 +9,10 @@ as few racks and nodes as possible and takes whole nodes before partial ones.
 
 Counts are NumPy arrays updated incrementally as GPUs are taken or given back: a placement costs
 a few vector comparisons over the domains of one level, never a scan of every GPU.
+
+A gang that spans nodes loads the fabric above them. Given the pods whose links are congested
+(engine.fabric.congested_pods), a rack or pod domain in a congested pod is chosen last: only
+when no clear domain of that level has room (``congested_choice`` then says so).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from engine.topology import TopologySnapshot
 
 LEVELS = ("node", "rack", "pod", "datacenter", "region", "cluster")
 TOPOLOGY_CONSTRAINTS = LEVELS[:-1] + ("any",)
+RACK_LEVEL, POD_LEVEL = 1, 2  # the levels whose domains sit inside one pod's fabric
 
 
 def level_limit(constraint: str) -> int:
@@ -101,6 +106,12 @@ class Layout:
         clone.topo = topo
         return clone
 
+    def domain_pod(self, level: int) -> np.ndarray:
+        """The pod index of every domain of ``level`` (a node, a rack or a pod itself)."""
+        out = np.zeros(self.domain_count[level], dtype=np.int64)
+        out[self.node_domain[level]] = self.node_domain[POD_LEVEL]
+        return out
+
     def children_of(self, level: int, domain: int) -> np.ndarray:
         order, offsets = self.children[level]
         return order[offsets[domain] : offsets[domain + 1]]
@@ -138,10 +149,26 @@ class FreePool:
                 np.int64
             )
             self.level_free.append(counts.reshape(layout.num_chips, layout.domain_count[k]))
+        self.congested: dict[int, np.ndarray] = {}  # level -> congested mask over its domains
+        self.congested_choice = False  # the last find() could only use a congested domain
+
+    def set_congestion(self, pods: np.ndarray | None) -> None:
+        """The pods whose fabric links are congested (bool over pods; None: none known)."""
+        self.congested = {}
+        if pods is not None and np.any(pods):
+            pods = np.asarray(pods, dtype=bool)
+            for level in (RACK_LEVEL, POD_LEVEL):
+                self.congested[level] = pods[self.layout.domain_pod(level)]
+
+    def is_congested(self, level: int, domain: int) -> bool:
+        mask = self.congested.get(level)
+        return bool(mask is not None and mask[domain])
 
     def copy(self) -> FreePool:
         clone = object.__new__(FreePool)
         clone.layout = self.layout
+        clone.congested = self.congested
+        clone.congested_choice = False
         clone.free = self.free.copy()
         clone.node_free = self.node_free.copy()
         clone.level_free = [clone.node_free] + [c.copy() for c in self.level_free[1:]]
@@ -213,6 +240,14 @@ class FreePool:
                 counts = np.where(self._domains_within(level, *within), counts, 0)
             fits = np.flatnonzero(counts >= gpus)
             if fits.size:
+                mask = self.congested.get(level)
+                self.congested_choice = False
+                if mask is not None:
+                    clear = fits[~mask[fits]]
+                    if clear.size:
+                        fits = clear  # a domain whose uplinks are congested is chosen last
+                    else:
+                        self.congested_choice = True
                 return level, int(fits[np.argmin(counts[fits])])
         return None
 

@@ -29,6 +29,12 @@ class Pools:
         """Whether some GPUs are reserved (the two pools differ)."""
         return self.open is not self.all
 
+    def set_congestion(self, pods) -> None:
+        """The pods whose fabric links are congested: their racks and pods are chosen last."""
+        self.all.set_congestion(pods)
+        if self.reserving:
+            self.open.set_congestion(pods)
+
     # --- placing ---------------------------------------------------------------------------
     def place(self, chip: int, gpus: int, max_level: int, within: tuple[int, int] | None = None):
         """Place a gang on GPUs nobody reserved; returns (GPUs, level, domain) or None."""

@@ -189,6 +189,11 @@ def schedule(
     pending: list[PendingJob],
     now: float,
     config: SchedulerConfig | None = None,
+    congested_pods=None,
 ) -> CycleResult:
-    """Run one scheduling cycle over a snapshot; returns decisions and never changes its inputs."""
-    return run(CycleState(layout, queues, running, pending, now, config or SchedulerConfig()))
+    """Run one scheduling cycle over a snapshot; returns decisions and never changes its inputs.
+    ``congested_pods``: bool over the snapshot's pods whose fabric links are congested now
+    (engine.fabric.congested_pods): gangs that span nodes go there last."""
+    state = CycleState(layout, queues, running, pending, now, config or SchedulerConfig())
+    state.pools.set_congestion(congested_pods)
+    return run(state)

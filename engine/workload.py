@@ -198,6 +198,7 @@ class Admission:
     preempted: tuple[int, ...] = ()
     parts: tuple[tuple[str, int], ...] = ()  # a mixed-chip job: (chip, GPUs) per chip type
     on_spares: bool = False  # on spare nodes its queue may borrow: recovery may take them back
+    congested: bool = False  # spans nodes of a pod whose fabric is congested: no clear domain had room
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,31 @@ tasks behind its own signals (connected in MonitoringConfig.ready)."""
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
 from celery import group
 from django.db.models import Max, Q
 
+from cluster.outages import best_effort
 from monitoring.models import FaultEvent
 from monitoring.tasks import handle_fault_task, run_simulation_part
-from monitoring.telemetry import metrics
+from monitoring.telemetry import fabric, metrics
+from monitoring.telemetry.livestore import live_store
 from scheduling.choices import EventKind
 from scheduling.models import JobEvent, JobProcess
+
+FABRIC_FRESH_S = 60.0
+
+
+def congested_pods_now(sender, snapshot, **kwargs):
+    """The pods (in the snapshot's order) a congested fabric link touches, from the newest fabric
+    entry; None when there is none fresh (a minute old at most) or the live store is down."""
+    entry = best_effort("reading the fabric figures", fabric.newest, live_store())
+    if not entry or time.time() - entry.get("t", 0) > FABRIC_FRESH_S or not entry.get("congested_pods"):
+        return None
+    hot = {entry["pod_ids"][i] for i in entry["congested_pods"]}
+    return np.isin(snapshot.pod_id, list(hot))
 
 
 def clear_faults_of_returned_nodes(sender, nodes, action: str, at, **kwargs) -> None:

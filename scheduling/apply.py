@@ -131,12 +131,14 @@ def _admission_events(a, now: datetime) -> list[JobEvent]:
             at=now,
             reason=f"placed in {a.domain}"
             + (" (backfilled)" if a.backfilled else "")
-            + (" on spare nodes (fault recovery may take them back)" if a.on_spares else ""),
+            + (" on spare nodes (fault recovery may take them back)" if a.on_spares else "")
+            + (" across a congested fabric (no pod with clear links had room)" if a.congested else ""),
             data={
                 "domain": a.domain,
                 "gpus": len(a.held),
                 "backfilled": a.backfilled,
                 "on_spares": a.on_spares,
+                "congested_fabric": a.congested,
             },
         ),
     ]

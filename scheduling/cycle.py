@@ -25,6 +25,7 @@ from engine.scheduler import SchedulerConfig, schedule
 from scheduling import store
 from scheduling.apply import apply_decisions
 from scheduling.locks import cycle_lock, lock_clock
+from scheduling.signals import congestion_asked
 from scheduling.trigger import assignments_changed, request_cycle
 
 log = logging.getLogger("myriad.scheduling")
@@ -77,7 +78,7 @@ def run_cycle(
         # 2. decide
         if config is None:
             config = SchedulerConfig(max_start_gpus=settings.CYCLE_MAX_START_GPUS or None)
-        result = schedule(layout, queues, running, pending, now.timestamp(), config)
+        result = schedule(layout, queues, running, pending, now.timestamp(), config, congested_pods(snapshot))
         t2 = time.perf_counter()
         timings["engine"] = (t2 - t1) * 1000
         # 3. apply
@@ -126,3 +127,11 @@ def _publish(summary: CycleSummary) -> None:
     layer = get_channel_layer()
     if layer is not None:
         async_to_sync(layer.group_send)("scheduling", {"type": "cycle.summary", "summary": summary.as_dict()})
+
+
+def congested_pods(snapshot):
+    """The pods whose fabric is congested now, as monitoring's telemetry says (None: unknown)."""
+    for _, answer in congestion_asked.send(sender=CycleSummary, snapshot=snapshot):
+        if answer is not None:
+            return answer
+    return None

@@ -9,3 +9,6 @@ from django.dispatch import Signal
 cycle_wanted = Signal()
 # an inference service was created or changed: its replicas should follow its profile now
 services_changed = Signal()
+# a cycle asks which pods' fabric links are congested now (kwarg snapshot): a receiver answers a
+# bool array over the snapshot's pods, or None when it does not know
+congestion_asked = Signal()

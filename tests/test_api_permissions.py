@@ -168,8 +168,10 @@ def test_one_api_root_lists_every_endpoint(operator_client):
     root = operator_client.get("/api/v1/")
     assert root.status_code == 200
     listed = set(root.json())
+    # every endpoint but those under one object (a node's ports: /nodes/{id}/ports/), which that
+    # object's own URL leads to
     expected = {prefix for app in APPS for prefix, _ in app.routes} | {
-        p.name for app in APPS for p in app.urlpatterns
+        p.name for app in APPS for p in app.urlpatterns if "<" not in str(p.pattern)
     }
     assert expected <= listed
     assert {

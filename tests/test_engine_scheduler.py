@@ -302,3 +302,25 @@ def test_a_cycle_starts_at_most_its_limit_and_says_why_the_rest_wait():
     assert set(result.pending) == {3, 4}
     unlimited, _ = cycle(lay, [big_queue()], [], pending)
     assert len(unlimited.admissions) == 4 and not unlimited.start_limited
+
+
+# --- the fabric's congestion --------------------------------------------------------------------
+def test_a_gang_that_spans_nodes_goes_to_a_pod_with_clear_links_first():
+    lay = layout_for(datacenters=1, pods_per_dc=3, racks=2, nodes_per_rack=2)
+    # pod 0 is the best fit (a node of it is busy), but its fabric is congested
+    busy = [running(lay, 100, "a", nodes=[0])]
+    congested = np.array([True, False, False])
+    result, _ = cycle(lay, [big_queue()], busy, [job(1, 16)], congested_pods=congested)
+    (a,) = result.admissions
+    pods = domains_of(lay, a.held, "pod")
+    assert pods != {0} and len(pods) == 1 and not a.congested
+    calm, _ = cycle(lay, [big_queue()], busy, [job(1, 16)])  # without congestion: the best fit
+    assert domains_of(lay, calm.admissions[0].held, "pod") == {0}
+
+
+def test_when_every_pod_is_congested_the_gang_still_starts_and_says_so():
+    lay = layout_for(datacenters=1, pods_per_dc=2, racks=2, nodes_per_rack=2)
+    result, _ = cycle(lay, [big_queue()], [], [job(1, 16), job(2, 8)], congested_pods=np.array([True, True]))
+    first, second = result.admissions
+    assert first.congested  # spans nodes of a congested pod: no clear one had room
+    assert not second.congested  # one node: its traffic stays on the node

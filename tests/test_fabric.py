@@ -22,6 +22,7 @@ from monitoring.models import CongestionRecord
 from monitoring.telemetry import congestion, fabric
 from monitoring.telemetry.livestore import live_store
 from monitoring.telemetry.metrics import control_plane_exposition
+from scheduling.models import Job
 from sim.fabric_traffic import CNP_PER_S_AT_2X, simulated_ports
 
 LINE = 400e9 / 8
@@ -198,3 +199,45 @@ def test_metrics_are_per_switch_link_within_their_budget(small_cluster):
     fabric_series = [line for line in text.splitlines() if line.startswith("myriad_fabric_link_")]
     links = len(snap.pod_id) * 8 + len(snap.pod_id)  # the leaves and the pod uplinks
     assert len(fabric_series) == 4 * links  # four families per link, nothing per port or per job
+
+
+def _congest_pods(snap, pod_indexes):
+    """A fabric entry in the live store whose rail-0 leaves of ``pod_indexes`` are congested."""
+    nodes = np.nonzero(np.isin(snap.rack_pod[snap.node_rack], list(pod_indexes)))[0]
+    ports = _ports(snap, nodes, [0.99, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1])
+    return fabric.publish(snap, ports, "agents", live_store())
+
+
+def _submit(client, capture, gpus=16):
+    body = {"queue": "vision", "gpus": gpus, "chip_types": ["H100-SXM"], "topology": "pod"}
+    with capture(execute=True):
+        job_id = client.post("/api/v1/jobs/", body, format="json").json()["id"]
+    return Job.objects.get(pk=job_id)
+
+
+def test_the_scheduler_places_gangs_away_from_congested_pods(
+    queues, operator_client, eager_celery, django_capture_on_commit_callbacks
+):
+    snap = topology_cache.current()
+    h100 = np.nonzero(snap.node_chip == snap.chip_names.index("H100-SXM"))[0]
+    h100_pods = sorted({int(snap.rack_pod[snap.node_rack[n]]) for n in h100})
+    assert len(h100_pods) >= 2
+    # every H100 pod but the last is congested: best fit alone would take the first
+    entry = _congest_pods(snap, h100_pods[:-1])
+    assert entry["congested_pods"] == h100_pods[:-1]
+    job = _submit(operator_client, django_capture_on_commit_callbacks)
+    assert job.state == "running"
+    pods = set(Pod.objects.filter(racks__nodes__gpus__allocations__job=job).values_list("pk", flat=True))
+    assert pods == {int(snap.pod_id[h100_pods[-1]])}
+    placed = job.events.get(kind="placed")
+    assert "congested" not in placed.reason and placed.data["congested_fabric"] is False
+
+
+def test_a_gang_placed_across_a_congested_fabric_says_so(
+    queues, operator_client, eager_celery, django_capture_on_commit_callbacks
+):
+    snap = topology_cache.current()
+    _congest_pods(snap, range(len(snap.pod_id)))  # every pod
+    job = _submit(operator_client, django_capture_on_commit_callbacks)
+    placed = job.events.get(kind="placed")
+    assert "across a congested fabric" in placed.reason and placed.data["congested_fabric"] is True

@@ -46,7 +46,8 @@ def admit_placed(s: CycleState, qi: int, job: PendingJob, c: int, max_level: int
     if placed is None:
         return False
     gpus, level, domain = placed
-    record_admission(s, qi, job, c, gpus, level, domain, backfilled=backfilled)
+    congested = level >= 1 and (s.pools.all if backfilled else s.pools.open).is_congested(level, domain)
+    record_admission(s, qi, job, c, gpus, level, domain, backfilled=backfilled, congested=congested)
     return True
 
 
@@ -82,6 +83,7 @@ def record_admission(
     preempted=(),
     parts=(),
     on_spares=False,
+    congested=False,
 ):
     """``parts``: (chip index, GPUs) per chip type of a mixed-chip gang (``c`` is the first)."""
     s.largest_blocks.clear()
@@ -102,6 +104,7 @@ def record_admission(
             preempted=tuple(preempted),
             parts=names,
             on_spares=on_spares,
+            congested=congested,
         )
     )
 
