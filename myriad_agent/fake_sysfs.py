@@ -4,8 +4,8 @@
 hw_counters, state, rate) and optionally Ethernet NICs under ``<root>/sys/class/net/``, the
 files the agent reads on a real node. ``FakePorts`` changes them: counters grow, ports go down
 and come back, CNPs storm. Each value is written in place at a fixed width, so a reader never
-sees a half-written number. ``python -m myriad_agent.fake_sysfs ROOT`` builds a tree and keeps
-writing a training job's traffic into it: every step, the all-reduce runs the ports near line
+sees a half-written number. ``python -m myriad_agent.fake_sysfs ROOT`` builds a tree (or takes the one
+there) and keeps writing a training job's traffic into it: every step, the all-reduce runs the ports near line
 rate for a fraction of the step and the rest of the step is quiet, so 10 ms windows see bursts a
 10 s mean hides.
 """
@@ -169,7 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burst-share", type=float, default=0.15, help="share of a step in all-reduce")
     p.add_argument("--seconds", type=float, default=None, help="stop after this long (default: never)")
     args = p.parse_args(argv)
-    names = build(args.root, ib_ports=args.ports, rate_gbps=args.rate)
+    if (Path(args.root) / "sys/class/infiniband").is_dir():  # a tree an agent reads: keep its counters
+        names = [f"{d.name}/1" for d in sorted((Path(args.root) / "sys/class/infiniband").iterdir())]
+    else:
+        names = build(args.root, ib_ports=args.ports, rate_gbps=args.rate)
     until = time.time() + args.seconds if args.seconds else None
     drive(args.root, names, args.rate, step_s=args.step, burst_share=args.burst_share, until=until)
     return 0

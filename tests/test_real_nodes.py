@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from myriad_agent import fake_sysfs
 from tests.browser_stack import ROOT, start_stack, stop_group
 
 GPUS_PER_NODE = 2
@@ -91,6 +92,9 @@ class Agent:
         folder.mkdir(parents=True, exist_ok=True)
         self.state = folder / "nvml.json"
         self.state.write_text(json.dumps({"gpus": GPUS_PER_NODE, "util": 30, "uuid": f"GPU-{hostname}"}))
+        self.sysfs = folder / "sysfs"  # one 400 Gb/s RDMA port per GPU, as on a rail-optimized node
+        self.ports = fake_sysfs.build(self.sysfs, ib_ports=GPUS_PER_NODE)
+        self.nics = fake_sysfs.FakePorts(self.sysfs)
         self.log = open(folder / "agent.log", "ab")  # noqa: SIM115 - kept for failures
         args = [
             sys.executable,
@@ -114,6 +118,8 @@ class Agent:
             "2",
             "--nvml",
             f"fake:{self.state}",
+            "--sysfs-root",
+            str(self.sysfs),
         ]
         self.process = subprocess.Popen(
             args, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
@@ -130,8 +136,17 @@ class Agent:
     def seq(self) -> int:
         return json.loads((self.folder / "work" / "state.json").read_text())["seq"]
 
+    def traffic(self, seconds: float) -> subprocess.Popen:
+        """A training job's bursts on this node's ports (each second: 150 ms near line rate)."""
+        return subprocess.Popen(
+            [sys.executable, "-m", "myriad_agent.fake_sysfs", str(self.sysfs), "--seconds", str(seconds)],
+            cwd=ROOT,
+            start_new_session=True,
+        )
+
     def stop(self) -> None:
         stop_group(self.process)
+        self.nics.close()
 
 
 def alive(pid: int) -> bool:
@@ -167,6 +182,7 @@ def cluster(tmp_path_factory):
             "MYRIAD_LAUNCH_READY_TIMEOUT_S": "60",
             "MYRIAD_CYCLE_INTERVAL_S": "1",
             "MYRIAD_PROGRESS_HANG_FLOOR_S": "3",
+            "MYRIAD_FABRIC_CONGESTION_MIN_S": "2",
         },
     )
     api = Api(stack.url, stack.tokens["operator"])
@@ -484,6 +500,108 @@ def test_a_warm_restart_saves_keeps_the_healthy_nodes_process_and_tells_it_the_n
         saved = agents[node].folder / "work" / "checkpoints" / str(job["id"]) / f"saved-{rank}"
         assert wait_for(f"rank {rank}'s triggered save", saved.exists, timeout=15)
     api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
+
+
+# --- the network: ports sampled every 10 ms by the agents -----------------------------------
+
+
+def node_of(api: Api, hostname: str) -> dict:
+    return next(n for n in api.get("/api/v1/nodes/?page_size=100")["results"] if n["hostname"] == hostname)
+
+
+def test_bursts_a_10_s_mean_hides_show_in_p99_and_open_a_congestion_record(cluster):
+    _, api, agents = cluster
+    agent = agents[sorted(agents)[0]]
+    node = node_of(api, agent.hostname)
+    ports = api.get(f"/api/v1/nodes/{node['id']}/ports/")["ports"]
+    assert [p["name"] for p in ports] == agent.ports and ports[0]["rate_gbps"] == 400
+    driver = agent.traffic(60)
+    try:
+
+        def bursty():
+            latest = api.get(f"/api/v1/nodes/{node['id']}/ports/")["ports"][0]["latest"]
+            return latest if latest and latest["util"]["p99"] > 90 and latest["windows"] >= 50 else None
+
+        latest = wait_for("a report with the bursts in its p99", bursty, timeout=30)
+        assert latest["util"]["mean"] < 40 and latest["bursts"] > 0  # a mean would call it a quiet link
+        record = wait_for(
+            "a congestion record on the node's rail leaf",
+            lambda: next(iter(api.get("/api/v1/congestion/?open=true")["results"]), None),
+            timeout=30,
+        )
+        assert record["rail"] in (0, 1) and record["peak_p99"] > 90 and record["source"] == "agents"
+        fabric = api.get("/api/v1/telemetry/fabric/")
+        assert fabric["source"] == "agents" and fabric["leaf"]["congested"]
+    finally:
+        stop_group(driver)
+    closed = wait_for(  # the traffic stopped: the next reports are quiet and the record closes
+        "the congestion record to close",
+        lambda: (r := api.get(f"/api/v1/congestion/{record['id']}/"))["ended_at"] and r,
+        timeout=30,
+    )
+    assert closed["ended_at"] > closed["started_at"]
+
+
+def test_a_recorded_trace_comes_from_the_agent(cluster):
+    _, api, agents = cluster
+    agent = agents[sorted(agents)[0]]
+    node = node_of(api, agent.hostname)
+    status, asked = api.call("POST", f"/api/v1/nodes/{node['id']}/ports/record/", {"seconds": 5})
+    assert status == 202, asked
+    trace = wait_for(  # the agent sees the request with its next poll of its assignments (<= 20 s)
+        "the trace",
+        lambda: (api.call("GET", f"/api/v1/nodes/{node['id']}/ports/trace/")[1] or {}).get("t_ms"),
+        timeout=40,
+    )
+    body = api.get(f"/api/v1/nodes/{node['id']}/ports/trace/")
+    assert len(trace) >= 400 and body["interval_ms"] == 10  # ~500 windows of 10 ms
+    assert [p["port"] for p in body["ports"]] == agent.ports
+
+
+def test_a_flapping_port_cordons_its_node(cluster):
+    _, api, agents = cluster
+    agent = agents[sorted(agents)[2]]
+    for _ in range(3):
+        agent.nics.flap(agent.ports[1])
+        time.sleep(0.3)
+    node = wait_for(
+        "the node cordoned", lambda: (n := node_of(api, agent.hostname))["state"] == "cordoned" and n
+    )
+    assert "flapped 3 times" in node["state_reason"]
+    fault = next(f for f in api.get("/api/v1/faults/?source=nic_link_flap")["results"])
+    assert fault["hostname"] == agent.hostname and fault["action"] == "cordon_node"
+    status, _ = api.call("POST", f"/api/v1/nodes/{node['id']}/uncordon/", {"reason": "cable reseated"})
+    assert status == 200
+
+
+def test_a_port_going_down_moves_the_job(cluster):
+    _, api, agents = cluster
+    job = submit(api, sleep=600)
+    detail = wait_for("every rank running", launched(api, job), timeout=60)
+    victim = sorted(p["node"] for p in detail["processes"] if p["state"] == "running")[0]
+    agent = agents[victim]
+    agent.nics.set_state(agent.ports[0], "down")
+    fault = wait_for(
+        "the port-down fault handled",
+        lambda: next(
+            (f for f in api.get("/api/v1/faults/?source=nic_port_down")["results"] if f["action"]), None
+        ),
+        timeout=30,
+    )
+    assert fault["hostname"] == victim and fault["action"] == "repair_node"
+    detail = wait_for("the job running again elsewhere", launched(api, job, times=2), timeout=90)
+    assert victim not in current_nodes(detail)
+    api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
+    agent.nics.set_state(agent.ports[0], "active")  # the cable replaced; the node comes back
+    node = node_of(api, victim)
+    for step in ("repair", "return"):
+        status, body = api.call("POST", f"/api/v1/nodes/{node['id']}/{step}/", {"reason": "NIC replaced"})
+        assert status == 200, body
+    wait_for(
+        "the job's old processes to end",
+        lambda: not agent.pids(job["id"]) or all(not alive(pid) for pid in agent.pids(job["id"]).values()),
+        timeout=30,
+    )
 
 
 def test_an_xid_from_nvml_takes_the_node_out_and_the_job_moves_with_measured_recovery(cluster):
