@@ -6,7 +6,8 @@ Per backend (SQLite with the embedded stores; PostgreSQL with Redis), in a fresh
 cluster is built, every node gets a credential, the database is vacuumed and checkpointed, and
 the web server as in production (uvicorn with ``--servers`` worker processes on one socket)
 serves ``POST /api/v1/agent/report/`` on loopback. The load generator (asyncio, keep-alive connections,
-this process) sends real-sized reports (8 GPUs, every reading an agent sends) for the nodes in
+this process) sends real-sized reports (8 GPUs, every reading an agent sends, and the summaries
+of 8 NIC ports' 10 ms windows; ``--no-net`` leaves them out) for the nodes in
 turn at a fixed rate: each report's latency counts from the moment it was due, so a server that
 falls behind shows it (no coordinated omission); "answer p99" counts from the moment it was sent
 (the server alone; the rest is waiting for a free connection and the generator's own delays on
@@ -58,8 +59,54 @@ def _credentials() -> list[tuple[int, str]]:
     return keys
 
 
-def report_body(seq: int, rng: random.Random) -> bytes:
-    """A report as an agent of an 8-GPU node sends it."""
+PORTS = [f"mlx5_{r}/1" for r in range(8)]
+SEQ = 123456789  # the placeholder a report's sequence number (and its counters) replaces
+
+
+def _ports() -> None:
+    """Every node's eight RDMA ports in the inventory, in bulk (as enrolment writes them)."""
+    from cluster.models import NicPort, Node
+
+    rows = [
+        NicPort(node_id=node_id, name=name, kind="ib", rail=r, rate_gbps=400.0)
+        for node_id in Node.objects.values_list("id", flat=True)
+        for r, name in enumerate(PORTS)
+    ]
+    NicPort.objects.bulk_create(rows, batch_size=5000)
+
+
+def port_summaries(rng: random.Random) -> list[dict]:
+    """The eight port summaries of a 5 s report (10 ms windows); the cumulative counters are
+    the placeholder, replaced by the sequence number so that they only grow."""
+    out = []
+    for r, name in enumerate(PORTS):
+        mean = rng.uniform(2, 30)
+        out.append(
+            {
+                "port": name,
+                "rail": r,
+                "seconds": 4.99,
+                "state": "active",
+                "rate_gbps": 400.0,
+                "windows": 499,
+                "counters": {name: SEQ for name in ("port_xmit_data", "port_rcv_data", "port_xmit_wait")},
+                "tx_bytes": int(mean / 100 * 50e9 * 5),
+                "rx_bytes": int(mean / 100 * 50e9 * 5),
+                "util": {"mean": round(mean, 2), "p50": round(mean / 3, 2), "p99": 96.5, "max": 99.0},
+                "bursts": rng.randint(0, 80),
+                "cnp_sent_per_s": round(rng.uniform(0, 300), 2),
+                "cnp_handled_per_s": round(rng.uniform(0, 300), 2),
+                "ecn_marked_per_s": round(rng.uniform(0, 3000), 2),
+                "xmit_wait_share": round(rng.uniform(0, 0.1), 4),
+                "flaps": [],
+                "reset": False,
+            }
+        )
+    return out
+
+
+def report_body(seq: int, rng: random.Random, net: bool = True) -> bytes:
+    """A report as an agent of an 8-GPU node with eight NIC ports sends it."""
     gpus = []
     for i in range(8):
         util = rng.randint(0, 100)
@@ -90,39 +137,41 @@ def report_body(seq: int, rng: random.Random) -> bytes:
                 "pcie_replays": 0,
             }
         )
-    return json.dumps(
-        {
-            "seq": seq,
-            "sent_at": time.time(),
-            "agent_version": "bench",
-            "gpus": gpus,
-            "xids": [],
-            "processes": [],
-        }
-    ).encode()
+    body = {
+        "seq": seq,
+        "sent_at": time.time(),
+        "agent_version": "bench",
+        "gpus": gpus,
+        "xids": [],
+        "processes": [],
+    }
+    if net:
+        body["net"] = {"ports": port_summaries(rng)}
+    return json.dumps(body).encode()
 
 
 class Bodies:
     """Reports made ahead (the load generator shares the machine's two cores with the server):
     64 sets of readings, each a prefix waiting only for its sequence number."""
 
-    def __init__(self, rng: random.Random, variants: int = 64):
+    def __init__(self, rng: random.Random, variants: int = 64, net: bool = True):
         self.parts = []
         for _ in range(variants):
-            body = report_body(123456789, rng)
-            head, tail = body.split(b"123456789", 1)
-            self.parts.append((head, tail))
+            body = report_body(SEQ, rng, net)
+            self.parts.append(body.split(str(SEQ).encode()))
         self.rng = rng
 
     def make(self, seq: int) -> bytes:
-        head, tail = self.parts[self.rng.randrange(len(self.parts))]
-        return head + str(seq).encode() + tail
+        parts = self.parts[self.rng.randrange(len(self.parts))]
+        return str(seq).encode().join(parts)
 
 
-async def _load(port: int, keys, rate: float | None, seconds: float, connections: int, seqs: dict) -> dict:
+async def _load(
+    port: int, keys, rate: float | None, seconds: float, connections: int, seqs: dict, net: bool = True
+) -> dict:
     """Reports at ``rate`` per second (None: as fast as answers come) for ``seconds``."""
     rng = random.Random(20261201)
-    bodies = Bodies(rng)
+    bodies = Bodies(rng, net=net)
     pool = open_connections(port, connections)
     latencies, lags, services, statuses = [], [], [], {}
 
@@ -210,6 +259,7 @@ def child(args) -> None:
     t0 = time.perf_counter()
     call_command("build_cluster", args.cluster, verbosity=0)
     keys = _credentials()
+    _ports()
     _settle()
     setup_s = time.perf_counter() - t0
     port = free_port()
@@ -220,9 +270,10 @@ def child(args) -> None:
     gc.freeze()
     gc.disable()
     try:
-        asyncio.run(_load(port, keys, 200, 3, args.connections, seqs))  # warm up every process
-        steady = asyncio.run(_load(port, keys, args.rate, args.seconds, args.connections, seqs))
-        most = asyncio.run(_load(port, keys, None, 10, args.connections, seqs))
+        net = not args.no_net
+        asyncio.run(_load(port, keys, 200, 3, args.connections, seqs, net))  # warm up every process
+        steady = asyncio.run(_load(port, keys, args.rate, args.seconds, args.connections, seqs, net))
+        most = asyncio.run(_load(port, keys, None, 10, args.connections, seqs, net))
     finally:
         gc.enable()
         for p in procs:
@@ -257,6 +308,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--servers", type=int, default=2)
+    parser.add_argument("--no-net", action="store_true", help="reports without the NIC ports' summaries")
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -272,6 +324,7 @@ def main() -> None:
         str(args.connections),
         "--servers",
         str(args.servers),
+        *(["--no-net"] if args.no_net else []),
     ]
     results = run_per_backend("bench.ingest", extra, redis_with_postgres=True, show_stderr=True)
     rows = []

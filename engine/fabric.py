@@ -8,8 +8,9 @@ every port of a rack goes to the rack's top-of-rack switch.
 
 The load of a switch's uplink is the sum of the ports below it (the host counters cannot tell
 traffic that turns at the leaf from traffic that goes up, so this is its upper bound); its
-utilization is that over the uplink's capacity. Its congestion is what its ports show: the
-worst port's p99 utilization over 10 ms windows and the CNPs its ports sent per second. The
+utilization is that over the uplink's capacity. A leaf's congestion is what its ports show: the
+worst port's p99 utilization over 10 ms windows and the CNPs its ports sent per second; a pod
+uplink's, oversubscribed above the leaves, its own utilization and its ports' CNPs. The
 same arrays come from the agents' reports (monitoring.telemetry.fabric) and from the simulated
 fleet's modelled traffic (sim.fleet_network), so the views, the congestion records and
 placement read one figure.
@@ -91,12 +92,21 @@ def link_loads(topo: TopologySnapshot, ports: PortLoads, spec: FabricSpec | None
     leaf = leaf_of(topo, ports.node, ports.rail, spec)
     pod = topo.rack_pod[topo.node_rack[ports.node]].astype(np.int64)
     return {
-        "leaf": _tier(leaf, ports, leaves, spec.leaf_oversubscription, spec),
-        "pod": _tier(pod, ports, pods, spec.pod_oversubscription, spec),
+        "leaf": _tier(leaf, ports, leaves, spec.leaf_oversubscription, spec, by_p99=True),
+        "pod": _tier(pod, ports, pods, spec.pod_oversubscription, spec, by_p99=False),
     }
 
 
-def _tier(index: np.ndarray, ports: PortLoads, size: int, oversubscription: float, spec: FabricSpec) -> dict:
+def _tier(
+    index: np.ndarray,
+    ports: PortLoads,
+    size: int,
+    oversubscription: float,
+    spec: FabricSpec,
+    by_p99: bool = True,
+) -> dict:
+    """A leaf is congested by its worst port's p99 window (the ports burst into it); a pod's
+    uplink, oversubscribed above the leaves, by its own load over its capacity; both by CNPs."""
     if not len(index):
         zeros = np.zeros(size)
         return {
@@ -115,11 +125,13 @@ def _tier(index: np.ndarray, ports: PortLoads, size: int, oversubscription: floa
     p99 = np.zeros(size)
     np.maximum.at(p99, index, ports.p99)
     cnp = np.bincount(index, weights=ports.cnp_per_s, minlength=size)
-    congested = (p99 >= spec.congested_p99) | (cnp >= spec.congested_cnp_per_s)
+    util = load / np.maximum(capacity, 1.0)
+    hot = p99 >= spec.congested_p99 if by_p99 else util * 100 >= spec.congested_p99
+    congested = hot | (cnp >= spec.congested_cnp_per_s)
     return {
         "load": load,
         "capacity": capacity,
-        "util": load / np.maximum(capacity, 1.0),
+        "util": util,
         "p99": p99,
         "cnp_per_s": cnp,
         "ports": np.bincount(index, minlength=size),

@@ -13,7 +13,7 @@ from cluster.agents import create_enrolment_token
 from cluster.models import AuditRecord, NicPort, Node, NodeCredential
 from cluster.snapshot import topology_cache
 from monitoring.models import FaultEvent
-from monitoring.telemetry import fabric, ingest
+from monitoring.telemetry import fabric, ingest, netreports
 from monitoring.telemetry.livestore import live_store, reset_store
 from myriad_agent import fake_sysfs
 from myriad_agent.network import NetSampler
@@ -310,3 +310,21 @@ def test_the_agents_ports_make_the_fabrics_link_loads(
     assert shown["leaf"]["p99"][pod * 8 + 1] == 97.0 and shown["leaf"]["p99"][pod * 8] == 8.0
     assert shown["leaf"]["load_gbps"][pod * 8 + 1] == pytest.approx(4_000_000 / 5 * 8 / 1e9, abs=0.01)
     assert shown["congested_pods"] == [pod] and shown["pod_ids"][pod] == node.rack.pod_id
+
+
+def test_the_strongest_network_evidence_names_its_node(settings):
+    settings.FABRIC_CONGESTED_CNP_PER_S = 5000
+    quiet = {"port": "mlx5_0/1", "state": "active", "cnp_sent_per_s": 10.0}
+    reports = {
+        1: {"net": [quiet]},
+        2: {"net": [{**quiet, "errors": {"symbol_error": 3}}]},
+        3: {"net": [{**quiet, "port": "mlx5_1/1", "cnp_sent_per_s": 12000.0}]},
+        4: {"net": [{**quiet, "flaps": [1.0, 2.0]}]},
+    }
+    assert netreports.evidence([1], reports) is None
+    assert netreports.evidence([1, 2, 4], reports) == (2, "port mlx5_0/1 counted errors: symbol_error 3")
+    node, text = netreports.evidence([1, 2, 3, 4], reports)
+    assert node == 3 and "12,000 CNPs a second" in text
+    reports[1]["net"][0] = {**quiet, "state": "down"}
+    assert netreports.evidence([1, 2, 3, 4], reports) == (1, "port mlx5_0/1 is down")
+    assert netreports.evidence([5], reports) is None  # a node without a report

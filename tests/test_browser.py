@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from myriad_agent import fake_sysfs
+from myriad_agent.network import NetSampler
+from myriad_agent.nics import discover
 from tests.browser_stack import CHROMIUM, CHROMIUM_ARGS, PASSWORDS, ROOT, start_stack
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"needs Debian's Chromium at {CHROMIUM}")
@@ -338,4 +341,47 @@ def test_a_drain_preview_matches_the_api_and_drains_only_after_confirming(browse
         if n["state"] in ("draining", "drained"):
             _api(page, stack, f"/api/v1/nodes/{n['id']}/uncordon/", method="post", reason="test done")
     assert page.errors == []
+    page.context.close()
+
+
+def test_a_nodes_ports_and_recorded_trace_show_on_its_page(browser, stack, tmp_path):
+    """A node's agent (its own API calls and its sampler on a fake sysfs tree) enrols with two
+    ports; an operator records the node's trace from its page; the trace is charted there."""
+    page = _page(browser, stack, "operator")
+    node = _api(page, stack, "/api/v1/nodes/?is_spare=false&page_size=1")["results"][-1]
+    made = _api(page, stack, "/api/v1/enrolment-tokens/", method="post", node=node["hostname"])
+    names = fake_sysfs.build(tmp_path, ib_ports=2)
+    sampler = NetSampler(discover(tmp_path), 0.01)
+    agent_context = browser.new_context()  # the agent: no operator's session, its own credential
+    agent = agent_context.request
+    enrolled = agent.post(
+        stack.url + "/api/v1/agent/enrol/",
+        data={"token": made["token"], "hostname": node["hostname"], "ports": sampler.inventory()},
+    )
+    assert enrolled.ok, enrolled.text()
+    key = {"Authorization": f"Node {enrolled.json()['credential']}"}
+    page.goto(f"/nodes/{node['hostname']}/")
+    assert page.locator("#node-ports tbody tr").count() == 2
+    page.click("#record-trace button")
+    page.wait_for_selector("#trace-state:has-text('Trace asked for at')")
+    asked = agent.get(stack.url + "/api/v1/agent/assignments/", headers=key).json()["trace"]
+    sampler.open()
+    fake = fake_sysfs.FakePorts(tmp_path)
+    for k in range(601):  # six seconds of a job's steps: 150 ms at line rate in every second
+        fake.add_bytes(names[0], int(50e9 * (0.95 if k % 100 < 15 else 0.03) * 0.01), 0)
+        sampler.sample(at=time.time() - 6 + k * 0.01)
+    fake.close()
+    sent = agent.post(
+        stack.url + "/api/v1/agent/trace/",
+        headers=key,
+        data={"asked_at": asked["asked_at"], **sampler.trace(6)},
+    )
+    assert sent.ok, sent.text()
+    page.goto(f"/nodes/{node['hostname']}/")
+    page.wait_for_selector("#port-trace[data-windows='600'] .main-svg")
+    assert "Trace of the last 60 s" in page.inner_text("#trace-state")
+    assert page.locator("#port-trace .scatterlayer .trace").count() == 2  # one line per port
+    _shot(page, "node-ports-trace")
+    assert page.errors == []
+    agent_context.close()
     page.context.close()

@@ -4,6 +4,7 @@ recovery of the jobs they hit, recorded step by step."""
 from datetime import timedelta
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
 from cluster.models import GPU, Node
@@ -231,3 +232,20 @@ def test_a_fault_reported_twice_is_handled_once(
         operator_client, django_capture_on_commit_callbacks, **{**body, "at": timezone.now().isoformat()}
     )
     assert later.status_code == 201 and FaultEvent.objects.count() == 2  # another time: another fault
+
+
+def test_the_job_page_says_why_each_fault_hit_it(
+    running_job, operator, operator_client, django_capture_on_commit_callbacks
+):
+    node = _job_node(running_job)
+    body = {
+        "node": node.pk,
+        "source": "job_hang",
+        "description": "job stalled; network: port mlx5_0/1 is down",
+    }
+    assert _inject(operator_client, django_capture_on_commit_callbacks, **body).status_code == 201
+    page = Client()
+    page.force_login(operator)
+    html = page.get(f"/jobs/{running_job.pk}/").content.decode()
+    faults = html[html.index('id="job-faults"') :]
+    assert "network: port mlx5_0/1 is down" in faults[: faults.index("</table>")]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -379,25 +380,40 @@ def train(api: Api, folder: Path, name: str, policy: str | None = None, **env) -
 
 
 def test_a_rank_that_stops_making_progress_is_named_as_a_hang_and_the_job_restarts(cluster, tmp_path):
-    _, api, _ = cluster
+    _, api, agents = cluster
     job = train(api, tmp_path, "hang", HANG_RANK=1, HANG_AT=15)
     detail = wait_for("every rank running", launched(api, job), timeout=60)
     rank1 = next(p["node"] for p in detail["processes"] if p["state"] == "running" and p["rank"] == 1)
-    fault = wait_for(
-        "the hang found from progress",
-        lambda: next(
-            (
-                f
-                for f in api.get("/api/v1/faults/?source=job_hang")["results"]
-                if f"job {job['id']}:" in f["description"] and f["action"]
+    storm = threading.Event()
+
+    def cnp_storm():  # the hung rank's NIC sends ~20,000 CNPs a second while it hangs
+        nics = fake_sysfs.FakePorts(agents[rank1].sysfs)
+        while not storm.is_set():
+            nics.add(agents[rank1].ports[0], "np_cnp_sent", 1000)
+            time.sleep(0.05)
+        nics.close()
+
+    threading.Thread(target=cnp_storm, daemon=True).start()
+    try:
+        fault = wait_for(
+            "the hang found from progress",
+            lambda: next(
+                (
+                    f
+                    for f in api.get("/api/v1/faults/?source=job_hang")["results"]
+                    if f"job {job['id']}:" in f["description"] and f["action"]
+                ),
+                None,
             ),
-            None,
-        ),
-        timeout=60,
-    )
+            timeout=60,
+        )
+    finally:
+        storm.set()
     assert fault["hostname"] == rank1  # the rank that stopped, not the one waiting for it
     assert "stopped before step 15" in fault["description"]
-    assert fault["action"] == "restart_job"
+    # the node's ports show the evidence (the job page lists the fault with this description)
+    assert "CNP storm" in fault["description"] and "CNP storm" in fault["data"]["network_evidence"]
+    assert fault["action"] == "restart_job" and fault["job"] == job["id"]
     api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
 
 
@@ -526,7 +542,10 @@ def test_bursts_a_10_s_mean_hides_show_in_p99_and_open_a_congestion_record(clust
         assert latest["util"]["mean"] < 40 and latest["bursts"] > 0  # a mean would call it a quiet link
         record = wait_for(
             "a congestion record on the node's rail leaf",
-            lambda: next(iter(api.get("/api/v1/congestion/?open=true")["results"]), None),
+            lambda: next(
+                (r for r in api.get("/api/v1/congestion/?open=true")["results"] if r["rail"] is not None),
+                None,
+            ),
             timeout=30,
         )
         assert record["rail"] in (0, 1) and record["peak_p99"] > 90 and record["source"] == "agents"

@@ -29,6 +29,7 @@ from engine.states import InvalidTransition
 from monitoring.faults.services import report_fault
 from monitoring.models import FaultEvent
 from monitoring.telemetry.ingest import latest_reports
+from monitoring.telemetry.netreports import evidence
 from scheduling import launch
 from scheduling.choices import EventKind, JobState
 from scheduling.models import Job, JobEvent
@@ -92,26 +93,42 @@ def check_progress(now: datetime | None = None) -> dict:
         verdict = localize(*arrays, now.timestamp(), rule())
         if verdict.hung:
             front = int(np.nanmax(arrays[0])) if np.isfinite(arrays[0]).any() else 0
-            found["hangs"] += _hang(job, placement, verdict, front, now)
+            found["hangs"] += _hang(job, placement, verdict, front, now, evidence(placement.nodes, reports))
         elif verdict.stragglers:
-            found["stragglers"] += _stragglers(job, placement, verdict, now)
+            found["stragglers"] += _stragglers(job, placement, verdict, now, reports)
     return found
 
 
-def _hang(job: Job, placement, verdict: Verdict, front: int, now: datetime) -> list[str]:
+def _hang(
+    job: Job, placement, verdict: Verdict, front: int, now: datetime, network: tuple[int, str] | None = None
+) -> list[str]:
+    """A hang fault on the ranks behind; a hang with none behind (a collective) goes on the node
+    whose ports show network trouble when one does (``network``: its id and what), else rank 0."""
     already = FaultEvent.objects.filter(
         source="job_hang", data__job=job.pk, data__generation=placement.generation, data__step=front
     ).exists()
     if already:
         return []
-    ranks = verdict.culprits or (0,)
+    if verdict.culprits:
+        ranks = verdict.culprits
+    elif network is not None:
+        ranks = (placement.nodes.index(network[0]),)
+    else:
+        ranks = (0,)
     nodes = {n.pk: n for n in Node.objects.filter(pk__in=[placement.nodes[r] for r in ranks])}
     names = []
     for r in ranks:
         node = nodes[placement.nodes[r]]
-        text = f"job {job.pk}: {verdict.reason}" + (
-            "" if verdict.culprits else f" (reported on rank 0, {node})"
-        )
+        if verdict.culprits:
+            where = ""
+        elif network is not None:
+            where = f" (reported on {node}, whose network shows it)"
+        else:
+            where = f" (reported on rank 0, {node})"
+        text = f"job {job.pk}: {verdict.reason}{where}"
+        seen = network if network is not None and network[0] == node.pk else None
+        if seen is not None:
+            text += f"; network: {seen[1]}"
         report_fault(
             node=node,
             source="job_hang",
@@ -125,13 +142,14 @@ def _hang(job: Job, placement, verdict: Verdict, front: int, now: datetime) -> l
                 "rank": r,
                 "localized": bool(verdict.culprits),
                 "agent": True,
+                "network_evidence": seen[1] if seen is not None else None,
             },
         )
         names.append(node.hostname)
     return names
 
 
-def _stragglers(job: Job, placement, verdict: Verdict, now: datetime) -> list[str]:
+def _stragglers(job: Job, placement, verdict: Verdict, now: datetime, reports=None) -> list[str]:
     policy = job.effective_checkpoint_policy
     cordon = bool(policy and policy.cordon_stragglers)
     known = set(
@@ -147,6 +165,9 @@ def _stragglers(job: Job, placement, verdict: Verdict, now: datetime) -> list[st
         node = Node.objects.get(pk=node_id)
         slow = verdict.slowdown[r]
         reason = f"straggler in job {job.pk}: compute {slow:.2f}x the job's median over its last steps"
+        seen = evidence([node_id], reports or {})
+        if seen is not None:
+            reason += f"; network: {seen[1]}"
         with transaction.atomic():
             cordoned = False
             if cordon:
@@ -160,8 +181,10 @@ def _stragglers(job: Job, placement, verdict: Verdict, now: datetime) -> list[st
                 kind=EventKind.STRAGGLER,
                 at=now,
                 reason=f"{node.hostname} (rank {r}): compute {slow:.2f}x the median"
-                + (", cordoned" if cordoned else ""),
+                + (", cordoned" if cordoned else "")
+                + (f"; network: {seen[1]}" if seen is not None else ""),
                 data={
+                    "network_evidence": seen[1] if seen is not None else None,
                     "node": node.hostname,
                     "node_id": node.pk,
                     "rank": r,

@@ -320,3 +320,34 @@ def fabric_row(summaries: list[dict]) -> list[float]:
             1.0 if p.get("state") == "down" else 0.0,
         ]
     return row
+
+
+# --- network evidence for a hung or slow job ----------------------------------------------------
+
+
+def evidence(node_ids, reports: dict[int, dict]) -> tuple[int, str] | None:
+    """The node of ``node_ids`` whose newest port summaries show the strongest network trouble,
+    and what: a port down, then a CNP storm (at the congestion threshold), then error counters
+    that grew, then link flaps; None when none shows any."""
+    storm = float(settings.FABRIC_CONGESTED_CNP_PER_S)
+    found = []
+    for node_id in node_ids:
+        for p in (reports.get(node_id) or {}).get("net") or []:
+            port = p["port"]
+            cnp = p.get("cnp_sent_per_s", 0.0)
+            errors = sum((p.get("errors") or {}).values())
+            if p.get("state") == "down":
+                found.append((3, 0.0, node_id, f"port {port} is down"))
+            elif cnp >= storm:
+                found.append((2, cnp, node_id, f"port {port} sends {cnp:,.0f} CNPs a second (a CNP storm)"))
+            elif errors:
+                names = ", ".join(f"{k} {v}" for k, v in sorted((p.get("errors") or {}).items()) if v)
+                found.append((1, float(errors), node_id, f"port {port} counted errors: {names}"))
+            elif p.get("flaps"):
+                found.append(
+                    (0, float(len(p["flaps"])), node_id, f"port {port} flapped {len(p['flaps'])} times")
+                )
+    if not found:
+        return None
+    _, _, node_id, text = max(found, key=lambda f: (f[0], f[1]))
+    return node_id, text
