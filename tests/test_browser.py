@@ -202,6 +202,11 @@ def test_the_fleet_view_drills_from_the_cluster_to_a_gpu_and_back_by_mouse_and_k
     racks = _api(page, stack, f"/api/v1/telemetry/levels/?level=rack&within=pod:{pod['id']}", role="viewer")
     assert page.locator("#cells .cell").count() == len(racks["cells"])
     assert sum(c["gpus"] for c in racks["cells"]) == pod["gpus"]  # the racks add up to their pod
+    # inside a pod: its uplink and its eight rail leaves, from the simulated fleet's ports
+    page.wait_for_selector("#fabric-view:not([hidden]) #fabric tbody tr")
+    fabric = _api(page, stack, f"/api/v1/telemetry/levels/?level=rack&within=pod:{pod['id']}", role="viewer")
+    assert page.locator("#fabric tbody tr").count() == len(fabric["fabric"]["links"]) == 1 + 8
+    assert page.locator("#fabric tbody tr").nth(1).locator("td").first.inner_text() == "rail 0 leaf"
     _shot(page, "fleet-pod")
     page.locator("#cells .cell").first.focus()
     page.keyboard.press("Enter")  # by keyboard

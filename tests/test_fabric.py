@@ -14,13 +14,14 @@ from cluster.models import Node, Pod
 from cluster.snapshot import topology_cache
 from engine.chips import BY_NAME
 from engine.fabric import FabricSpec, PortLoads, congested_pods, leaf_of, link_loads
+from engine.frames import FRAME_METRICS, encode_frame
 from engine.presets import preset_document
 from engine.states import NODE_STATE_CODE
 from engine.synthetic import snapshot_from_spec
 from engine.topology_spec import parse_topology
 from monitoring.models import CongestionRecord
 from monitoring.telemetry import congestion, fabric
-from monitoring.telemetry.livestore import live_store
+from monitoring.telemetry.livestore import FRAME_KEY, live_store
 from monitoring.telemetry.metrics import control_plane_exposition
 from scheduling.models import Job
 from sim.fabric_traffic import CNP_PER_S_AT_2X, simulated_ports
@@ -241,3 +242,25 @@ def test_a_gang_placed_across_a_congested_fabric_says_so(
     job = _submit(operator_client, django_capture_on_commit_callbacks)
     placed = job.events.get(kind="placed")
     assert "across a congested fabric" in placed.reason and placed.data["congested_fabric"] is True
+
+
+def test_the_fleet_view_shows_the_fabric_of_a_pod_and_its_rail_leaves(small_cluster, viewer_client):
+    snap = topology_cache.current()
+    live_store().put(
+        FRAME_KEY, encode_frame(3, 1.0, {m: np.zeros(snap.num_gpus, np.uint8) for m in FRAME_METRICS})
+    )
+    entry = _congest_pods(snap, [0])  # pod 0's rail-0 leaf congested
+    CongestionRecord.objects.create(pod_id=int(snap.pod_id[0]), rail=0, started_at=timezone.now())
+    pods = viewer_client.get("/api/v1/telemetry/levels/?level=pod").json()
+    links = pods["fabric"]["links"]
+    assert {link["kind"] for link in links} == {"pod uplink"} and len(links) == len(snap.pod_id)
+    assert pods["fabric"]["source"] == "agents" and pods["fabric"]["thresholds"]["p99"] == 90
+    pod = int(snap.pod_id[0])
+    racks = viewer_client.get(f"/api/v1/telemetry/levels/?level=rack&within=pod:{pod}").json()
+    leaves = {link["kind"]: link for link in racks["fabric"]["links"]}
+    assert (
+        len(leaves) == 1 + 8 and leaves["rail 0 leaf"]["congested"] and leaves["rail 0 leaf"]["p99"] == 99.0
+    )
+    assert leaves["rail 0 leaf"]["congested_since"] is not None and not leaves["rail 1 leaf"]["congested"]
+    assert entry["leaf"]["congested"] == [0]
+    live_store().delete(FRAME_KEY)

@@ -381,7 +381,7 @@ def train(api: Api, folder: Path, name: str, policy: str | None = None, **env) -
 
 def test_a_rank_that_stops_making_progress_is_named_as_a_hang_and_the_job_restarts(cluster, tmp_path):
     _, api, agents = cluster
-    job = train(api, tmp_path, "hang", HANG_RANK=1, HANG_AT=15)
+    job = train(api, tmp_path, "hang", HANG_RANK=1, HANG_AT=40)  # ~8 s of steps, then rank 1 stops
     detail = wait_for("every rank running", launched(api, job), timeout=60)
     rank1 = next(p["node"] for p in detail["processes"] if p["state"] == "running" and p["rank"] == 1)
     storm = threading.Event()
@@ -410,7 +410,7 @@ def test_a_rank_that_stops_making_progress_is_named_as_a_hang_and_the_job_restar
     finally:
         storm.set()
     assert fault["hostname"] == rank1  # the rank that stopped, not the one waiting for it
-    assert "stopped before step 15" in fault["description"]
+    assert "stopped before step 40" in fault["description"]
     # the node's ports show the evidence (the job page lists the fault with this description)
     assert "CNP storm" in fault["description"] and "CNP storm" in fault["data"]["network_evidence"]
     assert fault["action"] == "restart_job" and fault["job"] == job["id"]

@@ -20,7 +20,7 @@ from engine.levels import AGGREGATES, LEVELS, Hierarchy, aggregate_all
 from engine.states import NODE_STATE_CODE
 from monitoring.faults.drain_preview import held_gpus, where_it_fits
 from monitoring.models import FaultEvent
-from monitoring.telemetry import domains
+from monitoring.telemetry import domains, fabric_view
 from monitoring.telemetry.domains import LevelQueryError, UnknownDomain
 from monitoring.telemetry.livestore import FRAME_KEY, NETWORK_KEY, live_store
 from scheduling.ettr import job_ettr
@@ -276,6 +276,9 @@ def level_view(snap, frame: bytes, query: dict) -> dict:
         ],
         "uplinks": _uplinks(snap, level, cells, path),
     }
+    network = fabric_view.links(snap, level, cells, path)
+    if network is not None:
+        answer["fabric"] = network
     if job is not None:
         answer["job"] = job
     return answer
