@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
-from cluster.models import GPU, ChipType, Datacenter, DatacenterLink, Node, Pod, Rack, Region
+from cluster.models import GPU, ChipType, Datacenter, DatacenterLink, NicPort, Node, Pod, Rack, Region
 from engine.chips import CATALOGUE
 from engine.topology_spec import TopologySpec
 
@@ -52,7 +52,7 @@ def inventory_exists() -> bool:
 
 def clear_inventory() -> None:
     """Delete the whole topology. GPUs and nodes go by plain DELETE, not Django's per-row cascade."""
-    for model in (GPU, Node, Rack, Pod, DatacenterLink, Datacenter, Region):
+    for model in (NicPort, GPU, Node, Rack, Pod, DatacenterLink, Datacenter, Region):
         model.objects.all()._raw_delete(model.objects.db)
 
 
@@ -85,6 +85,27 @@ def _insert_gpus(rows: list[tuple[int, int, str, str]]) -> None:
             )
 
 
+def _node_nics(nodes, racks, pods, pod_specs):
+    """(node, its pod's NIC rate in Gb/s) for every node."""
+    pod_rate = {pod.pk: spec.nic_gbps for pod, (_, spec) in zip(pods, pod_specs, strict=True)}
+    rack_pod = {rack.pk: rack.pod_id for rack in racks}
+    return [(node, pod_rate[rack_pod[node.rack_id]]) for node in nodes]
+
+
+def _insert_ports(rows: list[tuple[int, str, int, float]]) -> None:
+    """Every node's rail ports (node_id, name, rail, rate): one RDMA port per GPU, named as the
+    agent names them (``mlx5_<rail>/1``); a node's agent replaces them with what it finds."""
+    table = NicPort._meta.db_table
+    columns = "node_id, name, rail, rate_gbps, kind"
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            with connection.wrap_database_errors, cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row((*row, "ib"))
+        else:
+            cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, 'ib')", rows)
+
+
 @transaction.atomic
 def build_cluster(spec: TopologySpec, *, replace: bool = False) -> BuildResult:
     if inventory_exists():
@@ -112,6 +133,10 @@ def build_cluster(spec: TopologySpec, *, replace: bool = False) -> BuildResult:
         for index in range(node.gpus_per_node)
     ]
     _insert_gpus(gpu_rows)
+    rate = {node.rack_id: gbps for node, gbps in _node_nics(nodes, racks, pods, pod_specs)}
+    _insert_ports(
+        [(node.pk, f"mlx5_{r}/1", r, rate[node.rack_id]) for node in nodes for r in range(node.gpus_per_node)]
+    )
     return BuildResult(
         regions=len(regions),
         datacenters=len(datacenters),

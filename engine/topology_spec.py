@@ -37,6 +37,7 @@ class PodSpec:
     gpus_per_node: int
     spare_nodes: int
     fabric: str
+    nic_gbps: float = 400.0  # each GPU's rail NIC port (one per GPU: a rail-optimized node)
 
     @property
     def nodes(self) -> int:
@@ -201,7 +202,7 @@ def _parse_datacenter(c: _Collector, raw: Any, path: str, chips: set[str]) -> Da
             raw_group,
             gpath,
             {"chip_type", "racks", "nodes_per_rack", "gpus_per_node"},
-            {"name", "count", "spare_nodes", "fabric"},
+            {"name", "count", "spare_nodes", "fabric", "nic_gbps"},
         )
         if group is None:
             continue
@@ -214,12 +215,15 @@ def _parse_datacenter(c: _Collector, raw: Any, path: str, chips: set[str]) -> Da
         per_node = c.integer(group.get("gpus_per_node"), f"{gpath}.gpus_per_node", 1, MAX_GPUS_PER_NODE)
         spares = c.integer(group.get("spare_nodes", 0), f"{gpath}.spare_nodes", 0, racks * per_rack)
         fabric = str(group.get("fabric", "HPN"))
+        nic = c.number(group.get("nic_gbps", 400), f"{gpath}.nic_gbps", 1.0)
+        if nic > 10_000:
+            c.add(f"{gpath}.nic_gbps", f"{nic:g} Gb/s is above 10,000")
         if "name" in group and count != 1:
             c.add(f"{gpath}.name", "a named pod group must have count 1; omit name to number pods")
         for _ in range(count):
             counter += 1
             pod_name = c.name(group["name"], f"{gpath}.name") if "name" in group else f"p{counter:02d}"
-            pods.append(PodSpec(pod_name, str(chip), racks, per_rack, per_node, spares, fabric))
+            pods.append(PodSpec(pod_name, str(chip), racks, per_rack, per_node, spares, fabric, nic))
     c.unique(((f"{path}.pods", p.name) for p in pods), "pod")
     return DatacenterSpec(
         name=name,

@@ -144,7 +144,9 @@ def test_a_bad_port_list_is_refused_at_enrolment_and_in_a_report(
     bad = [{"name": "mlx5_0/1", "kind": "token-ring", "rail": 0, "rate_gbps": 400}]
     _, refused = _enrol(node, anonymous_client, ports=bad)
     assert refused.status_code == 400 and "ports[0].kind" in refused.json()["ports"][0]
-    assert not NodeCredential.objects.filter(node=node).exists() and not NicPort.objects.exists()
+    assert not NodeCredential.objects.filter(node=node).exists()
+    built = list(NicPort.objects.filter(node=node).values_list("name", flat=True))
+    assert built == [f"mlx5_{r}/1" for r in range(8)]  # the inventory's rail ports, unchanged
     client, _ = _enrol(node, anonymous_client)
     twice = PORTS + [PORTS[0]]
     answer = _send(client, 1, [], django_capture_on_commit_callbacks, inventory=twice)

@@ -7,7 +7,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count
 
 from cluster.builder import build_cluster, known_chip_names
-from cluster.models import GPU, ChipType, Datacenter, DatacenterLink, Node, Pod, Rack, Region
+from cluster.models import GPU, ChipType, Datacenter, DatacenterLink, NicPort, Node, Pod, Rack, Region
 from cluster.snapshot import load_topology
 from engine.presets import preset_document
 from engine.states import NODE_STATE_CODE
@@ -134,6 +134,10 @@ def test_the_100k_preset_builds_a_100k_gpu_cluster(db):
     assert GPU.objects.count() == 100_000
     per_node = set(Node.objects.annotate(n=Count("gpus")).values_list("n", flat=True).distinct())
     assert per_node == {8}
+    # the fabric's inventory: one 400 Gb/s rail port per GPU, rails 0..7 on every node
+    assert NicPort.objects.count() == 100_000
+    assert set(NicPort.objects.values_list("rail", flat=True).distinct()) == set(range(8))
+    assert set(NicPort.objects.values_list("rate_gbps", flat=True).distinct()) == {400.0}
     chips = dict(Node.objects.values_list("chip_type__name").annotate(n=Count("id")))
     assert chips == {
         "H100-SXM": 5625,
