@@ -381,20 +381,22 @@ def train(api: Api, folder: Path, name: str, policy: str | None = None, **env) -
 
 def test_a_rank_that_stops_making_progress_is_named_as_a_hang_and_the_job_restarts(cluster, tmp_path):
     _, api, agents = cluster
-    job = train(api, tmp_path, "hang", HANG_RANK=1, HANG_AT=40)  # ~8 s of steps, then rank 1 stops
-    detail = wait_for("every rank running", launched(api, job), timeout=60)
-    rank1 = next(p["node"] for p in detail["processes"] if p["state"] == "running" and p["rank"] == 1)
     storm = threading.Event()
 
-    def cnp_storm():  # the hung rank's NIC sends ~20,000 CNPs a second while it hangs
-        nics = fake_sysfs.FakePorts(agents[rank1].sysfs)
+    def cnp_storm():  # every node's first NIC sends ~20,000 CNPs a second while the job runs
+        ports = [(fake_sysfs.FakePorts(a.sysfs), a.ports[0]) for a in agents.values()]
         while not storm.is_set():
-            nics.add(agents[rank1].ports[0], "np_cnp_sent", 1000)
+            for nics, port in ports:
+                nics.add(port, "np_cnp_sent", 1000)
             time.sleep(0.05)
-        nics.close()
+        for nics, _ in ports:
+            nics.close()
 
     threading.Thread(target=cnp_storm, daemon=True).start()
+    job = train(api, tmp_path, "hang", HANG_RANK=1, HANG_AT=15)
     try:
+        detail = wait_for("every rank running", launched(api, job), timeout=60)
+        rank1 = next(p["node"] for p in detail["processes"] if p["state"] == "running" and p["rank"] == 1)
         fault = wait_for(
             "the hang found from progress",
             lambda: next(
@@ -409,12 +411,12 @@ def test_a_rank_that_stops_making_progress_is_named_as_a_hang_and_the_job_restar
         )
     finally:
         storm.set()
+        api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
     assert fault["hostname"] == rank1  # the rank that stopped, not the one waiting for it
-    assert "stopped before step 40" in fault["description"]
-    # the node's ports show the evidence (the job page lists the fault with this description)
+    assert "stopped before step 15" in fault["description"]
+    # its node's ports show the evidence (the job page lists the fault with this description)
     assert "CNP storm" in fault["description"] and "CNP storm" in fault["data"]["network_evidence"]
     assert fault["action"] == "restart_job" and fault["job"] == job["id"]
-    api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
 
 
 def test_a_slow_rank_is_named_a_straggler_and_cordoned_by_its_policy(cluster, tmp_path):

@@ -93,22 +93,24 @@ def check_progress(now: datetime | None = None) -> dict:
         verdict = localize(*arrays, now.timestamp(), rule())
         if verdict.hung:
             front = int(np.nanmax(arrays[0])) if np.isfinite(arrays[0]).any() else 0
-            found["hangs"] += _hang(job, placement, verdict, front, now, evidence(placement.nodes, reports))
+            found["hangs"] += _hang(job, placement, verdict, front, now, reports)
         elif verdict.stragglers:
             found["stragglers"] += _stragglers(job, placement, verdict, now, reports)
     return found
 
 
-def _hang(
-    job: Job, placement, verdict: Verdict, front: int, now: datetime, network: tuple[int, str] | None = None
-) -> list[str]:
-    """A hang fault on the ranks behind; a hang with none behind (a collective) goes on the node
-    whose ports show network trouble when one does (``network``: its id and what), else rank 0."""
+def _hang(job: Job, placement, verdict: Verdict, front: int, now: datetime, reports=None) -> list[str]:
+    """A hang fault on the ranks behind, with what their nodes' ports show when they show trouble;
+    a hang with none behind (a collective) goes on the node of the job whose ports show the
+    strongest network trouble when one does, else on rank 0."""
     already = FaultEvent.objects.filter(
         source="job_hang", data__job=job.pk, data__generation=placement.generation, data__step=front
     ).exists()
     if already:
         return []
+    reports = reports or {}
+    suspects = [placement.nodes[r] for r in verdict.culprits] or list(placement.nodes)
+    network = evidence(suspects, reports)
     if verdict.culprits:
         ranks = verdict.culprits
     elif network is not None:
@@ -126,7 +128,7 @@ def _hang(
         else:
             where = f" (reported on rank 0, {node})"
         text = f"job {job.pk}: {verdict.reason}{where}"
-        seen = network if network is not None and network[0] == node.pk else None
+        seen = evidence([node.pk], reports) if verdict.culprits else network
         if seen is not None:
             text += f"; network: {seen[1]}"
         report_fault(
