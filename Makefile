@@ -10,7 +10,7 @@ PORT ?= 8000
 # run still fails stack tests (docs/testing.md).
 TEST_PROCESSES ?= 1
 CHECK_TESTS ?= tests/test_engine_*.py tests/test_lifecycle_table.py tests/test_glossary.py \
-	tests/test_import_layers.py tests/test_steptime.py tests/test_network.py
+	tests/test_import_layers.py tests/test_steptime.py tests/test_network.py tests/test_agent_network.py
 
 .PHONY: demo test check lint bench clean-venv
 

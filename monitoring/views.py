@@ -294,10 +294,12 @@ def _node_ports(node: Node) -> dict:
     trace = netreports.newest_trace(node.pk, store)
     asked = netreports.trace_request(node.pk, store)
     when = lambda t: datetime.fromtimestamp(t, tz=UTC)  # noqa: E731
+    recorded = orjson.loads(trace) if trace else None
     return {
         "ports": rows,
         "trace_requested": {**asked, "asked_at": when(asked["asked_at"])} if asked else None,
-        "trace_received_at": when(orjson.loads(trace)["received_at"]) if trace else None,
+        "trace_received_at": when(recorded["received_at"]) if recorded else None,
+        "trace_seconds": len(recorded["t_ms"]) * recorded["interval_ms"] / 1000 if recorded else None,
     }
 
 

@@ -384,8 +384,9 @@ def test_a_nodes_ports_and_recorded_trace_show_on_its_page(browser, stack, tmp_p
     assert sent.ok, sent.text()
     page.goto(f"/nodes/{node['hostname']}/")
     page.wait_for_selector("#port-trace[data-windows='600'] .main-svg")
-    assert "Trace of the last 60 s" in page.inner_text("#trace-state")
+    assert "Trace of 6 s of 10 ms windows" in page.inner_text("#trace-state")
     assert page.locator("#port-trace .scatterlayer .trace").count() == 2  # one line per port
+    page.locator("#port-trace").scroll_into_view_if_needed()
     _shot(page, "node-ports-trace")
     assert page.errors == []
     agent_context.close()

@@ -17,6 +17,7 @@ from django.utils import timezone
 from monitoring.models import CongestionRecord
 from scheduling.models import Allocation
 
+PEAK_STEP = 1.05
 CONGESTING_KEY = "myriad:network:congesting"  # {"pod:rail": first seen (epoch s)}, not yet records
 
 
@@ -60,7 +61,12 @@ def follow(entry: dict, store, now: datetime | None = None) -> dict:
         for key, (p99, cnp, util) in links.items():
             record = records.get(key)
             if record is not None:
-                if p99 > record.peak_p99 or cnp > record.peak_cnp_per_s or util > record.peak_util:
+                # a new peak is written when it is one: 5% above the last (not every frame's noise)
+                if (
+                    p99 > record.peak_p99 * PEAK_STEP
+                    or cnp > record.peak_cnp_per_s * PEAK_STEP
+                    or (util > record.peak_util * PEAK_STEP)
+                ):
                     record.peak_p99 = max(record.peak_p99, p99)
                     record.peak_cnp_per_s = max(record.peak_cnp_per_s, cnp)
                     record.peak_util = max(record.peak_util, util)
