@@ -65,6 +65,7 @@ class Agent:
         self.trace_asked: dict | None = None  # an operator's request for the recorded windows
         self.trace_sent_for = 0.0  # the request the last trace answered
         self.trace_retry_at = 0.0
+        self.trace_thread: threading.Thread | None = None
 
     # --- start ----------------------------------------------------------------------------------
 
@@ -280,16 +281,24 @@ class Agent:
                 self.supervisor.adopt(proc, a, self.config.reconfigure_signal)
 
     def _send_trace(self) -> None:
-        """The ports' last seconds of 10 ms windows, once per operator's request."""
+        """The ports' last seconds of 10 ms windows, once per operator's request, sent from a
+        thread of its own: the upload never holds up the reports (a heartbeat missed while a
+        busy server takes a trace would take the node out)."""
         with self.lock:
             asked = self.trace_asked
         if asked is None or self.net is None or asked["asked_at"] <= self.trace_sent_for:
             return
-        if time.time() < self.trace_retry_at:
+        if time.time() < self.trace_retry_at or (self.trace_thread and self.trace_thread.is_alive()):
             return
+        self.trace_thread = threading.Thread(
+            target=self._upload_trace, args=(asked,), name="trace", daemon=True
+        )
+        self.trace_thread.start()
+
+    def _upload_trace(self, asked: dict) -> None:
         trace = {"asked_at": asked["asked_at"], **self.net.trace(float(asked.get("seconds", 60)))}
         try:
-            self.client.request("POST", "/api/v1/agent/trace/", trace, timeout_s=30)
+            self.client.request("POST", "/api/v1/agent/trace/", trace, timeout_s=60)
         except Unreachable:
             self.trace_retry_at = time.time() + 5  # tried again in a while
             return
