@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import parse_qsl, urlencode
 
 from django.conf import settings
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.base import BaseHandler
 from django.urls import set_script_prefix
+
+from scheduling.trigger import assignments_version
 
 # what only a browser's request uses: the machine path leaves these out
 BROWSER_MIDDLEWARE = frozenset(
@@ -45,6 +48,64 @@ def machine_request(scope) -> bool:
         if name == b"authorization":
             return value[:5].lower() in SCHEMES or value[:6].lower() in SCHEMES
     return False
+
+
+POLL_PATH = "/api/v1/agent/assignments/"
+POLL_EVERY_S = 0.2
+MAX_WAIT_S = 25.0
+
+
+class _VersionWatch:
+    """The agents' long poll waits here, on the event loop, not on a pool thread: one task per
+    process reads the assignments' version every 0.2 s and wakes every poll waiting on a change,
+    so a thousand waiting agents hold no thread and cost one read, and other machine calls never
+    queue behind them."""
+
+    def __init__(self, pool: ThreadPoolExecutor):
+        self.pool = pool
+        self.version: int | None = None
+        self.changed: asyncio.Event | None = None
+        self.task: asyncio.Task | None = None
+
+    async def wait(self, seen: int, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        if self.task is None or self.task.done():
+            self.changed = asyncio.Event()
+            self.version = await loop.run_in_executor(None, assignments_version)
+            self.task = loop.create_task(self._follow())
+        deadline = loop.time() + timeout
+        while self.version == seen:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(self.changed.wait(), left)
+            except TimeoutError:
+                return
+
+    async def _follow(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(POLL_EVERY_S)
+            version = await loop.run_in_executor(None, assignments_version)
+            if version != self.version:
+                self.version = version
+                woken, self.changed = self.changed, asyncio.Event()
+                woken.set()
+
+
+def _long_poll(scope) -> tuple[int, float] | None:
+    """(version seen, seconds to wait) of an agent's long poll, or None (the view judges it)."""
+    if scope["path"] != POLL_PATH or scope.get("method") != "GET":
+        return None
+    query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+    try:
+        seen, wait = int(query.get("version", "-1")), float(query.get("wait", "0"))
+    except ValueError:
+        return None
+    if not 0 < wait <= 3600:
+        return None
+    return seen, min(wait, MAX_WAIT_S)
 
 
 class _Handler(ASGIHandler):
@@ -83,6 +144,7 @@ class MachineApi:
         self.app = app
         self.handler = _Handler()
         self.pool = ThreadPoolExecutor(settings.API_THREADS, thread_name_prefix="machine-api")
+        self.watch = _VersionWatch(self.pool)
 
     async def __call__(self, scope, receive, send):
         if not machine_request(scope):
@@ -92,6 +154,11 @@ class MachineApi:
         except RequestAborted:  # the client went away before sending its body
             return None
         loop = asyncio.get_running_loop()
+        poll = _long_poll(scope)
+        if poll is not None:  # wait here for a change, then answer at once (wait=0) on a thread
+            await self.watch.wait(*poll)
+            query = dict(parse_qsl(scope["query_string"].decode("latin-1")))
+            scope = {**scope, "query_string": urlencode({**query, "wait": "0"}).encode()}
         response, content = await loop.run_in_executor(self.pool, self.handler.serve, scope, body_file)
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
         cookies = response.cookies.values()

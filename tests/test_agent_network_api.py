@@ -35,6 +35,7 @@ def clean_reports():
     live_store().delete(fabric.FABRIC_KEY)
     yield
     ingest.clear_reports()
+    live_store().delete(fabric.FABRIC_KEY)  # placement reads it: none outlasts its test
 
 
 @pytest.fixture

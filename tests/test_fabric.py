@@ -29,6 +29,15 @@ from sim.fabric_traffic import CNP_PER_S_AT_2X, simulated_ports
 LINE = 400e9 / 8
 
 
+@pytest.fixture(autouse=True)
+def no_fabric_left_behind():
+    """The fabric figures live in the live store: none outlasts its test (placement reads them)."""
+    yield
+    store = live_store()
+    for key in (fabric.FABRIC_KEY, congestion.CONGESTING_KEY):
+        store.delete(key)
+
+
 @pytest.fixture(scope="module")
 def demo():
     return snapshot_from_spec(parse_topology(preset_document("demo"), set(BY_NAME)))

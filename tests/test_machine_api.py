@@ -11,7 +11,10 @@ import pytest
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
+from cluster.agents import create_enrolment_token, enrol
+from cluster.models import Node
 from config.machine_api import MachineApi, machine_request
+from scheduling.trigger import _bump_version
 
 SAME_HEADERS = (
     "content-type",
@@ -25,7 +28,7 @@ SAME_HEADERS = (
 )
 
 
-def _call(app, method: str, path: str, headers: dict, body: bytes = b""):
+async def _acall(app, method: str, path: str, headers: dict, body: bytes = b""):
     """(status, headers, body) of one request sent to an ASGI ``app`` as a server would."""
     headers = {**headers, "Content-Length": str(len(body))} if body else headers
     scope = {
@@ -44,29 +47,29 @@ def _call(app, method: str, path: str, headers: dict, body: bytes = b""):
         "server": ("testserver", 80),
     }
     answer = {"body": b""}
+    sent = False
 
-    async def run():
-        sent = False
+    async def receive():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
 
-        async def receive():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.sleep(3600)
-            return {"type": "http.disconnect"}
+    async def send(message):
+        if message["type"] == "http.response.start":
+            answer["status"] = message["status"]
+            answer["headers"] = {k.decode().lower(): v.decode() for k, v in message["headers"]}
+        else:
+            answer["body"] += message.get("body", b"")
 
-        async def send(message):
-            if message["type"] == "http.response.start":
-                answer["status"] = message["status"]
-                answer["headers"] = {k.decode().lower(): v.decode() for k, v in message["headers"]}
-            else:
-                answer["body"] += message.get("body", b"")
-
-        await app(scope, receive, send)
-
-    asyncio.run(run())
+    await app(scope, receive, send)
     return answer["status"], answer["headers"], answer["body"]
+
+
+def _call(app, method: str, path: str, headers: dict, body: bytes = b""):
+    return asyncio.run(_acall(app, method, path, headers, body))
 
 
 @pytest.fixture
@@ -151,3 +154,31 @@ def test_the_production_entry_point_uses_the_short_path():
 
     http = application.application_mapping["http"]
     assert isinstance(http.app, MachineApi)  # the agents' reports first, then machine clients
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_agents_long_poll_holds_no_thread_and_wakes_on_a_change(apps, queues, operator):
+    """With one API thread, a machine call made while an agent's poll waits is answered before
+    the poll; a change of the assignments' version ends the poll at once."""
+    _, short, _ = apps
+    node = Node.objects.filter(is_spare=False).first()
+    _, secret = create_enrolment_token(actor="test", node=node)
+    _, key = enrol(secret, hostname=node.hostname)
+    token = Token.objects.get_or_create(user=operator)[0].key
+    agent, operator_call = {"Authorization": f"Node {key}"}, {"Authorization": f"Token {token}"}
+
+    async def scenario():
+        status, _, body = await _acall(short, "GET", "/api/v1/agent/assignments/", agent)
+        assert status == 200
+        seen = json.loads(body)["version"]
+        poll = asyncio.create_task(
+            _acall(short, "GET", f"/api/v1/agent/assignments/?version={seen}&wait=20", agent)
+        )
+        await asyncio.sleep(0.5)
+        status, _, _ = await _acall(short, "GET", "/api/v1/queues/", operator_call)
+        assert status == 200 and not poll.done()  # answered while the poll still waits
+        await asyncio.get_running_loop().run_in_executor(None, _bump_version)  # assignments changed
+        status, _, body = await asyncio.wait_for(poll, 10)  # woken well before its 20 s
+        assert status == 200 and json.loads(body)["version"] != seen
+
+    asyncio.run(scenario())
