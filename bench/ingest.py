@@ -63,18 +63,6 @@ PORTS = [f"mlx5_{r}/1" for r in range(8)]
 SEQ = 123456789  # the placeholder a report's sequence number (and its counters) replaces
 
 
-def _ports() -> None:
-    """Every node's eight RDMA ports in the inventory, in bulk (as enrolment writes them)."""
-    from cluster.models import NicPort, Node
-
-    rows = [
-        NicPort(node_id=node_id, name=name, kind="ib", rail=r, rate_gbps=400.0)
-        for node_id in Node.objects.values_list("id", flat=True)
-        for r, name in enumerate(PORTS)
-    ]
-    NicPort.objects.bulk_create(rows, batch_size=5000)
-
-
 def port_summaries(rng: random.Random) -> list[dict]:
     """The eight port summaries of a 5 s report (10 ms windows); the cumulative counters are
     the placeholder, replaced by the sequence number so that they only grow."""
@@ -258,8 +246,7 @@ def child(args) -> None:
 
     t0 = time.perf_counter()
     call_command("build_cluster", args.cluster, verbosity=0)
-    keys = _credentials()
-    _ports()
+    keys = _credentials()  # the build wrote every node's eight rail ports (mlx5_<r>/1)
     _settle()
     setup_s = time.perf_counter() - t0
     port = free_port()
