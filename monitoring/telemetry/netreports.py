@@ -89,37 +89,50 @@ def parse_net(value, known: frozenset[str] | None, node_ports) -> dict:
     return {"ports": out, "inventory": inventory}
 
 
+# a summary's numbers: name -> (lowest, highest, whole number only)
+NUMBERS = {
+    **{key: (0, _TOP, True) for key in WHOLE},
+    **{key: (0, 1e12, False) for key in RATES},
+    "rate_gbps": (0, 10_000, False),
+    "rail": (0, 255, True),
+    "seconds": (0, 86_400, False),
+    "xmit_wait_share": (0, 1, False),
+}
+_PLAIN = (int, float)
+
+
 def _summary(p: dict, where: str) -> dict:
-    extra = set(p) - FIELDS
-    if extra:
-        raise FieldError(f"{where}.{sorted(extra)[0]}", "unknown field")
+    """One port's summary checked. The common case costs a type test and a comparison per figure
+    (1,250 reports of eight ports a second); anything else gets the full check and its message."""
+    for key, value in p.items():
+        bounds = NUMBERS.get(key)
+        if bounds is not None:
+            lo, hi, whole_only = bounds
+            kind = type(value)
+            if (kind is int or (kind is float and not whole_only)) and lo <= value <= hi:
+                continue
+            if whole_only:
+                whole(value, f"{where}.{key}", lo, hi)
+            else:
+                number(value, f"{where}.{key}", lo, hi)
+        elif key not in FIELDS:
+            raise FieldError(f"{where}.{key}", "unknown field")
     if p.get("state", "unknown") not in STATES:
         raise FieldError(f"{where}.state", f"{p.get('state')!r} is not a port state"[:200])
-    for key in WHOLE:
-        if key in p:
-            _whole(p[key], f"{where}.{key}")
-    for key in RATES:
-        if key in p:
-            number(p[key], f"{where}.{key}", 0, 1e12)
-    if "rate_gbps" in p:
-        number(p["rate_gbps"], f"{where}.rate_gbps", 0, 10_000)
-    if "rail" in p:
-        whole(p["rail"], f"{where}.rail", 0, 255)
-    if "seconds" in p:
-        number(p["seconds"], f"{where}.seconds", 0, 86_400)
-    if "xmit_wait_share" in p:
-        number(p["xmit_wait_share"], f"{where}.xmit_wait_share", 0, 1)
     util = p.get("util")
     if util is not None:
         if not isinstance(util, dict) or set(util) - set(UTIL):
             raise FieldError(f"{where}.util", f"must be an object of {', '.join(UTIL)}")
         for key, v in util.items():
-            number(v, f"{where}.util.{key}", 0, 100)
-    for name, (field, names) in {"counters": ("counters", COUNTERS), "errors": ("errors", ERRORS)}.items():
-        block = p.get(name, {})
+            if type(v) not in _PLAIN or not 0 <= v <= 100:
+                number(v, f"{where}.util.{key}", 0, 100)
+    for field, names in (("counters", COUNTERS), ("errors", ERRORS)):
+        block = p.get(field, {})
         if not isinstance(block, dict):
             raise FieldError(f"{where}.{field}", "must be an object of counter values")
         for key, v in block.items():
+            if type(v) is int and 0 <= v <= _TOP and key in names:
+                continue
             if key not in names:
                 raise FieldError(f"{where}.{field}.{key}", "unknown counter")
             _whole(v, f"{where}.{field}.{key}")
@@ -127,8 +140,9 @@ def _summary(p: dict, where: str) -> dict:
     if not isinstance(flaps, list) or len(flaps) > MAX_FLAPS:
         raise FieldError(f"{where}.flaps", f"must be a list of at most {MAX_FLAPS} times")
     for j, t in enumerate(flaps):
-        number(t, f"{where}.flaps[{j}]", 0, 1e11)
-    if not isinstance(p.get("reset", False), bool):
+        if type(t) not in _PLAIN or not 0 <= t <= 1e11:
+            number(t, f"{where}.flaps[{j}]", 0, 1e11)
+    if type(p.get("reset", False)) is not bool:
         raise FieldError(f"{where}.reset", "must be true or false")
     return p
 
@@ -160,7 +174,21 @@ def known_ports(node_id: int) -> frozenset[str] | None:
     return _known.get(node_id)
 
 
+_loaded = {"all": False}
+
+
 def read_ports(node_id: int) -> frozenset[str]:
+    """The node's port names from the inventory. The first call in a process reads every node's
+    at once (one query, not one per node as each agent's first report comes in after a restart)."""
+    if not _loaded["all"]:
+        ports: dict[int, set[str]] = {}
+        for node, name in NicPort.objects.values_list("node_id", "name").iterator(chunk_size=20_000):
+            ports.setdefault(node, set()).add(name)
+        for node, names in ports.items():
+            _known.setdefault(node, frozenset(names))
+        _loaded["all"] = True
+        if node_id in _known:
+            return _known[node_id]
     names = frozenset(NicPort.objects.filter(node_id=node_id).values_list("name", flat=True))
     _known[node_id] = names
     return names
