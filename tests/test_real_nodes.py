@@ -209,6 +209,10 @@ def cluster(tmp_path_factory):
         stack.stop()
 
 
+def node_of(api: Api, hostname: str) -> dict:
+    return next(n for n in api.get("/api/v1/nodes/?page_size=100")["results"] if n["hostname"] == hostname)
+
+
 def submit(api: Api, sleep: float, code: int = 0, gpus: int = 2 * GPUS_PER_NODE, **extra) -> dict:
     body = {
         "queue": "pretrain",
@@ -417,6 +421,14 @@ def test_a_rank_that_stops_making_progress_is_named_as_a_hang_and_the_job_restar
     # its node's ports show the evidence (the job page lists the fault with this description)
     assert "CNP storm" in fault["description"] and "CNP storm" in fault["data"]["network_evidence"]
     assert fault["action"] == "restart_job" and fault["job"] == job["id"]
+    # the server asked the hung node for its last minute of 10 ms windows: the trace comes
+    node = node_of(api, rank1)
+    trace = wait_for(
+        "the hung node's trace",
+        lambda: (api.call("GET", f"/api/v1/nodes/{node['id']}/ports/trace/")[1] or {}).get("t_ms"),
+        timeout=40,
+    )
+    assert len(trace) > 100
 
 
 def test_a_slow_rank_is_named_a_straggler_and_cordoned_by_its_policy(cluster, tmp_path):
@@ -521,10 +533,6 @@ def test_a_warm_restart_saves_keeps_the_healthy_nodes_process_and_tells_it_the_n
 
 
 # --- the network: ports sampled every 10 ms by the agents -----------------------------------
-
-
-def node_of(api: Api, hostname: str) -> dict:
-    return next(n for n in api.get("/api/v1/nodes/?page_size=100")["results"] if n["hostname"] == hostname)
 
 
 def test_bursts_a_10_s_mean_hides_show_in_p99_and_open_a_congestion_record(cluster):

@@ -23,13 +23,15 @@ from django.db import transaction
 from django.utils import timezone
 
 from cluster.models import Node
+from cluster.outages import best_effort
 from cluster.services import CONTROLLER, apply_node_action
 from engine.progress import ProgressRule, Verdict, localize
 from engine.states import InvalidTransition
 from monitoring.faults.services import report_fault
 from monitoring.models import FaultEvent
 from monitoring.telemetry.ingest import latest_reports
-from monitoring.telemetry.netreports import evidence
+from monitoring.telemetry.livestore import live_store
+from monitoring.telemetry.netreports import ask_for_trace, evidence
 from scheduling import launch
 from scheduling.choices import EventKind, JobState
 from scheduling.models import Job, JobEvent
@@ -146,6 +148,15 @@ def _hang(job: Job, placement, verdict: Verdict, front: int, now: datetime, repo
                 "agent": True,
                 "network_evidence": seen[1] if seen is not None else None,
             },
+        )
+        # the node's last minute of 10 ms windows, kept for whoever looks at the hang
+        best_effort(
+            "asking for the hung node's trace",
+            ask_for_trace,
+            node.pk,
+            60,
+            f"hang of job {job.pk}",
+            live_store(),
         )
         names.append(node.hostname)
     return names
