@@ -269,11 +269,15 @@ class NetSampler:
             reset = reset or was_reset
         return deltas, newest, reset
 
+    def _spans(self, times: list[float]) -> list[float]:
+        """Each window's length in seconds (a clock that did not move counts as one period)."""
+        return [(b - a) if b > a else self.interval_s for a, b in zip(times, times[1:], strict=False)]
+
     def summarize(self, first: int, end: int | None = None) -> list[dict]:
         times, columns, states, _ = self._window(first, end)
         if not times:
             return []
-        dt = [(b - a) if b > a else self.interval_s for a, b in zip(times, times[1:], strict=False)]
+        dt = self._spans(times)
         span = times[-1] - times[0]
         out = []
         for p, port in enumerate(self.ports):
@@ -332,7 +336,7 @@ class NetSampler:
         with self.lock:
             end = self.count
         times, columns, states, _ = self._window(end - want)
-        dt = [(b - a) if b > a else self.interval_s for a, b in zip(times, times[1:], strict=False)]
+        dt = self._spans(times)
         ports = []
         for p, port in enumerate(self.ports):
             roles = ROLES[port.kind]

@@ -133,10 +133,11 @@ def ingest_many(batch: list[tuple], now: datetime | None = None) -> list[dict]:
     )
     for i, old in zip(passed, previous, strict=True):
         identity, report = batch[i]
-        health = _health(report, orjson.loads(old) if old else None)
+        previous_entry = orjson.loads(old) if old else None  # parsed once for both checks
+        health = _health(report, previous_entry)
         faults = 0
         inventory = (report.get("net") or {}).get("inventory")
-        ports = netreports.port_faults(identity.node_id, report, orjson.loads(old) if old else None, store)
+        ports = netreports.port_faults(identity.node_id, report, previous_entry, store)
         if health or report["xids"] or report["processes"] or inventory or ports:
             with transaction.atomic():
                 if inventory is not None:
