@@ -31,7 +31,8 @@ from dataclasses import replace
 from engine.placement import Layout, level_limit
 from engine.reasons import Reason, joined
 from engine.scheduler_config import SchedulerConfig
-from engine.steps.admission import admit_on_spares, admit_placed, chip_options, placement_reason
+from engine.sites import DATACENTER_LEVEL
+from engine.steps.admission import admit_on_spares, chip_options, placement_reason
 from engine.steps.drain import drain
 from engine.steps.elasticity import admit_by_shrinking, admit_elastic, grow
 from engine.steps.mixed import admit_mixed
@@ -39,6 +40,7 @@ from engine.steps.ordering import held_behind, hold, ordered
 from engine.steps.preemption import admit_by_preemption
 from engine.steps.reservation import reserve
 from engine.steps.sharing import admit_fraction
+from engine.steps.spanning import admit_placed_or_span, spans
 from engine.steps.state import CycleState
 from engine.workload import CycleResult, PendingJob, QueueSpec, Reclaim, RunningJob, WithinQueue
 
@@ -92,6 +94,8 @@ def schedule_job(s: CycleState, qi: int, job: PendingJob) -> Reason | None:
             {"queue": queue.name, "chip_types": list(job.chip_types)},
         )
     max_level = level_limit(job.topology)
+    if spans(s, max_level) and s.config.span_policy == "never":
+        max_level = DATACENTER_LEVEL
     if job.elastic:
         for c in chips:
             if admit_elastic(s, qi, job, c, max_level):
@@ -102,6 +106,9 @@ def schedule_job(s: CycleState, qi: int, job: PendingJob) -> Reason | None:
     capacity_blocked = try_chips(s, qi, job, chips, max_level, reasons)
     if capacity_blocked is None:
         return None
+    span_wait = s.span_waits.get(job.id)
+    if span_wait is not None:  # it did not pay to span: it waits inside one datacenter
+        max_level = DATACENTER_LEVEL
     if job.mixed and len(chips) > 1 and admit_mixed(s, qi, job, chips, max_level):
         return None
     # reclaiming lent quota on any chip type comes before evicting the queue's own work
@@ -123,7 +130,10 @@ def schedule_job(s: CycleState, qi: int, job: PendingJob) -> Reason | None:
                 return None
             if own and s.borrow_blocked:
                 reasons.append(s.borrow_blocked)
-    return try_reserve(s, job, capacity_blocked, max_level) or joined(reasons)
+    reason = try_reserve(s, job, capacity_blocked, max_level) or joined(reasons)
+    if span_wait is not None and reason is not None:
+        return reason.but(f"; {span_wait}", span=span_wait)
+    return reason
 
 
 def try_chips(s: CycleState, qi, job, chips, max_level, reasons: list[Reason]) -> list[int] | None:
@@ -141,11 +151,14 @@ def try_chips(s: CycleState, qi, job, chips, max_level, reasons: list[Reason]) -
         # gang of g GPUs found no room at a level, nothing larger will: skip the search.
         known = s.no_room.get((c, max_level))
         if known is None or job.gpus < known:
-            if admit_placed(s, qi, job, c, max_level):
+            if admit_placed_or_span(s, qi, job, c, max_level):
                 return None
-            blocked_everywhere = s.pools.blocked_everywhere(c, job.gpus, max_level)
-            if blocked_everywhere:
-                s.no_room[(c, max_level)] = min(job.gpus, known or job.gpus)
+            if job.id in s.span_waits:  # room across datacenters, but spanning did not pay
+                blocked_everywhere = s.pools.blocked_everywhere(c, job.gpus, DATACENTER_LEVEL)
+            else:
+                blocked_everywhere = s.pools.blocked_everywhere(c, job.gpus, max_level)
+                if blocked_everywhere:
+                    s.no_room[(c, max_level)] = min(job.gpus, known or job.gpus)
         else:
             blocked_everywhere = True
         if blocked_everywhere:
@@ -153,7 +166,8 @@ def try_chips(s: CycleState, qi, job, chips, max_level, reasons: list[Reason]) -
             s.capacity_blocked_chips.add(c)
         if s.queues[qi].may_use_spares and admit_on_spares(s, qi, job, c, max_level):
             return None
-        reasons.append(placement_reason(s, job, c, max_level))
+        level = DATACENTER_LEVEL if job.id in s.span_waits else max_level
+        reasons.append(placement_reason(s, job, c, level))
     return capacity_blocked
 
 
@@ -190,10 +204,16 @@ def schedule(
     now: float,
     config: SchedulerConfig | None = None,
     congested_pods=None,
+    links=None,
 ) -> CycleResult:
     """Run one scheduling cycle over a snapshot; returns decisions and never changes its inputs.
     ``congested_pods``: bool over the snapshot's pods whose fabric links are congested now
-    (engine.fabric.congested_pods): gangs that span nodes go there last."""
-    state = CycleState(layout, queues, running, pending, now, config or SchedulerConfig())
+    (engine.fabric.congested_pods): gangs that span nodes go there last. ``links``: the
+    datacenter links with the loads of the jobs crossing them (engine.sites.SiteLinks; copied):
+    gangs allowed to span datacenters do so by ``config.span_policy`` within their capacity;
+    None keeps no site model (a gang spans whenever one datacenter does not hold it)."""
+    if links is not None:
+        links = links.copy()
+    state = CycleState(layout, queues, running, pending, now, config or SchedulerConfig(), links)
     state.pools.set_congestion(congested_pods)
     return run(state)

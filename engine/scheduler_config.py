@@ -13,3 +13,8 @@ class SchedulerConfig:
     # GPUs one cycle may start (None: no limit); the jobs after it wait for the next cycle, which
     # the caller runs at once. It bounds a cycle's writes (like Slurm's sched_max_job_start).
     max_start_gpus: int | None = None
+    # gangs allowed to span datacenters (topology region or any): "never", "whenever" no single
+    # datacenter holds them, or when it "pays" (engine.sites); the margin the wait saved must
+    # beat the time lost by (the share of a link placements may take is the links' own setting)
+    span_policy: str = "pays"
+    span_margin: float = 0.1

@@ -9,6 +9,7 @@ import numpy as np
 
 from engine.lifecycle import unsaved_s
 from engine.reasons import Reason
+from engine.steptime import ModelSpec
 
 MILLI = 1000  # a whole GPU, in the thousandths that shared GPUs are counted in
 
@@ -95,6 +96,7 @@ class PendingJob:
     size_step: int = 1  # elastic sizes are multiples of this (8: whole nodes)
     share: int = MILLI  # thousandths of each GPU; below 1000 (with gpus == 1): a shared GPU
     mixed: bool = False  # may be split over several of its allowed chip types
+    model: ModelSpec | None = None  # what it trains, for the cost of spanning datacenters
 
     @property
     def fractional(self) -> bool:
@@ -199,6 +201,8 @@ class Admission:
     parts: tuple[tuple[str, int], ...] = ()  # a mixed-chip job: (chip, GPUs) per chip type
     on_spares: bool = False  # on spare nodes its queue may borrow: recovery may take them back
     congested: bool = False  # spans nodes of a pod whose fabric is congested: no clear domain had room
+    span_note: str = ""  # spans datacenters: why, with the slowdown and the wait it saves
+    link_loads: tuple[tuple[tuple[int, int], float], ...] = ()  # (datacenter pair, bytes/s) it takes
 
 
 @dataclass(frozen=True)

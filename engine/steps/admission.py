@@ -84,6 +84,8 @@ def record_admission(
     parts=(),
     on_spares=False,
     congested=False,
+    span_note="",
+    link_loads=(),
 ):
     """``parts``: (chip index, GPUs) per chip type of a mixed-chip gang (``c`` is the first)."""
     s.largest_blocks.clear()
@@ -105,6 +107,8 @@ def record_admission(
             parts=names,
             on_spares=on_spares,
             congested=congested,
+            span_note=span_note,
+            link_loads=tuple(link_loads),
         )
     )
 

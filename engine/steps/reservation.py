@@ -72,10 +72,9 @@ def first_fit(s: CycleState, job, c, max_level, releasable, first):
     return None
 
 
-def reserve(s: CycleState, job: PendingJob, c: int, max_level: int) -> Reservation | None:
-    """The GPUs the gang will get first, as running jobs end by their estimates: the shortest
-    prefix of ending jobs whose GPUs make a placement possible."""
-    s.reservation_attempts += 1
+def earliest(s: CycleState, job: PendingJob, c: int, max_level: int):
+    """When and where the gang could start at the soonest as running jobs end by their
+    estimates: (start time, the pool then, (level, domain)), or None. Changes nothing."""
     ending, releasable = ending_jobs(s, c)
     if not releasable:
         return None
@@ -83,13 +82,22 @@ def reserve(s: CycleState, job: PendingJob, c: int, max_level: int) -> Reservati
     need = job.gpus - s.pools.open.total(c)
     if counts[-1] < need:
         return None  # even when every running job with an estimate ends, it would not fit
-
     found = first_fit(s, job, c, max_level, releasable, int(np.searchsorted(counts, need)))
     if found is None:
         return None
     hi, trial, where = found
+    return max(ending[hi].estimated_end, s.now), trial, where
+
+
+def reserve(s: CycleState, job: PendingJob, c: int, max_level: int) -> Reservation | None:
+    """The GPUs the gang will get first, as running jobs end by their estimates: the shortest
+    prefix of ending jobs whose GPUs make a placement possible."""
+    s.reservation_attempts += 1
+    found = earliest(s, job, c, max_level)
+    if found is None:
+        return None
+    start, trial, where = found
     chosen = trial.choose(*where, c, job.gpus)
-    start = max(ending[hi].estimated_end, s.now)
     s.reserved[chosen] = True
     s.pools.reserve(chosen)
     s.largest_blocks.clear()

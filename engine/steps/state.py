@@ -26,8 +26,11 @@ def chips_of(job: RunningJob) -> tuple[str, ...]:
 
 
 class CycleState:
-    def __init__(self, layout: Layout, queues, running, pending, now: float, config: SchedulerConfig):
+    def __init__(
+        self, layout: Layout, queues, running, pending, now: float, config: SchedulerConfig, links=None
+    ):
         self.layout = layout
+        self.links = links  # engine.sites.SiteLinks with the crossing jobs' loads; None: no site model
         self.topo = layout.topo
         self.config = config
         self.now = now
@@ -85,4 +88,5 @@ class CycleState:
             None  # why the last preemption attempt was refused while borrowing
         )
         self.options_cache: dict[tuple, list[int]] = {}  # (queue, chip types) -> chip options
+        self.span_waits: dict[int, str] = {}  # job -> why it waits rather than span datacenters
         self.result = CycleResult()

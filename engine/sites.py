@@ -1,0 +1,264 @@
+"""The links between datacenters as a scheduled resource, and when spanning them pays (pure).
+
+A link between two datacenters has lanes (e.g. 8 x 400 Gb/s), a distance, a one-way latency
+(5 us per km of fibre when not given; light in glass covers a km in no less than 4.9 us) and a
+state: ``up``, ``degraded`` (lanes lost) or ``down``. Its capacity is the lanes left, and no
+placement takes it above ``max_share`` (default 90%) of that: a job crossing it takes its
+modelled share (its gradient bytes per step over its step time), like quota.
+
+Whether a job that no single datacenter holds now should span several is decided by comparing
+(a) its slowdown across them: the step-time model (engine.steptime) with tensor and pipeline
+parallelism kept inside a datacenter, the data-parallel gradients as a hierarchical all-reduce
+over the links (reduce-scatter inside each site, all-reduce of the shards across), the links'
+latency, and only the bandwidth they have left after the jobs already crossing them; with (b)
+the expected wait until one datacenter could hold it (from the running jobs' estimated ends,
+as a reservation is found). It spans when the wait saved exceeds the time lost:
+``wait > slowdown x duration x (1 + margin)``. Policies: ``never`` span, span ``whenever`` no
+datacenter holds the job (within the links' capacity), span when it ``pays``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from engine.steptime import MODELS, Fabric, ModelSpec, NoFeasiblePlan, _ranked, best_plan
+
+LINK_STATES = ("up", "degraded", "down")
+SPAN_POLICIES = ("never", "whenever", "pays")
+DATACENTER_LEVEL = 3  # engine.placement.LEVELS
+FIBRE_US_PER_KM = 5.0  # the default one-way latency: light in fibre plus a little equipment
+FIBRE_MIN_US_PER_KM = 4.9  # the physical floor: c / 1.468 (the refractive index of silica fibre)
+DEFAULT_MAX_SHARE = 0.9
+DEFAULT_MARGIN = 0.1
+DEFAULT_DURATION_S = 24 * 3600.0  # weighed for a job that gives no estimated duration
+DEFAULT_MODEL = "llama3-70b"  # the shape assumed for a job that describes no model
+
+
+def default_latency_ms(distance_km: float) -> float:
+    return distance_km * FIBRE_US_PER_KM / 1000.0
+
+
+def min_latency_ms(distance_km: float) -> float:
+    return distance_km * FIBRE_MIN_US_PER_KM / 1000.0
+
+
+def link_state(lanes: int, lanes_lost: int, down: bool) -> str:
+    """``down`` when marked down or every lane is lost, ``degraded`` with some lost, else ``up``."""
+    if down or lanes_lost >= lanes:
+        return "down"
+    return "degraded" if lanes_lost > 0 else "up"
+
+
+@dataclass(frozen=True)
+class SiteLink:
+    """One link between datacenters ``a`` < ``b`` (snapshot datacenter indices)."""
+
+    a: int
+    b: int
+    lanes: int
+    lane_gbps: float  # Gb/s per lane
+    latency_ms: float
+    lanes_lost: int = 0
+    down: bool = False
+    name: str = ""
+
+    @property
+    def state(self) -> str:
+        return link_state(self.lanes, self.lanes_lost, self.down)
+
+    @property
+    def capacity_bytes(self) -> float:
+        """Bytes per second the link carries now (0 when down)."""
+        if self.state == "down":
+            return 0.0
+        return (self.lanes - self.lanes_lost) * self.lane_gbps * 1e9 / 8
+
+
+def ring(dcs: tuple[int, ...]) -> list[tuple[int, int]]:
+    """The links a hierarchical all-reduce over ``dcs`` uses: a ring through them in order (one
+    link for two datacenters, three for three)."""
+    k = len(dcs)
+    if k < 2:
+        return []
+    if k == 2:
+        return [(min(dcs), max(dcs))]
+    return [tuple(sorted((dcs[i], dcs[(i + 1) % k]))) for i in range(k)]
+
+
+class SiteLinks:
+    """The links of a fleet with the load the jobs crossing them take (bytes/s per pair)."""
+
+    def __init__(self, links: list[SiteLink], max_share: float = DEFAULT_MAX_SHARE):
+        self.links = {(min(k.a, k.b), max(k.a, k.b)): k for k in links}
+        self.max_share = max_share
+        self.load: dict[tuple[int, int], float] = {}
+
+    def copy(self) -> SiteLinks:
+        out = SiteLinks(list(self.links.values()), self.max_share)
+        out.load = dict(self.load)
+        return out
+
+    def add(self, pair: tuple[int, int], bytes_per_s: float) -> None:
+        pair = (min(pair), max(pair))
+        self.load[pair] = self.load.get(pair, 0.0) + bytes_per_s
+
+    def headroom(self, pair: tuple[int, int]) -> float:
+        """Bytes per second a new job may still take on the link (0 without a link)."""
+        link = self.links.get((min(pair), max(pair)))
+        if link is None:
+            return 0.0
+        return max(0.0, link.capacity_bytes * self.max_share - self.load.get(pair, 0.0))
+
+    def utilization(self, pair: tuple[int, int]) -> float:
+        link = self.links.get(pair)
+        if link is None or link.capacity_bytes <= 0:
+            return 0.0 if not self.load.get(pair) else math.inf
+        return self.load.get(pair, 0.0) / link.capacity_bytes
+
+    def name(self, pair: tuple[int, int]) -> str:
+        link = self.links.get(pair)
+        return link.name if link is not None and link.name else f"{pair[0]}<->{pair[1]}"
+
+
+@dataclass(frozen=True)
+class SpanCost:
+    """What spanning ``dcs`` costs a job: its step time there against inside one datacenter."""
+
+    dcs: tuple[int, ...]
+    one_step_s: float
+    span_step_s: float
+    loads: tuple[tuple[tuple[int, int], float], ...]  # (link, bytes/s) the job would take
+    stages: tuple[tuple[int, int], ...]  # (datacenter, whole model replicas there) per datacenter
+    plan: str  # e.g. "TP8 PP4 DP32"
+
+    @property
+    def slowdown(self) -> float:
+        return self.span_step_s / self.one_step_s - 1.0
+
+
+@lru_cache(maxsize=8192)
+def _step(model: ModelSpec, chip: str, gpus: int, k: int, link_gbytes: float, latency_s: float, whole: int):
+    """The best plan on ``gpus`` over ``k`` datacenters (None: none fits). Across datacenters
+    only plans that keep whole model replicas (TP x PP GPUs, a divisor of ``whole``: the GCD of
+    the GPUs in each) inside each datacenter qualify: tensor and pipeline traffic never crosses
+    a link, the gradients' all-reduce does."""
+    fabric = Fabric()
+    if k == 1:
+        return best_plan(model, chip, gpus, fabric=fabric, span_level=DATACENTER_LEVEL)
+    lat = list(fabric.latency_s)
+    lat[4] = latency_s
+    fabric = replace(fabric, datacenter_link_gbps=link_gbytes, latency_s=tuple(lat))
+    build, order = _ranked(model, chip, gpus, fabric, DATACENTER_LEVEL + 1, k, None)
+    for i in order:
+        plan = build(int(i))
+        if whole % (plan.tp * plan.pp) == 0 and plan.dp >= k:
+            return plan
+    return None
+
+
+def span_cost(
+    model: ModelSpec | None,
+    chip: str,
+    split: dict[int, int],
+    links: SiteLinks,
+) -> SpanCost | None:
+    """The cost of running ``model`` on ``split`` ({datacenter: GPUs}) over ``links``; None when
+    a link it needs has no room left (absent, down, or already at its share) or no plan keeps
+    whole replicas in each datacenter."""
+    model = model or MODELS[DEFAULT_MODEL]
+    dcs = tuple(sorted(split))
+    gpus = sum(split.values())
+    pairs = ring(dcs)
+    room = [links.headroom(p) for p in pairs]
+    if not pairs or min(room) <= 0:
+        return None
+    latency_s = max(links.links[p].latency_ms for p in pairs) / 1000.0
+    try:
+        one = _step(model, chip, gpus, 1, 0.0, 0.0, 0)
+        # the ring's slowest link bounds the all-reduce: rounded to 3 digits so that the cache holds
+        span = _step(
+            model, chip, gpus, len(dcs), _round(min(room) / 1e9), latency_s, math.gcd(*split.values())
+        )
+    except (NoFeasiblePlan, KeyError):
+        return None
+    if span is None:
+        return None
+    k = len(dcs)
+    # the shards' all-reduce sends 2(k-1)/k x 2 bytes per parameter over each link of the ring
+    per_link = min(2 * (k - 1) / k * 2.0 * model.params / span.step_s, min(room))
+    replica = span.tp * span.pp
+    return SpanCost(
+        dcs=dcs,
+        one_step_s=one.step_s,
+        span_step_s=span.step_s,
+        loads=tuple((p, per_link) for p in pairs),
+        stages=tuple((dc, n // replica) for dc, n in sorted(split.items())),
+        plan=f"TP{span.tp} PP{span.pp} DP{span.dp}",
+    )
+
+
+def _round(x: float) -> float:
+    if x <= 0:
+        return 0.0
+    digits = 2 - int(math.floor(math.log10(x)))
+    return round(x, digits)
+
+
+@dataclass(frozen=True)
+class SpanChoice:
+    span: bool
+    note: str  # why, with both numbers
+    cost: SpanCost | None = None
+    wait_s: float | None = None
+
+
+def duration(h_or_s: float) -> str:
+    """'40 s', '17 min', '3.1 h', '2.0 d'."""
+    s = abs(h_or_s)
+    if s < 60:
+        return f"{s:.0f} s"
+    if s < 3600:
+        return f"{s / 60:.0f} min"
+    if s < 2 * 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
+def decide(
+    cost: SpanCost | None,
+    names: dict[int, str],
+    wait_s: float | None,
+    wait_in: str,
+    duration_s: float | None,
+    policy: str = "pays",
+    margin: float = DEFAULT_MARGIN,
+    links: SiteLinks | None = None,
+) -> SpanChoice:
+    """Span or wait. ``wait_s``: the expected wait until datacenter ``wait_in`` could hold the job
+    (None: no estimate, as when no running job there has an estimated end)."""
+    if policy == "never":
+        return SpanChoice(False, "spanning datacenters is off (policy never)", cost, wait_s)
+    if cost is None:
+        return SpanChoice(False, "no link between the datacenters it would span has room left", None, wait_s)
+    where = "+".join(names.get(d, str(d)) for d in cost.dcs)
+    over = ", ".join(links.name(p) for p, _ in cost.loads) if links is not None else ""
+    run_s = duration_s if duration_s is not None else DEFAULT_DURATION_S
+    extra = cost.slowdown * run_s
+    slower = f"{cost.slowdown * 100:.1f}% slower (+{duration(extra)} over {duration(run_s)})"
+    if policy == "whenever":
+        return SpanChoice(True, f"spans {where} over {over}: {slower} (policy whenever)", cost, wait_s)
+    if wait_s is None or wait_s > extra * (1 + margin):
+        starts = (
+            "no datacenter has an estimated time to hold it"
+            if wait_s is None
+            else (f"starts now instead of in about {duration(wait_s)} in {wait_in}")
+        )
+        return SpanChoice(True, f"spans {where} over {over}: {slower}, {starts}", cost, wait_s)
+    return SpanChoice(
+        False,
+        f"waits for {wait_in} (about {duration(wait_s)}) rather than span {where}: {slower}",
+        cost,
+        wait_s,
+    )

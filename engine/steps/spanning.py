@@ -1,0 +1,68 @@
+"""Place a gang across datacenters only when it pays, within the links' capacity (engine.sites).
+
+A step of the scheduling cycle: functions over its state (engine.steps.state.CycleState:
+pools, quota, result, links). A gang allowed to span datacenters goes into one datacenter when
+one holds it now. Otherwise the placement across datacenters is found (nothing taken yet), its
+slowdown is modelled over the bandwidth the links have left, the wait until one datacenter could
+hold it is estimated as a reservation would be, and the policy decides: span (the admission says
+why, and the job takes its share of each link it crosses) or wait (the job reserves inside one
+datacenter, and its pending reason says why it did not span)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.sites import DATACENTER_LEVEL, decide, span_cost
+from engine.steps.admission import admit_placed, record_admission
+from engine.steps.reservation import earliest
+from engine.steps.state import CycleState
+from engine.workload import PendingJob
+
+
+def spans(s: CycleState, max_level: int) -> bool:
+    """Whether the site model decides for a gang with this level limit."""
+    return s.links is not None and max_level > DATACENTER_LEVEL
+
+
+def admit_placed_or_span(s: CycleState, qi: int, job: PendingJob, c: int, max_level: int) -> bool:
+    """Admit the gang inside one datacenter, or across several where the policy says so."""
+    if not spans(s, max_level):
+        return admit_placed(s, qi, job, c, max_level)
+    if admit_placed(s, qi, job, c, DATACENTER_LEVEL):
+        return True
+    if s.config.span_policy == "never":
+        return False
+    where = s.pools.open.find(c, job.gpus, max_level)
+    if where is None or where[0] <= DATACENTER_LEVEL:
+        return False
+    chosen = s.pools.open.choose(*where, c, job.gpus)
+    dc_of = s.layout.node_domain[DATACENTER_LEVEL][s.layout.gpu_node[chosen]]
+    dcs, counts = np.unique(dc_of, return_counts=True)
+    split = {int(d): int(n) for d, n in zip(dcs, counts, strict=True)}
+    chip = s.topo.chip_names[c]
+    cost = span_cost(job.model, chip, split, s.links)
+    wait_s, wait_in = None, "one datacenter"
+    if s.config.span_policy == "pays" and cost is not None:
+        soonest = earliest(s, job, c, DATACENTER_LEVEL)
+        if soonest is not None:
+            wait_s = soonest[0] - s.now
+            wait_in = s.layout.domain_name(*soonest[2]).removeprefix("datacenter ")
+    names = {d: s.layout.domain_name(DATACENTER_LEVEL, d).removeprefix("datacenter ") for d in split}
+    choice = decide(
+        cost,
+        names,
+        wait_s,
+        wait_in,
+        job.estimated_duration_s,
+        s.config.span_policy,
+        s.config.span_margin,
+        s.links,
+    )
+    if not choice.span:
+        s.span_waits[job.id] = choice.note
+        return False
+    s.pools.take(chosen)
+    for pair, load in cost.loads:
+        s.links.add(pair, load)
+    record_admission(s, qi, job, c, chosen, *where, span_note=choice.note, link_loads=cost.loads)
+    return True

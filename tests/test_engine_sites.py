@@ -1,0 +1,145 @@
+"""Spanning datacenters only when it pays, within the links' capacity (engine.sites, no database)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.scheduler_config import SchedulerConfig
+from engine.sites import (
+    SiteLink,
+    SiteLinks,
+    decide,
+    default_latency_ms,
+    link_state,
+    min_latency_ms,
+    ring,
+    span_cost,
+)
+from engine.steptime import MODELS
+from engine.workload import PendingJob, QueueSpec
+from tests.engine_helpers import cycle, domains_of, layout_for, running
+
+HOUR = 3600.0
+
+
+def queue():
+    return QueueSpec("a", nominal={"H100-SXM": 10_000})
+
+
+def links(lanes=8, lost=0, down=False, load=0.0):
+    book = SiteLinks([SiteLink(0, 1, lanes, 400.0, 0.25, lanes_lost=lost, down=down, name="dc1<->dc2")])
+    if load:
+        book.add((0, 1), load)
+    return book
+
+
+def half_busy(lay, end_dc1, end_dc2):
+    """Half of each datacenter (64 GPUs each) busy until the given times."""
+    return [
+        running(lay, 100, "a", nodes=(0, 1, 2, 3), end=end_dc1),
+        running(lay, 101, "a", nodes=(8, 9, 10, 11), end=end_dc2),
+    ]
+
+
+def big(job_id=1, gpus=64, hours=100.0, **kw):
+    return PendingJob(job_id, "a", gpus, topology="region", estimated_duration_s=hours * HOUR, **kw)
+
+
+def test_a_link_has_a_state_a_capacity_and_a_fibre_latency():
+    assert default_latency_ms(40) == pytest.approx(0.2)  # 5 us per km
+    assert min_latency_ms(100) == pytest.approx(0.49)
+    assert link_state(8, 0, False) == "up"
+    assert link_state(8, 3, False) == "degraded"
+    assert link_state(8, 8, False) == "down" and link_state(8, 0, True) == "down"
+    link = SiteLink(0, 1, 8, 400.0, 0.2, lanes_lost=2)
+    assert link.capacity_bytes == 6 * 400e9 / 8
+    assert SiteLink(0, 1, 8, 400.0, 0.2, down=True).capacity_bytes == 0
+    assert ring((0, 1)) == [(0, 1)]
+    assert sorted(ring((0, 1, 2))) == [(0, 1), (0, 2), (1, 2)]
+
+
+def test_the_cost_of_spanning_keeps_whole_replicas_in_each_site_and_grows_as_the_link_thins():
+    model = MODELS["llama3-405b"]
+    wide = span_cost(model, "H100-SXM", {0: 2048, 1: 2048}, links(lanes=32))
+    thin = span_cost(model, "H100-SXM", {0: 2048, 1: 2048}, links(lanes=1))
+    assert 0 < wide.slowdown < thin.slowdown
+    tp, pp, dp = (int(x[2:]) for x in wide.plan.split())
+    assert dp >= 2 and 2048 % (tp * pp) == 0
+    assert sum(n for _, n in wide.stages) == dp  # every replica lives wholly in one datacenter
+    ((pair, load),) = wide.loads
+    assert pair == (0, 1) and 0 < load <= 0.9 * 32 * 400e9 / 8
+    # a link at its share, or down, has no room: spanning it is not possible
+    assert span_cost(model, "H100-SXM", {0: 2048, 1: 2048}, links(load=0.9 * 8 * 400e9 / 8)) is None
+    assert span_cost(model, "H100-SXM", {0: 2048, 1: 2048}, links(down=True)) is None
+
+
+def test_a_short_wait_beats_spanning_and_the_reason_gives_both_numbers():
+    lay = layout_for()  # two datacenters of 64 GPUs
+    result, _ = cycle(lay, [queue()], half_busy(lay, 30.0, 10 * HOUR), [big()], links=links(lanes=1))
+    assert result.admissions == []
+    (reservation,) = result.reservations
+    assert domains_of(lay, reservation.held, "datacenter") == {0}
+    reason = result.pending[1]
+    assert "waits for dc1 (about 30 s) rather than span dc1+dc2" in reason
+    assert "% slower (+" in reason and "over 4.2 d" in reason
+
+
+def test_a_long_wait_makes_spanning_pay_and_the_job_takes_its_share_of_the_link():
+    lay = layout_for()
+    book = links()
+    result, _ = cycle(lay, [queue()], half_busy(lay, 10 * HOUR, 10 * HOUR), [big()], links=book)
+    (a,) = result.admissions
+    assert domains_of(lay, a.held, "datacenter") == {0, 1}
+    assert a.span_note.startswith("spans dc1+dc2 over dc1<->dc2: ")
+    assert "starts now instead of in about 10.0 h in dc" in a.span_note
+    ((pair, load),) = a.link_loads
+    assert pair == (0, 1) and load > 0
+    assert book.load == {}  # the caller's book is not changed; it adds the admission's loads
+
+
+def test_without_any_estimate_the_job_spans_and_says_why():
+    lay = layout_for()
+    result, _ = cycle(lay, [queue()], half_busy(lay, None, None), [big()], links=links())
+    (a,) = result.admissions
+    assert "no datacenter has an estimated time to hold it" in a.span_note
+
+
+@pytest.mark.parametrize("book", [links(down=True), links(load=0.9 * 8 * 400e9 / 8)], ids=["down", "full"])
+def test_a_link_down_or_full_keeps_the_job_inside_one_datacenter(book):
+    lay = layout_for()
+    result, _ = cycle(lay, [queue()], half_busy(lay, 10 * HOUR, 20 * HOUR), [big()], links=book)
+    assert result.admissions == []
+    assert "no link between the datacenters it would span has room left" in result.pending[1]
+    (reservation,) = result.reservations
+    assert domains_of(lay, reservation.held, "datacenter") == {0}
+
+
+def test_the_policies_never_and_whenever():
+    lay = layout_for()
+    busy = half_busy(lay, 30.0, 10 * HOUR)
+    never, _ = cycle(
+        lay, [queue()], busy, [big()], links=links(), config=SchedulerConfig(span_policy="never")
+    )
+    assert never.admissions == [] and "datacenter" in never.pending[1]
+    assert domains_of(lay, never.reservations[0].held, "datacenter") == {0}
+    whenever, _ = cycle(
+        lay, [queue()], busy, [big()], links=links(), config=SchedulerConfig(span_policy="whenever")
+    )
+    (a,) = whenever.admissions
+    assert a.span_note.endswith("(policy whenever)") and domains_of(lay, a.held, "datacenter") == {0, 1}
+
+
+def test_a_job_one_datacenter_holds_never_spans():
+    lay = layout_for()
+    result, _ = cycle(lay, [queue()], [], [big(gpus=48)], links=links())
+    (a,) = result.admissions
+    assert a.span_note == "" and a.link_loads == () and len(domains_of(lay, a.held, "datacenter")) == 1
+
+
+def test_decide_weighs_the_wait_against_the_time_lost():
+    cost = span_cost(None, "H100-SXM", {0: 512, 1: 512}, links(lanes=1))
+    lost = cost.slowdown * 10 * HOUR
+    names = {0: "bj1", 1: "sh1"}
+    assert decide(cost, names, lost * 2, "bj1", 10 * HOUR).span
+    assert not decide(cost, names, lost * 1.05, "bj1", 10 * HOUR).span  # inside the 10% margin
+    assert decide(cost, names, lost * 1.05, "bj1", 10 * HOUR, margin=0.0).span
