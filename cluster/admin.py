@@ -104,7 +104,8 @@ class DatacenterAdmin(admin.ModelAdmin):
 
 @admin.register(DatacenterLink)
 class DatacenterLinkAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "distance_km", "latency_ms", "bandwidth_gbps"]
+    list_display = ["__str__", "distance_km", "latency_ms", "lanes", "lane_gbps", "lanes_lost", "state"]
+    readonly_fields = ["state_changed_at"]
 
 
 @admin.register(Pod)

@@ -173,7 +173,8 @@ def _links(spec: TopologySpec, dc_by_key: dict) -> list[DatacenterLink]:
                 b=b,
                 distance_km=link.distance_km,
                 latency_ms=link.latency_ms,
-                bandwidth_gbps=link.bandwidth_gbps,
+                lanes=link.lanes,
+                lane_gbps=link.lane_gbps,
             )
         )
     return DatacenterLink.objects.bulk_create(links)

@@ -11,6 +11,7 @@ from django.db import models
 from django.db.models import F, Q
 
 from cluster.choices import GPUHealth, GPUState, NodeState, PortKind
+from engine.sites import FIBRE_MIN_MS_PER_KM, link_state
 
 
 class ChipType(models.Model):
@@ -72,29 +73,57 @@ class Datacenter(models.Model):
 
 
 class DatacenterLink(models.Model):
-    """The network between two datacenters; stored once per pair with ``a`` < ``b``."""
+    """The network between two datacenters; stored once per pair with ``a`` < ``b``.
+
+    Its capacity is lanes (e.g. 8 x 400 Gb/s); lanes lost (a wavelength down) thin it, and a link
+    marked down carries nothing. The rule for its state and what it carries is engine.sites'."""
 
     a = models.ForeignKey(Datacenter, on_delete=models.CASCADE, related_name="links_as_a")
     b = models.ForeignKey(Datacenter, on_delete=models.CASCADE, related_name="links_as_b")
     distance_km = models.FloatField(default=0)
     latency_ms = models.FloatField("one-way latency (ms)")
-    bandwidth_gbps = models.FloatField("bandwidth (Gb/s)")
+    lanes = models.PositiveIntegerField(default=8)
+    lane_gbps = models.FloatField("Gb/s per lane", default=400.0)
+    lanes_lost = models.PositiveIntegerField(default=0)
+    down = models.BooleanField(default=False)
+    state_reason = models.CharField(max_length=255, blank=True)
+    state_changed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["a_id", "b_id"]
         constraints = [
             models.UniqueConstraint(fields=["a", "b"], name="datacenter_link_unique_pair"),
             models.CheckConstraint(condition=Q(a__lt=F("b")), name="datacenter_link_ordered_pair"),
+            models.CheckConstraint(condition=Q(lanes__gt=0), name="datacenter_link_lanes_positive"),
+            models.CheckConstraint(condition=Q(lane_gbps__gt=0), name="datacenter_link_lane_rate_positive"),
             models.CheckConstraint(
-                condition=Q(bandwidth_gbps__gt=0), name="datacenter_link_bandwidth_positive"
+                condition=Q(lanes_lost__lte=F("lanes")), name="datacenter_link_lanes_lost_at_most_lanes"
             ),
             models.CheckConstraint(
-                condition=Q(latency_ms__gte=0), name="datacenter_link_latency_not_negative"
+                condition=Q(latency_ms__gte=F("distance_km") * FIBRE_MIN_MS_PER_KM),
+                name="datacenter_link_latency_above_fibre_floor",
+            ),
+            models.CheckConstraint(
+                condition=Q(distance_km__gte=0), name="datacenter_link_distance_not_negative"
             ),
         ]
 
     def __str__(self) -> str:
         return f"{self.a} <-> {self.b}"
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        """The design capacity: every lane."""
+        return self.lanes * self.lane_gbps
+
+    @property
+    def state(self) -> str:
+        return link_state(self.lanes, self.lanes_lost, self.down)
+
+    @property
+    def capacity_gbps(self) -> float:
+        """What it carries now: the lanes left, nothing when down."""
+        return 0.0 if self.state == "down" else (self.lanes - self.lanes_lost) * self.lane_gbps
 
 
 class Pod(models.Model):

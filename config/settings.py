@@ -9,6 +9,7 @@ import dj_database_url
 
 from config.env import (
     env_bool,
+    env_choice,
     env_float,
     env_int,
     env_list,
@@ -207,6 +208,12 @@ CYCLE_MIN_INTERVAL_S = env_float("MYRIAD_CYCLE_MIN_INTERVAL_S", 1.0, minimum=0.0
 # worst cycle at 100k GPUs near half a second and fills an empty 100k cluster in two cycles
 # (README, Benchmarks).
 CYCLE_MAX_START_GPUS = env_int("MYRIAD_CYCLE_MAX_START_GPUS", 50_000, minimum=0)
+# gangs that may span datacenters (topology region or any) do so "never", "whenever" one datacenter
+# does not hold them, or when it "pays": the wait saved beats the modelled slowdown x duration by
+# this margin (engine.sites); placements take a datacenter link up to this share of its capacity
+SPAN_POLICY = env_choice("MYRIAD_SPAN_POLICY", "pays", ("never", "whenever", "pays"))
+SPAN_MARGIN = env_float("MYRIAD_SPAN_MARGIN", 0.1, minimum=0.0)
+LINK_MAX_SHARE = env_float("MYRIAD_LINK_MAX_SHARE", 0.9, minimum=0.01)
 AUTOSCALE_INTERVAL_S = env_int("MYRIAD_AUTOSCALE_INTERVAL_S", 30, minimum=1)
 SIMULATED_FLEET = env_bool("MYRIAD_SIMULATED_FLEET", False)
 FLEET_TICK_S = env_int("MYRIAD_FLEET_TICK_S", 5, minimum=1)

@@ -30,6 +30,8 @@ SPAN_POLICIES = ("never", "whenever", "pays")
 DATACENTER_LEVEL = 3  # engine.placement.LEVELS
 FIBRE_US_PER_KM = 5.0  # the default one-way latency: light in fibre plus a little equipment
 FIBRE_MIN_US_PER_KM = 4.9  # the physical floor: c / 1.468 (the refractive index of silica fibre)
+FIBRE_MIN_MS_PER_KM = FIBRE_MIN_US_PER_KM / 1000.0
+DEFAULT_LANE_GBPS = 400.0  # one wavelength of a DCI system (400ZR)
 DEFAULT_MAX_SHARE = 0.9
 DEFAULT_MARGIN = 0.1
 DEFAULT_DURATION_S = 24 * 3600.0  # weighed for a job that gives no estimated duration
@@ -41,7 +43,7 @@ def default_latency_ms(distance_km: float) -> float:
 
 
 def min_latency_ms(distance_km: float) -> float:
-    return distance_km * FIBRE_MIN_US_PER_KM / 1000.0
+    return distance_km * FIBRE_MIN_MS_PER_KM
 
 
 def link_state(lanes: int, lanes_lost: int, down: bool) -> str:
@@ -156,6 +158,17 @@ def _step(model: ModelSpec, chip: str, gpus: int, k: int, link_gbytes: float, la
         if whole % (plan.tp * plan.pp) == 0 and plan.dp >= k:
             return plan
     return None
+
+
+def span_plan(model: ModelSpec, chip: str, split: dict[int, int], room_bytes: float, latency_s: float):
+    """The best plan on ``split`` ({datacenter: GPUs}) with ``room_bytes`` per second left on the
+    slowest link it crosses (None: no plan keeps whole replicas in each datacenter)."""
+    gpus = sum(split.values())
+    if len(split) < 2:
+        return _step(model, chip, gpus, 1, 0.0, 0.0, 0)
+    return _step(
+        model, chip, gpus, len(split), _round(room_bytes / 1e9), latency_s, math.gcd(*split.values())
+    )
 
 
 def span_cost(

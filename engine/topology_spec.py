@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.sites import DEFAULT_LANE_GBPS, default_latency_ms, min_latency_ms
+
 MAX_GPUS_PER_NODE = 72  # an NVL72 rack presented as one scale-up node
 MAX_NODES_PER_RACK = 64
 MAX_RACKS_PER_POD = 1024
@@ -69,7 +71,12 @@ class LinkSpec:
     b: tuple[str, str]
     distance_km: float
     latency_ms: float
-    bandwidth_gbps: float
+    lanes: int
+    lane_gbps: float
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        return self.lanes * self.lane_gbps
 
 
 @dataclass(frozen=True)
@@ -233,6 +240,23 @@ def _parse_datacenter(c: _Collector, raw: Any, path: str, chips: set[str]) -> Da
     )
 
 
+def _lanes(c: _Collector, link: dict, path: str) -> tuple[int, float]:
+    """``lanes`` x ``lane_gbps`` (default 400), or a total ``bandwidth_gbps`` in 400 Gb/s lanes."""
+    if "lanes" not in link and "bandwidth_gbps" in link:
+        total = c.number(link["bandwidth_gbps"], f"{path}.bandwidth_gbps", low=0.001)
+        lanes = max(1, round(total / DEFAULT_LANE_GBPS))
+        return lanes, total / lanes
+    if "lanes" not in link:
+        c.add(f"{path}.lanes", "is required (or bandwidth_gbps)")
+        return 1, DEFAULT_LANE_GBPS
+    lanes = link["lanes"]
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes <= 0:
+        c.add(f"{path}.lanes", f"must be a whole number above 0, got {lanes!r}")
+        lanes = 1
+    lane_gbps = c.number(link.get("lane_gbps", DEFAULT_LANE_GBPS), f"{path}.lane_gbps", low=0.001)
+    return lanes, lane_gbps
+
+
 def _parse_links(c: _Collector, raw_links: Any, spec: TopologySpec) -> list[LinkSpec]:
     if not isinstance(raw_links, list):
         c.add("links", "must be a list")
@@ -245,7 +269,8 @@ def _parse_links(c: _Collector, raw_links: Any, spec: TopologySpec) -> list[Link
     seen: set[frozenset] = set()
     for li, raw in enumerate(raw_links):
         path = f"links[{li}]"
-        link = c.mapping(raw, path, {"between", "bandwidth_gbps"}, {"distance_km", "latency_ms"})
+        optional = {"distance_km", "latency_ms", "lanes", "lane_gbps", "bandwidth_gbps"}
+        link = c.mapping(raw, path, {"between"}, optional)
         if link is None:
             continue
         ends = link.get("between")
@@ -270,9 +295,14 @@ def _parse_links(c: _Collector, raw_links: Any, spec: TopologySpec) -> list[Link
             c.add(f"{path}.between", "duplicate link between these datacenters")
         seen.add(key)
         distance = c.number(link.get("distance_km", 0), f"{path}.distance_km")
-        # Light in fibre covers about 200 km per millisecond; default the one-way latency from it.
-        latency = c.number(link.get("latency_ms", round(distance / 200.0 + 0.05, 3)), f"{path}.latency_ms")
-        bandwidth = c.number(link.get("bandwidth_gbps"), f"{path}.bandwidth_gbps", low=0.001)
+        latency = c.number(link.get("latency_ms", default_latency_ms(distance)), f"{path}.latency_ms")
+        if latency < min_latency_ms(distance) - 1e-12:
+            c.add(
+                f"{path}.latency_ms",
+                f"{latency} ms is below what light in fibre needs for {distance:g} km "
+                f"({min_latency_ms(distance):.3f} ms)",
+            )
+        lanes, lane_gbps = _lanes(c, link, path)
         a, b = sorted(resolved)
-        links.append(LinkSpec(a, b, distance, latency, bandwidth))
+        links.append(LinkSpec(a, b, distance, latency, lanes, lane_gbps))
     return links

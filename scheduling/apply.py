@@ -13,6 +13,7 @@ from cluster.models import ChipType
 from cluster.services import mark_drained
 from engine.reasons import Reason
 from engine.workload import CycleResult
+from scheduling import sites
 from scheduling.bulk import update_rows
 from scheduling.checkpoints import job_policy
 from scheduling.choices import EventKind, JobState
@@ -90,6 +91,7 @@ def apply_decisions(
             ["state", "started_at", "chip", "placement", "pending_reason", "pending_kind", "allocated_gpus"],
             admitted_jobs,
         )
+        _link_loads(result, snapshot)
         _plan_admitted(result, snapshot, now, events)
     if rows:
         allocations.insert(rows, now, _shares(result))
@@ -108,6 +110,14 @@ def apply_decisions(
     shrunk = [(r.job_id, snapshot.gpu_id[r.released]) for r in result.resizes if len(r.released)]
     allocations.carry([p.job_id for p in result.preemptions], shrunk, rows.pairs())
     return len(rows)
+
+
+def _link_loads(result: CycleResult, snapshot) -> None:
+    """Jobs placed across datacenters keep the share of each link they took (given back when they
+    are requeued: scheduling.services.requeue)."""
+    for a in result.admissions:
+        if a.link_loads:
+            Job.objects.filter(pk=a.job_id).update(link_loads=sites.as_stored(snapshot, a.link_loads))
 
 
 def _admission_events(a, now: datetime) -> list[JobEvent]:
@@ -132,9 +142,11 @@ def _admission_events(a, now: datetime) -> list[JobEvent]:
             reason=f"placed in {a.domain}"
             + (" (backfilled)" if a.backfilled else "")
             + (" on spare nodes (fault recovery may take them back)" if a.on_spares else "")
-            + (" across a congested fabric (no pod with clear links had room)" if a.congested else ""),
+            + (" across a congested fabric (no pod with clear links had room)" if a.congested else "")
+            + (f"; {a.span_note}" if a.span_note else ""),
             data={
                 "domain": a.domain,
+                "span": a.span_note,
                 "gpus": len(a.held),
                 "backfilled": a.backfilled,
                 "on_spares": a.on_spares,

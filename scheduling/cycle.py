@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.conf import settings
 from django.db import transaction
 from django.dispatch import Signal
 from django.utils import timezone
@@ -22,7 +21,7 @@ from django.utils import timezone
 from cluster.outages import best_effort
 from cluster.snapshot import topology_cache
 from engine.scheduler import SchedulerConfig, schedule
-from scheduling import store
+from scheduling import sites, store
 from scheduling.apply import apply_decisions
 from scheduling.locks import cycle_lock, lock_clock
 from scheduling.signals import congestion_asked
@@ -77,8 +76,11 @@ def run_cycle(
         timings["load"] = (t1 - t0) * 1000
         # 2. decide
         if config is None:
-            config = SchedulerConfig(max_start_gpus=settings.CYCLE_MAX_START_GPUS or None)
-        result = schedule(layout, queues, running, pending, now.timestamp(), config, congested_pods(snapshot))
+            config = sites.config()
+        links = sites.site_links(snapshot)
+        result = schedule(
+            layout, queues, running, pending, now.timestamp(), config, congested_pods(snapshot), links
+        )
         t2 = time.perf_counter()
         timings["engine"] = (t2 - t1) * 1000
         # 3. apply

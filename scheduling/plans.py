@@ -4,12 +4,16 @@ where a job actually runs (how many GPUs, which chip, how far its GPUs spread)."
 from __future__ import annotations
 
 import numpy as np
+from django.utils import timezone
 
-from cluster.models import DatacenterLink
+from cluster.models import Datacenter, DatacenterLink
+from cluster.snapshot import topology_cache
 from engine.mixedplan import mixed_plan
+from engine.sites import span_plan
 from engine.steptime import SPAN_LEVELS, Fabric, ModelSpec, NoFeasiblePlan, best_plan, rank_chips
+from scheduling import sites
 from scheduling.choices import EventKind
-from scheduling.models import JobEvent
+from scheduling.models import Allocation, Job, JobEvent
 
 
 def model_of(job) -> ModelSpec | None:
@@ -35,15 +39,44 @@ def span_of(snapshot, gpus: np.ndarray) -> tuple[int, list[int]]:
 
 
 def _fabric(dc_ids: list[int]) -> Fabric:
+    """The fabric of a mixed-chip plan across datacenters: the slowest link's capacity now."""
     if len(dc_ids) < 2:
         return Fabric()
-
-    links = DatacenterLink.objects.filter(a_id__in=dc_ids, b_id__in=dc_ids).values_list(
-        "bandwidth_gbps", flat=True
-    )
-    slowest = min(links, default=None)
-    # without a declared link the traffic goes over the WAN: the default cross-region figure
+    links = DatacenterLink.objects.filter(a_id__in=dc_ids, b_id__in=dc_ids)
+    slowest = min((link.capacity_gbps for link in links), default=0.0)
+    # without a link up the traffic goes over the WAN: the default cross-region figure
     return Fabric(datacenter_link_gbps=(slowest / 8) if slowest else 5 / 8)
+
+
+def _across_sites(job, model, chip: str, snapshot, gpus: np.ndarray, dc_ids: list[int]) -> dict:
+    """The plan of a job across datacenters (engine.sites: whole replicas in each datacenter, the
+    gradients over what the links leave it), with its replicas per datacenter."""
+    dcs = snapshot.pod_datacenter[snapshot.rack_pod[snapshot.node_rack[snapshot.gpu_node[gpus]]]]
+    index, counts = np.unique(dcs, return_counts=True)
+    split = {int(snapshot.datacenter_id[i]): int(n) for i, n in zip(index, counts, strict=True)}
+    room = sites.room_for(getattr(job, "pk", None), dc_ids)
+    if room is None:
+        return {
+            "error": "a link between its datacenters is down or missing",
+            "gpus": int(len(gpus)),
+            "chip": chip,
+        }
+    plan = span_plan(model, chip, split, *room)
+    if plan is None:
+        return {
+            "error": "no plan keeps whole model replicas in each datacenter",
+            "gpus": int(len(gpus)),
+            "chip": chip,
+        }
+    data = plan.as_dict()
+    replica = plan.tp * plan.pp
+    names = dict(Datacenter.objects.filter(pk__in=list(split)).values_list("pk", "name"))
+    data["sites"] = [
+        {"datacenter": names.get(dc, str(dc)), "gpus": n, "replicas": n // replica}
+        for dc, n in sorted(split.items())
+    ]
+    data["link_room_gbps"] = round(room[0] * 8 / 1e9, 1)
+    return data
 
 
 def plan_for(job, chip: str, snapshot, gpus: np.ndarray, parts=()) -> dict:
@@ -64,12 +97,14 @@ def plan_for(job, chip: str, snapshot, gpus: np.ndarray, parts=()) -> dict:
         data.update(mixed=True, gpus=int(len(gpus)), span=SPAN_LEVELS[level], datacenters=max(1, len(dc_ids)))
         return data
     try:
-        plan = best_plan(
-            model, chip, len(gpus), fabric=_fabric(dc_ids), span_level=level, datacenters=max(1, len(dc_ids))
-        )
+        if len(dc_ids) > 1:
+            data = _across_sites(job, model, chip, snapshot, gpus, dc_ids)
+        else:
+            data = best_plan(model, chip, len(gpus), span_level=level).as_dict()
     except (NoFeasiblePlan, KeyError) as exc:
         return {"error": str(exc), "gpus": int(len(gpus)), "chip": chip}
-    data = plan.as_dict()
+    if "error" in data:
+        return data
     data["span"] = SPAN_LEVELS[level]
     data["datacenters"] = max(1, len(dc_ids))
     return data
@@ -94,9 +129,12 @@ def plan_summary(plan: dict) -> str:
             f"{plan['tokens_per_s']:,.0f} tokens/s"
             + (f", mixed efficiency {efficiency:.1%}" if efficiency is not None else "")
         )
+    where = ""
+    if plan.get("sites"):
+        where = "; replicas " + ", ".join(f"{s['replicas']} in {s['datacenter']}" for s in plan["sites"])
     return (
         f"TP{plan['tp']} PP{plan['pp']} DP{plan['dp']}, {plan['step_s']:.2f} s/step, "
-        f"{plan['tokens_per_s']:,.0f} tokens/s"
+        f"{plan['tokens_per_s']:,.0f} tokens/s{where}"
     )
 
 
@@ -121,3 +159,38 @@ def resize_job(job, snapshot, gpus: np.ndarray, *, at, reason: str, **extra):
     if new_plan and "error" not in new_plan:
         reason += f"; re-planned {plan_summary(new_plan)}"
     return JobEvent(job=job, kind=EventKind.RESIZED, at=at, reason=reason, data=data)
+
+
+def replan_crossing(link, reason: str, at=None) -> list[int]:
+    """Re-plan every running job that crosses ``link`` over what it carries now (after lanes were
+    lost or came back): each gets its new plan and a ``planned`` event with the step time before
+    and after. Returns the jobs re-planned."""
+    at = at or timezone.now()
+    snapshot = topology_cache.current()
+    events = []
+    changed = []
+    for job in Job.objects.filter(pk__in=sites.jobs_crossing(link)).select_related("chip"):
+        gpu_ids = Allocation.objects.filter(job=job, active=True).values_list("gpu_id", flat=True)
+        gpus = topology_cache.gpu_indices(np.fromiter(gpu_ids, dtype=np.int64))
+        old = job.plan or {}
+        new = plan_for(job, job.chip.name if job.chip else "", snapshot, gpus)
+        if not new:
+            continue
+        job.plan = new
+        job.save(update_fields=["plan"])
+        changed.append(job.pk)
+        slower = ""
+        if old.get("step_s") and new.get("step_s"):
+            change = new["step_s"] / old["step_s"] - 1
+            slower = f": {old['step_s']:.2f} -> {new['step_s']:.2f} s/step ({change:+.1%})"
+        events.append(
+            JobEvent(
+                job=job,
+                kind=EventKind.PLANNED,
+                at=at,
+                reason=f"re-planned, {reason}{slower}; {plan_summary(new)}"[:2000],
+                data={"old_plan": old, "plan": new, "link": link.pk},
+            )
+        )
+    JobEvent.objects.bulk_create(events)
+    return changed

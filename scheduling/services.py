@@ -133,7 +133,15 @@ def _release(job: Job, now) -> int:
 
 
 # the fields a requeue changes, for bulk updates
-REQUEUE_FIELDS = ["state", "started_at", "placement", "pending_reason", "pending_kind", "allocated_gpus"]
+REQUEUE_FIELDS = [
+    "state",
+    "started_at",
+    "placement",
+    "pending_reason",
+    "pending_kind",
+    "allocated_gpus",
+    "link_loads",
+]
 
 
 def requeue(job: Job, reason: str) -> list[str]:
@@ -141,6 +149,7 @@ def requeue(job: Job, reason: str) -> list[str]:
     fault); returns the fields changed. The caller releases its GPUs and writes its events."""
     job.state = job_action_target("requeue", job.state)
     job.started_at, job.placement, job.allocated_gpus = None, "", 0
+    job.link_loads = None  # it gives back its share of the datacenter links it crossed
     job.pending_reason = reason[:2000]
     job.pending_kind = ""  # until the next cycle says what it waits for
     return REQUEUE_FIELDS

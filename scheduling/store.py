@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from cluster.snapshot import topology_cache
 from engine.placement import Layout
-from engine.steptime import describe_ranking
+from engine.steptime import ModelSpec, describe_ranking
 from engine.workload import PendingJob, QueueSpec, RunningJob
 from scheduling.choices import JobState
 from scheduling.models import Allocation, Job, Queue
@@ -358,6 +358,18 @@ def load_running() -> list[RunningJob]:
     return running
 
 
+def _model(cache: dict, text) -> ModelSpec | None:
+    """The model a job trains (parsed once per distinct text), or None without one."""
+    key = text if isinstance(text, str) else json.dumps(text, sort_keys=True)
+    if key not in cache:
+        data = json.loads(text) if isinstance(text, str) else text
+        try:
+            cache[key] = ModelSpec.from_dict(data) if data else None
+        except (ValueError, TypeError, KeyError):
+            cache[key] = None
+    return cache[key]
+
+
 def load_pending(now: datetime | None = None) -> tuple[list[PendingJob], dict[int, str], dict[int, str]]:
     """Pending jobs in one plain query (10,000 of them are normal on a busy cluster); submit times
     come back as epoch seconds so no row needs a datetime object. Returns the jobs, their current
@@ -373,16 +385,18 @@ def load_pending(now: datetime | None = None) -> tuple[list[PendingJob], dict[in
         cursor.execute(
             f"SELECT j.id, q.name, j.gpus, j.priority, j.chip_types{as_text}, j.topology, {epoch}, "
             f"j.estimated_duration_s, j.pending_reason, j.min_gpus, j.size_step, j.share, j.mixed_chips, "
-            f"j.chip_ranking{as_text} FROM {job} j JOIN {queue} q ON q.id = j.queue_id "
+            f"j.chip_ranking{as_text}, CASE WHEN j.topology IN ('region', 'any') THEN j.model{as_text} END "
+            f"FROM {job} j JOIN {queue} q ON q.id = j.queue_id "
             f"WHERE j.state = %s AND (j.requeue_at IS NULL OR j.requeue_at <= %s)",
             [JobState.PENDING.value, connection.ops.adapt_datetimefield_value(now or timezone.now())],
         )
         rows = cursor.fetchall()
     pending, reasons, ranked = [], {}, {}
     chip_lists: dict[str | None, tuple[str, ...]] = {None: ()}
+    models: dict[str, ModelSpec | None] = {}  # of jobs that may span datacenters: the cost of doing so
     for row in rows:
         job_id, queue_name, gpus, priority, chips_text, topology, submitted, duration, reason = row[:9]
-        low, step, share, mixed, ranking = row[9:]
+        low, step, share, mixed, ranking, model_text = row[9:]
         chips = chip_lists.get(chips_text)
         if chips is None:
             chips = chip_lists[chips_text] = tuple(json.loads(chips_text) or ())
@@ -404,6 +418,7 @@ def load_pending(now: datetime | None = None) -> tuple[list[PendingJob], dict[in
                 step,
                 share,
                 bool(mixed),
+                _model(models, model_text) if model_text else None,
             )
         )
         reasons[job_id] = reason

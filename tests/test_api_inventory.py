@@ -147,7 +147,7 @@ def test_the_openapi_schema_is_valid_and_complete(db, tmp_path):
         "chip-types",
         "regions",
         "datacenters",
-        "datacenter-links",
+        "links",
         "pods",
         "racks",
         "nodes",

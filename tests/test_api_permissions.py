@@ -24,11 +24,11 @@ ENDPOINTS = {
     },
     "regions": lambda: {"name": "west"},
     "datacenters": lambda: {"region": Region.objects.first().pk, "name": "dc9", "power_budget_kw": 10},
-    "datacenter-links": lambda: {
+    "links": lambda: {
         "a": Datacenter.objects.first().pk,
         "b": Datacenter.objects.create(region=Region.objects.first(), name="dc3").pk,
-        "latency_ms": 0.3,
-        "bandwidth_gbps": 800,
+        "distance_km": 40,
+        "lanes": 2,
     },
     "pods": lambda: {"datacenter": Datacenter.objects.first().pk, "name": "p99"},
     "racks": lambda: {"pod": Pod.objects.first().pk, "name": "r99"},
@@ -47,7 +47,7 @@ def list_url(name: str) -> str:
         "chip-types": "chiptype",
         "regions": "region",
         "datacenters": "datacenter",
-        "datacenter-links": "datacenterlink",
+        "links": "datacenterlink",
         "pods": "pod",
         "racks": "rack",
         "nodes": "node",

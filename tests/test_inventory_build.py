@@ -59,7 +59,7 @@ def test_the_database_refuses_a_second_gpu_with_the_same_index(small_cluster):
             a=Datacenter.objects.order_by("-id").first(),
             b=Datacenter.objects.order_by("id").first(),
             latency_ms=1,
-            bandwidth_gbps=1,
+            lanes=1,
         ),
         lambda: GPU.objects.filter(pk=GPU.objects.first().pk).update(health="fine"),
     ],

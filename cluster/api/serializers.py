@@ -9,7 +9,6 @@ from cluster.models import (
     GPU,
     ChipType,
     Datacenter,
-    DatacenterLink,
     EnrolmentToken,
     Node,
     NodeCredential,
@@ -91,25 +90,6 @@ class DatacenterSerializer(serializers.ModelSerializer):
         if value < 0:
             raise serializers.ValidationError("must not be negative")
         return value
-
-
-class DatacenterLinkSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = DatacenterLink
-        fields = ["id", "a", "b", "distance_km", "latency_ms", "bandwidth_gbps"]
-
-    def validate(self, attrs):
-        a = attrs.get("a", getattr(self.instance, "a", None))
-        b = attrs.get("b", getattr(self.instance, "b", None))
-        if a == b:
-            raise serializers.ValidationError({"b": "a link joins two different datacenters"})
-        if a and b and a.pk > b.pk:
-            attrs["a"], attrs["b"] = b, a
-        if attrs.get("bandwidth_gbps", 1) <= 0:
-            raise serializers.ValidationError({"bandwidth_gbps": "must be greater than zero"})
-        if attrs.get("latency_ms", 0) < 0:
-            raise serializers.ValidationError({"latency_ms": "must not be negative"})
-        return attrs
 
 
 class PodSerializer(serializers.ModelSerializer):

@@ -6,7 +6,6 @@ routes = [
     ("chip-types", views.ChipTypeViewSet),
     ("regions", views.RegionViewSet),
     ("datacenters", views.DatacenterViewSet),
-    ("datacenter-links", views.DatacenterLinkViewSet),
     ("pods", views.PodViewSet),
     ("racks", views.RackViewSet),
     ("nodes", views.NodeViewSet),

@@ -17,7 +17,6 @@ from cluster.models import (
     GPU,
     ChipType,
     Datacenter,
-    DatacenterLink,
     EnrolmentToken,
     Node,
     NodeCredential,
@@ -78,13 +77,6 @@ class DatacenterViewSet(KeepsChildrenMixin, viewsets.ModelViewSet):
     filterset_class = filtersets.DatacenterFilterSet
     ordering_fields = ["name", "gpu_count", "power_budget_kw"]
     search_fields = ["name", "location"]
-
-
-class DatacenterLinkViewSet(viewsets.ModelViewSet):
-    queryset = DatacenterLink.objects.all()
-    serializer_class = s.DatacenterLinkSerializer
-    filterset_class = filtersets.DatacenterLinkFilterSet
-    ordering_fields = ["bandwidth_gbps", "latency_ms", "distance_km"]
 
 
 class PodViewSet(KeepsChildrenMixin, viewsets.ModelViewSet):

@@ -3,8 +3,10 @@
 from django.urls import path
 
 from monitoring.api import agent, views
+from monitoring.api.links import LinkViewSet
 
 routes = [
+    ("links", LinkViewSet),
     ("faults", views.FaultEventViewSet),
     ("congestion", views.CongestionRecordViewSet),
     ("simulations", views.SimulationViewSet),
