@@ -10,7 +10,7 @@ service), under the scheduling lock it already holds.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -40,6 +40,7 @@ class FaultHit:
     detected_at: datetime
     label: str
     classification: Classification
+    link_stays_down: bool = False  # a datacenter link that is down: the jobs crossing it cannot restart there
 
 
 def jobs_hit(gpu_ids: list[int], link_ends: tuple[int, int] | None = None) -> list[int]:
@@ -173,6 +174,11 @@ def _recover(job: Job, hit: FaultHit, faulty: np.ndarray, holdings: Holdings, no
     ``holdings`` is updated with the GPUs the job gave up and took, for the next job of the same fault."""
     job_gpus = holdings.gpus_of(job.pk)
     plan, triggered_ok = _plan(job, hit, faulty, holdings)
+    if hit.link_stays_down and plan.outcome != "none":
+        why = (
+            "its datacenter link is down: it runs again in one datacenter, or across the link when it is back"
+        )
+        plan = replace(plan, outcome="requeue", reason=why)
     _record_fault(job, hit, triggered_ok)
     if job.command and job_policy(job).triggered and hit.classification.memory_readable:
         # on real nodes a triggered save is the job's: every rank gets the checkpoint signal (the

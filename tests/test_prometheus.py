@@ -76,6 +76,9 @@ def test_the_dashboards_cover_every_metric_family_the_control_plane_exports():
         "myriad_fabric_link_congested",
         "myriad_congestion_open",
         "myriad_nic_ports",
+        "myriad_link_utilization_ratio",
+        "myriad_link_capacity_gbps",
+        "myriad_link_state",
         "DCGM_FI_DEV_GPU_UTIL",
         "DCGM_FI_DEV_XID_ERRORS",
     ):

@@ -138,7 +138,8 @@ def handle_fault(fault_id: int, now=None) -> dict:
         if c.interrupts_job:
             link = (fault.link.a_id, fault.link.b_id) if fault.link_id else None
             hit = recovery.jobs_hit(gpu_ids, link)
-        facts = recovery.FaultHit(fault.pk, fault.at, fault.detected_at, str(fault), c)
+        stays_down = bool(fault.link_id) and fault.link.state == "down"
+        facts = recovery.FaultHit(fault.pk, fault.at, fault.detected_at, str(fault), c, stays_down)
         recoveries = recovery.recover_jobs(facts, hit, faulty, now)
         if fault.job_id is None and recoveries:
             fault.job_id = recoveries[0][0]

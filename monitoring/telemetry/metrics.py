@@ -31,16 +31,18 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from cluster.models import NicPort, Pod
+from cluster.models import DatacenterLink, NicPort, Pod
 from cluster.outages import best_effort
 from engine.frames import decode_frame
 from engine.reasons import PENDING_KINDS
+from engine.sites import LINK_STATES
 from monitoring.models import CongestionRecord, FaultEvent
 from monitoring.telemetry import fabric
 from monitoring.telemetry.livestore import CYCLE_COUNTS_KEY, live_store, newest_frame
 from monitoring.telemetry.overview import BUCKETS, ettr_last_day, overview
 from scheduling.choices import EventKind, JobState
 from scheduling.models import Job, JobEvent, Queue
+from scheduling.sites import running_loads
 from scheduling.usage import queue_usage
 
 log = logging.getLogger("myriad.metrics")
@@ -171,6 +173,7 @@ class ControlPlaneCollector:
         yield from _cycle_histogram()
         yield from self._health()
         yield from self._fabric()
+        yield from self._links()
 
     def _jobs(self):
         pending = GaugeMetricFamily(
@@ -366,6 +369,36 @@ class ControlPlaneCollector:
         records = GaugeMetricFamily("myriad_congestion_open", "Fabric links with an open congestion record")
         records.add_metric([], CongestionRecord.objects.filter(ended_at__isnull=True).count())
         yield records
+
+    def _links(self):
+        """Per datacenter link (a handful): the running jobs' shares over its capacity now, its
+        state one-hot, its capacity."""
+        util = GaugeMetricFamily(
+            "myriad_link_utilization_ratio",
+            "A datacenter link's load (the shares of the jobs crossing it) over its capacity now",
+            labels=["link"],
+        )
+        state = GaugeMetricFamily(
+            "myriad_link_state",
+            "1 for the state a datacenter link is in (up, degraded, down)",
+            labels=["link", "state"],
+        )
+        capacity = GaugeMetricFamily(
+            "myriad_link_capacity_gbps",
+            "What a datacenter link carries now: the lanes left, 0 when down",
+            labels=["link"],
+        )
+        loads = running_loads()
+        for link in DatacenterLink.objects.select_related("a", "b"):
+            name = f"{link.a.name}<->{link.b.name}"
+            load_gbps = loads.get((link.a_id, link.b_id), 0.0) * 8 / 1e9
+            util.add_metric([name], load_gbps / link.capacity_gbps if link.capacity_gbps else 0.0)
+            for s in LINK_STATES:
+                state.add_metric([name, s], 1.0 if link.state == s else 0.0)
+            capacity.add_metric([name], link.capacity_gbps)
+        yield util
+        yield state
+        yield capacity
 
 
 def celery_queue_lengths() -> dict[str, int]:

@@ -1,0 +1,186 @@
+"""Links between datacenters through the API and the cycle: a job spans only when no datacenter
+holds it and it pays, takes its share of the link, is re-planned when lanes are lost and stops
+when the link goes down; bad input is refused by field and writes nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.builder import build_cluster, known_chip_names
+from cluster.models import AuditRecord, ChipType, Datacenter, DatacenterLink
+from engine.topology_spec import parse_topology
+from monitoring.models import FaultEvent
+from scheduling.cycle import run_cycle
+from scheduling.models import Queue, QueueQuota
+from scheduling.services import submit_job
+
+POD = {"chip_type": "H100-SXM", "racks": 2, "nodes_per_rack": 2, "gpus_per_node": 8}
+TWO_SITES = {
+    "regions": [
+        {
+            "name": "north",
+            "datacenters": [{"name": "bj1", "pods": [POD]}, {"name": "bj2", "pods": [POD]}],
+        }
+    ],
+    "links": [{"between": ["bj1", "bj2"], "distance_km": 40, "lanes": 8, "lane_gbps": 400}],
+}
+MODEL = {"preset": "llama3-8b"}
+
+
+@pytest.fixture
+def two_sites(db):
+    build_cluster(parse_topology(TWO_SITES, known_chip_names()))
+    queue = Queue.objects.create(name="train")
+    QueueQuota.objects.create(queue=queue, chip_type=ChipType.objects.get(name="H100-SXM"), nominal=64)
+    return DatacenterLink.objects.get()
+
+
+def _spanning_job(**kw):
+    fields = {"queue": Queue.objects.get(name="train"), "gpus": 48, "topology": "region", "model": MODEL}
+    fields.update(kw)
+    return submit_job(**fields)
+
+
+def test_a_link_reads_as_lanes_latency_state_and_load(two_sites, viewer_client):
+    body = viewer_client.get("/api/v1/links/").json()["results"][0]
+    assert (body["a_name"], body["b_name"]) == ("bj1", "bj2")
+    assert body["lanes"] == 8 and body["bandwidth_gbps"] == 3200 and body["capacity_gbps"] == 3200
+    assert body["latency_ms"] == pytest.approx(0.2)  # 40 km at 5 us per km
+    assert body["state"] == "up" and body["load_gbps"] == 0 and body["utilization"] == 0
+
+
+def test_a_job_no_datacenter_holds_spans_takes_its_share_and_says_why(two_sites, viewer_client):
+    job = _spanning_job()
+    run_cycle()
+    job.refresh_from_db()
+    assert job.state == "running"
+    placed = job.events.get(kind="placed")
+    assert "spans bj1+bj2 over bj1<->bj2: " in placed.reason and "% slower" in placed.reason
+    assert "no datacenter has an estimated time to hold it" in placed.reason
+    ((a, b, load),) = job.link_loads
+    assert {a, b} == set(Datacenter.objects.values_list("pk", flat=True)) and load > 0
+    assert [s["datacenter"] for s in job.plan["sites"]] == ["bj1", "bj2"]
+    assert sum(s["replicas"] for s in job.plan["sites"]) == job.plan["dp"]
+    link = viewer_client.get(f"/api/v1/links/{two_sites.pk}/").json()
+    assert link["load_gbps"] == pytest.approx(load * 8 / 1e9, rel=1e-3) and link["utilization"] > 0
+    detail = viewer_client.get(f"/api/v1/jobs/{job.pk}/").json()
+    assert any("spans bj1+bj2" in e["reason"] for e in detail["events"])
+
+
+def test_a_job_that_fits_one_datacenter_never_crosses_a_link(two_sites):
+    job = _spanning_job(gpus=32)
+    run_cycle()
+    job.refresh_from_db()
+    assert job.state == "running" and job.link_loads is None
+    assert "spans" not in job.events.get(kind="placed").reason
+
+
+def test_with_the_policy_never_the_job_waits_inside_one_datacenter(two_sites, settings):
+    settings.SPAN_POLICY = "never"
+    job = _spanning_job()
+    run_cycle()
+    job.refresh_from_db()
+    assert job.state == "pending" and "datacenter" in job.pending_reason
+
+
+def test_lanes_lost_re_plan_the_job_crossing_and_marking_down_stops_it_once(
+    two_sites, operator_client, django_capture_on_commit_callbacks, eager_celery
+):
+    job = _spanning_job()
+    run_cycle()
+    job.refresh_from_db()
+    step_before = job.plan["step_s"]
+    url = f"/api/v1/links/{two_sites.pk}/"
+    response = operator_client.post(
+        f"{url}lanes-lost/", {"lanes_lost": 7, "reason": "wavelength 3-9 dark"}, format="json"
+    )
+    assert response.status_code == 200, response.json()
+    assert response.json()["state"] == "degraded" and response.json()["capacity_gbps"] == 400
+    job.refresh_from_db()
+    assert job.plan["step_s"] > step_before
+    replanned = job.events.filter(kind="planned").latest("id")
+    assert (
+        "re-planned, link bj1 <-> bj2 has 1 of 8 lanes" in replanned.reason
+        and "s/step (+" in replanned.reason
+    )
+    assert AuditRecord.objects.filter(action="lanes_lost", reason="wavelength 3-9 dark").count() == 1
+
+    with django_capture_on_commit_callbacks(execute=True):
+        first = operator_client.post(f"{url}mark-down/", {"reason": "fibre cut at km 17"}, format="json")
+    with django_capture_on_commit_callbacks(execute=True):
+        again = operator_client.post(f"{url}mark-down/", {"reason": "fibre cut at km 17"}, format="json")
+    assert first.status_code == again.status_code == 200
+    assert again.json()["state"] == "down" and again.json()["capacity_gbps"] == 0
+    assert FaultEvent.objects.filter(link=two_sites, source="link_down").count() == 1
+    assert AuditRecord.objects.filter(action="mark_down").count() == 1
+    job.refresh_from_db()
+    assert job.state != "running" or not job.link_loads  # its collectives hung: it was interrupted
+    assert job.events.filter(kind__in=["interrupted", "requeued", "fault"]).exists()
+
+    # with the link down nothing spans it: the job waits for one datacenter
+    run_cycle()
+    job.refresh_from_db()
+    assert job.link_loads is None
+    up = operator_client.post(f"{url}mark-up/", {"reason": "spliced"}, format="json")
+    assert up.json()["state"] == "degraded"
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"lanes": 0}, "lanes"),
+        ({"distance_km": 100, "latency_ms": 0.3}, "latency_ms"),
+        ({"same": True}, "b"),
+        ({"a": 999_999}, "a"),
+        ({"lane_gbps": 0}, "lane_gbps"),
+    ],
+    ids=["no-lanes", "faster-than-light", "to-itself", "unknown-datacenter", "no-rate"],
+)
+def test_a_bad_link_is_refused_by_field_and_writes_nothing(two_sites, operator_client, body, field):
+    a, b = Datacenter.objects.order_by("pk")
+    third = Datacenter.objects.create(region=a.region, name="bj3")
+    payload = {"a": a.pk, "b": third.pk, "distance_km": 20, "lanes": 4}
+    if body.pop("same", False):
+        payload["b"] = a.pk
+    payload.update(body)
+    before = DatacenterLink.objects.count(), AuditRecord.objects.count()
+    response = operator_client.post("/api/v1/links/", payload, format="json")
+    assert response.status_code == 400 and field in response.json(), response.json()
+    assert (DatacenterLink.objects.count(), AuditRecord.objects.count()) == before
+
+
+def test_a_link_marked_with_more_lanes_lost_than_it_has_is_refused(two_sites, operator_client):
+    response = operator_client.post(
+        f"/api/v1/links/{two_sites.pk}/lanes-lost/", {"lanes_lost": 9}, format="json"
+    )
+    assert response.status_code == 400 and "lanes_lost" in response.json()
+    two_sites.refresh_from_db()
+    assert two_sites.lanes_lost == 0 and AuditRecord.objects.count() == 0
+
+
+def test_the_topology_spec_refuses_a_link_faster_than_light():
+    doc = {
+        **TWO_SITES,
+        "links": [{"between": ["bj1", "bj2"], "distance_km": 100, "latency_ms": 0.1, "lanes": 8}],
+    }
+    with pytest.raises(Exception, match=r"links\[0\]\.latency_ms: 0.1 ms is below what light in fibre needs"):
+        parse_topology(doc, {"H100-SXM"})
+    doc = {**TWO_SITES, "links": [{"between": ["bj1", "bj2"], "lanes": 0}]}
+    with pytest.raises(Exception, match=r"links\[0\]\.lanes: must be a whole number above 0"):
+        parse_topology(doc, {"H100-SXM"})
+
+
+def test_prometheus_shows_each_links_load_capacity_and_state(two_sites, operator_client, settings):
+    from tests.test_metrics import TOKEN, samples, scrape, value
+
+    settings.METRICS_TOKEN = TOKEN
+    _spanning_job()
+    run_cycle()
+    found = samples(scrape("/metrics").content)
+    assert value(found, "myriad_link_utilization_ratio", link="bj1<->bj2") > 0
+    assert value(found, "myriad_link_capacity_gbps", link="bj1<->bj2") == 3200
+    assert value(found, "myriad_link_state", link="bj1<->bj2", state="up") == 1
+    operator_client.post(f"/api/v1/links/{two_sites.pk}/lanes-lost/", {"lanes_lost": 2}, format="json")
+    found = samples(scrape("/metrics").content)
+    assert value(found, "myriad_link_state", link="bj1<->bj2", state="degraded") == 1
+    assert value(found, "myriad_link_capacity_gbps", link="bj1<->bj2") == 2400
