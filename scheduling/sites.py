@@ -53,6 +53,19 @@ def room_for(job_id: int | None, dc_ids: list[int]) -> tuple[float, float] | Non
     return min(room), max(links[p].latency_ms for p in ring_pairs) / 1000.0
 
 
+def crossing_counts() -> dict[tuple[int, int], int]:
+    """How many running jobs took a share of each link, by (datacenter id, datacenter id)."""
+    counts: dict[tuple[int, int], int] = {}
+    rows = Job.objects.filter(state=JobState.RUNNING, link_loads__isnull=False).values_list(
+        "link_loads", flat=True
+    )
+    for entries in rows:
+        for a, b, _ in entries or ():
+            pair = (min(a, b), max(a, b))
+            counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
 def jobs_crossing(link: DatacenterLink) -> list[int]:
     """The running jobs that took a share of ``link``."""
     pair = [link.a_id, link.b_id]

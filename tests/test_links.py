@@ -184,3 +184,32 @@ def test_prometheus_shows_each_links_load_capacity_and_state(two_sites, operator
     found = samples(scrape("/metrics").content)
     assert value(found, "myriad_link_state", link="bj1<->bj2", state="degraded") == 1
     assert value(found, "myriad_link_capacity_gbps", link="bj1<->bj2") == 2400
+
+
+def test_the_fleet_view_lists_the_links_between_its_datacenters(
+    two_sites, viewer_client, operator_client, settings, tmp_path
+):
+    import numpy as np
+
+    from cluster.snapshot import topology_cache
+    from engine.frames import FRAME_METRICS, encode_frame
+    from monitoring.telemetry.livestore import FRAME_KEY, live_store, reset_store
+
+    settings.DATA_DIR = tmp_path
+    reset_store()
+    n = topology_cache.structure().num_gpus
+    live_store().put(FRAME_KEY, encode_frame(3, 5.0, {m: np.zeros(n, dtype=np.uint8) for m in FRAME_METRICS}))
+    _spanning_job()
+    run_cycle()
+    operator_client.post(
+        f"/api/v1/links/{two_sites.pk}/lanes-lost/", {"lanes_lost": 4, "reason": "amplifier"}, format="json"
+    )
+    top = viewer_client.get("/api/v1/telemetry/levels/?level=datacenter").json()
+    (link,) = top["sites"]
+    assert link["name"] == "bj1 <-> bj2" and link["state"] == "degraded" and link["reason"] == "amplifier"
+    assert link["lanes"] == "4 of 8 x 400 Gb/s" and link["capacity_gbps"] == 1600
+    assert link["jobs"] == 1 and link["load_gbps"] > 0 and link["util"] > 0
+    pods = viewer_client.get("/api/v1/telemetry/levels/?level=pod").json()
+    assert "sites" not in pods
+    live_store().delete(FRAME_KEY)
+    reset_store()

@@ -79,7 +79,7 @@ def test_spare_nodes_cannot_exceed_the_pod():
 def test_link_latency_defaults_from_distance():
     spec = parse_topology(SMALL_TOPOLOGY, CHIPS)
     (link,) = spec.links
-    assert link.latency_ms == pytest.approx(40 / 200 + 0.05)
+    assert link.latency_ms == pytest.approx(40 * 0.005)  # 5 us per km of fibre
 
 
 def test_build_cluster_from_a_yaml_file(db, tmp_path):

@@ -11,9 +11,11 @@ from datetime import timedelta
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from cluster.models import DatacenterLink
 from monitoring.models import CongestionRecord, FaultEvent
 from monitoring.telemetry import fabric
 from monitoring.telemetry.livestore import live_store
+from scheduling.sites import crossing_counts, running_loads
 
 MAX_PODS = 64  # uplinks listed at the pod level (the busiest first)
 NIC_FAULTS = ("nic_link_flap", "nic_port_down")
@@ -84,3 +86,33 @@ def links(snap, level: str, cells, path: list[dict]) -> dict | None:
         "thresholds": entry["thresholds"],
         "links": out,
     }
+
+
+def site_links(snap, level: str, cells) -> list[dict]:
+    """At the datacenter level (the sites): the links between the datacenters shown, each with its
+    state, lanes, capacity now, the load of the jobs crossing it and how many cross it."""
+    if level != "datacenter":
+        return []
+    shown = {int(snap.datacenter_id[int(c)]) for c in cells}
+    loads = running_loads()
+    crossing = crossing_counts()
+    out = []
+    for link in DatacenterLink.objects.select_related("a", "b").filter(a_id__in=shown, b_id__in=shown):
+        load = loads.get((link.a_id, link.b_id), 0.0) * 8 / 1e9
+        capacity = link.capacity_gbps
+        out.append(
+            {
+                "id": link.pk,
+                "name": f"{link.a.name} <-> {link.b.name}",
+                "state": link.state,
+                "lanes": f"{link.lanes - link.lanes_lost} of {link.lanes} x {link.lane_gbps:g} Gb/s",
+                "capacity_gbps": capacity,
+                "load_gbps": round(load, 1),
+                "util": round(100 * load / capacity, 1) if capacity else None,
+                "jobs": crossing.get((link.a_id, link.b_id), 0),
+                "latency_ms": link.latency_ms,
+                "distance_km": link.distance_km,
+                "reason": link.state_reason,
+            }
+        )
+    return out

@@ -276,6 +276,9 @@ def level_view(snap, frame: bytes, query: dict) -> dict:
         ],
         "uplinks": _uplinks(snap, level, cells, path),
     }
+    sites = fabric_view.site_links(snap, level, cells)
+    if sites:
+        answer["sites"] = sites
     network = fabric_view.links(snap, level, cells, path)
     if network is not None:
         answer["fabric"] = network
