@@ -27,9 +27,10 @@ from engine.chips import BY_NAME
 from engine.placement import FreePool, Layout
 from engine.presets import preset_document
 from engine.scheduler import schedule
+from engine.sites import links_from_spec
 from engine.synthetic import snapshot_from_spec
 from engine.topology_spec import parse_topology
-from engine.workload import RunningJob
+from engine.workload import PendingJob, RunningJob
 
 
 def _apply(result, pending, running, now):
@@ -78,16 +79,27 @@ def bench_mixed(
     elastic: float = 0.0,
     fractional: float = 0.0,
     congested_pods: np.ndarray | None = None,
+    links=None,
+    spanning: float = 0.0,
 ) -> dict:
     queues, pending = mixed_workload(layout.topo, elastic=elastic, fractional=fractional)
+    if spanning:  # that share of the jobs of 256 GPUs or more may span datacenters
+        pick = np.random.default_rng(13).random(len(pending)) < spanning
+        pending = [
+            replace(j, topology="region") if p and j.gpus >= 256 else j
+            for j, p in zip(pending, pick, strict=True)
+        ]
     running: list[RunningJob] = []
     now = 0.0
     cycle_times, admissions, preemptions, first_admitted = [], 0, 0, None
+    decisions, spans = [], 0
     for _ in range(cycles):
         running = [j for j in running if j.estimated_end > now]
         t0 = time.perf_counter()
-        result = schedule(layout, queues, running, pending, now, congested_pods=congested_pods)
+        result = schedule(layout, queues, running, pending, now, congested_pods=congested_pods, links=links)
         cycle_times.append(time.perf_counter() - t0)
+        decisions += result.span_decisions_s
+        spans += sum(1 for a in result.admissions if a.span_note)
         admissions += len(result.admissions)
         preemptions += len(result.preemptions)
         if first_admitted is None:
@@ -103,6 +115,61 @@ def bench_mixed(
         "mixed_first_cycle_ms": round(cycle_times[0] * 1000, 1),
         "mixed_first_cycle_admissions": first_admitted,
         "mixed_first_cycle_admissions_per_s": round(first_admitted / cycle_times[0], 1),
+        "mixed_span_decisions": len(decisions),
+        "mixed_spanned": spans,
+    }
+
+
+def bench_span_decision(layout: Layout, spec, repeats: int = 50) -> dict:
+    """The span-or-wait decision of one 4,096-GPU H100 job that no campus holds (about 2,000 free
+    in each of the three, the rest busy with jobs that end over the next 10 h), with the mixed
+    10,000 jobs pending behind it; each repeat with another load on the links (so that no cached
+    plan answers it)."""
+    topo = layout.topo
+    h100 = topo.chip_names.index("H100-SXM")
+    rng = np.random.default_rng(17)
+    gpu_dc = layout.node_domain[3][layout.gpu_node]
+    held = []
+    for dc in range(len(topo.datacenter_id)):
+        gpus = np.flatnonzero((gpu_dc == dc) & (topo.gpu_chip == h100))
+        if len(gpus) > 2000:
+            held.append(gpus[: len(gpus) - 2000])
+    running = [
+        RunningJob(
+            900_000 + i, "pretrain", g[k : k + 512], "H100-SXM", 0, 0.0, float(rng.uniform(600, 36_000)), 0.0
+        )
+        for i, g in enumerate(held)
+        for k in range(0, len(g), 512)
+    ]
+    queues, pending = mixed_workload(topo)
+    # the running H100 work and the big job are queue pretrain's own quota (no borrowing in question)
+    capacity = topo.count_by_chip()
+    queues = [
+        replace(q, nominal={**q.nominal, "H100-SXM": capacity["H100-SXM"]}) if q.name == "pretrain" else q
+        for q in queues
+    ]
+    big = PendingJob(
+        1_000_000,
+        "pretrain",
+        4096,
+        priority=10,
+        chip_types=("H100-SXM",),
+        topology="region",
+        estimated_duration_s=12 * 3600.0,
+    )
+    times, notes = [], []
+    for _ in range(repeats):
+        links = links_from_spec(spec)
+        for pair in links.links:
+            links.add(pair, float(rng.uniform(0, 0.5)) * links.links[pair].capacity_bytes)
+        result = schedule(layout, queues, running, [big, *pending], 0.0, links=links)
+        times += result.span_decisions_s[:1]
+        admitted = [a for a in result.admissions if a.job_id == big.id]
+        notes.append(admitted[0].span_note if admitted else result.pending.get(big.id, ""))
+    return {
+        "span_decision_ms_p50": round(float(np.percentile(times, 50)) * 1000, 2),
+        "span_decision_ms_p99": round(float(np.percentile(times, 99)) * 1000, 2),
+        "span_decision_example": notes[0][:200],
     }
 
 
@@ -130,7 +197,8 @@ def bench_gang(layout: Layout, repeats: int = 50) -> dict:
 
 
 def main() -> None:
-    topo = snapshot_from_spec(parse_topology(preset_document("100k"), set(BY_NAME)))
+    spec = parse_topology(preset_document("100k"), set(BY_NAME))
+    topo = snapshot_from_spec(spec)
     layout = Layout(topo)
     figures = {**bench_fill(layout), **bench_mixed(layout), **bench_gang(layout)}
     # the same mix with 20% elastic and 20% shared-GPU jobs (the heterogeneity issue's target:
@@ -142,6 +210,11 @@ def main() -> None:
     congested = np.random.default_rng(11).random(len(topo.pod_id)) < 0.2
     hot = bench_mixed(layout, congested_pods=congested)
     figures.update({f"congested_{k.removeprefix('mixed_')}": v for k, v in hot.items()})
+    # the same rigid mix with a tenth of the jobs of 256+ GPUs allowed to span the three campuses,
+    # over the preset's links: the span-or-wait decisions must stay inside the cycle budget
+    sites = bench_mixed(layout, links=links_from_spec(spec), spanning=0.1)
+    figures.update({f"sites_{k.removeprefix('mixed_')}": v for k, v in sites.items()})
+    figures.update(bench_span_decision(layout, spec))
     rows = [
         ("fill: time to 90% allocated", f"{figures['fill_90pct_s']} s", "target < 2 s (end to end)"),
         ("fill: job starts per second", f"{figures['fill_starts_per_s']:,}", "target > 200 (end to end)"),
@@ -175,6 +248,17 @@ def main() -> None:
             "20% of pods congested: cycle p50 / p99",
             f"{figures['congested_cycle_p50_ms']} / {figures['congested_cycle_p99_ms']} ms",
             "target < 1,000 ms",
+        ),
+        (
+            "10% of large jobs may span sites: cycle p50 / p99",
+            f"{figures['sites_cycle_p50_ms']} / {figures['sites_cycle_p99_ms']} ms "
+            f"({figures['sites_span_decisions']} decisions, {figures['sites_spanned']} spanned)",
+            "target < 1,000 ms",
+        ),
+        (
+            "span or wait: one 4,096-GPU job over 3 sites, 10k pending, p50 / p99",
+            f"{figures['span_decision_ms_p50']} / {figures['span_decision_ms_p99']} ms",
+            "target < 5 ms",
         ),
         (
             "gang: place 1,024 GPUs p50 / p99",

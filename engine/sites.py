@@ -124,6 +124,19 @@ class SiteLinks:
         return link.name if link is not None and link.name else f"{pair[0]}<->{pair[1]}"
 
 
+def links_from_spec(spec, max_share: float = DEFAULT_MAX_SHARE) -> SiteLinks:
+    """The links of a topology spec (engine.topology_spec), by datacenter index in spec order (the
+    order snapshots and the database builder use), with no load."""
+    order = [(region.name, dc.name) for region, dc in spec.datacenters()]
+    links = []
+    for link in spec.links:
+        a, b = sorted((order.index(link.a), order.index(link.b)))
+        links.append(
+            SiteLink(a, b, link.lanes, link.lane_gbps, link.latency_ms, name=f"{link.a[1]}<->{link.b[1]}")
+        )
+    return SiteLinks(links, max_share)
+
+
 @dataclass(frozen=True)
 class SpanCost:
     """What spanning ``dcs`` costs a job: its step time there against inside one datacenter."""

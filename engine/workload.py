@@ -249,3 +249,4 @@ class CycleResult:
     preemption_attempts: int = 0
     start_limited: bool = False  # the start limit left jobs for the next cycle
     drained: list[int] = field(default_factory=list)  # draining nodes (indices) with no work left
+    span_decisions_s: list[float] = field(default_factory=list)  # each span-or-wait decision's time

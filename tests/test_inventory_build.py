@@ -128,8 +128,8 @@ def test_the_100k_preset_builds_a_100k_gpu_cluster(db):
         12_500,
         2_500,
         100,
-        4,
-        2,
+        3,
+        1,
     )
     assert GPU.objects.count() == 100_000
     per_node = set(Node.objects.annotate(n=Count("gpus")).values_list("n", flat=True).distinct())

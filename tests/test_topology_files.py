@@ -17,7 +17,7 @@ CHIPS = set(BY_NAME)
 
 @pytest.mark.parametrize(
     ("name", "gpus", "nodes", "datacenters", "regions"),
-    [("demo", 3072, 384, 3, 2), ("10k", 10_000, 1250, 2, 1), ("100k", 100_000, 12_500, 4, 2)],
+    [("demo", 3072, 384, 3, 2), ("10k", 10_000, 1250, 2, 1), ("100k", 100_000, 12_500, 3, 1)],
 )
 def test_presets_have_the_documented_shape(name, gpus, nodes, datacenters, regions):
     spec = parse_topology(preset_document(name), CHIPS)

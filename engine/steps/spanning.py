@@ -10,6 +10,8 @@ datacenter, and its pending reason says why it did not span)."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from engine.sites import DATACENTER_LEVEL, decide, span_cost
@@ -32,6 +34,7 @@ def admit_placed_or_span(s: CycleState, qi: int, job: PendingJob, c: int, max_le
         return True
     if s.config.span_policy == "never":
         return False
+    t0 = time.perf_counter()
     where = s.pools.open.find(c, job.gpus, max_level)
     if where is None or where[0] <= DATACENTER_LEVEL:
         return False
@@ -58,6 +61,7 @@ def admit_placed_or_span(s: CycleState, qi: int, job: PendingJob, c: int, max_le
         s.config.span_margin,
         s.links,
     )
+    s.result.span_decisions_s.append(time.perf_counter() - t0)
     if not choice.span:
         s.span_waits[job.id] = choice.note
         return False
