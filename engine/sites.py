@@ -27,6 +27,7 @@ from engine.steptime import MODELS, Fabric, ModelSpec, NoFeasiblePlan, _ranked, 
 
 LINK_STATES = ("up", "degraded", "down")
 SPAN_POLICIES = ("never", "whenever", "pays")
+SPANNING = ("region", "any")  # the topology constraints that let a gang span datacenters
 DATACENTER_LEVEL = 3  # engine.placement.LEVELS
 FIBRE_US_PER_KM = 5.0  # the default one-way latency: light in fibre plus a little equipment
 FIBRE_MIN_US_PER_KM = 4.9  # the physical floor: c / 1.468 (the refractive index of silica fibre)
@@ -100,6 +101,14 @@ class SiteLinks:
     def copy(self) -> SiteLinks:
         out = SiteLinks(list(self.links.values()), self.max_share)
         out.load = dict(self.load)
+        return out
+
+    def taken(self, shares) -> SiteLinks:
+        """A copy with the running jobs' shares added (each a job's ((pair, bytes/s), ...))."""
+        out = self.copy()
+        for loads in shares:
+            for pair, load in loads:
+                out.add(pair, load)
         return out
 
     def add(self, pair: tuple[int, int], bytes_per_s: float) -> None:

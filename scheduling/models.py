@@ -307,7 +307,7 @@ class Job(models.Model):
         default=dict, blank=True, help_text="Model shape for the step-time model (params, layers, ...)"
     )
     plan = models.JSONField(default=dict, blank=True, help_text="Current parallel plan, modelled")
-    link_loads = models.JSONField(null=True, blank=True, editable=False, help_text="[[dc, dc, bytes/s]]: links taken")
+    link_loads = models.JSONField(null=True, blank=True, editable=False, help_text="[[dc, dc, B/s]]")
     chip_ranking = models.JSONField(default=list, blank=True, help_text="Chip types by tokens per dollar")
     service = models.ForeignKey(
         InferenceService, null=True, blank=True, on_delete=models.SET_NULL, related_name="replicas"

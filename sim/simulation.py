@@ -31,10 +31,11 @@ from engine.ettr import Ettr
 from engine.inference import LoadProfile
 from engine.invariants import check_cycle
 from engine.lifecycle import Verdict, checkpoint_bytes, judge, saves_on_demand, unsaved_s
-from engine.network import Network
+from engine.network import Network, model_for
 from engine.placement import Layout
 from engine.recovery import plan_recovery
 from engine.scheduler import schedule
+from engine.sites import SPANNING, SiteLinks
 from engine.states import (
     NODE_STATE_CODE,
     InvalidTransition,
@@ -85,6 +86,7 @@ class Simulation:
         queues: list[QueueSpec] | None = None,
         datacenter_links: dict[tuple[int, int], float] | None = None,
         services: list[SimService] | None = None,
+        site_links: SiteLinks | None = None,
     ):
         self.cfg = config or SimConfig()
         # the simulation changes states: work on copies of the state arrays
@@ -93,6 +95,8 @@ class Simulation:
         self.ph = self.cfg.physics
         self.fleet = Fleet(self.topo, self.ph, self.cfg.fleet, seed=self.cfg.seed)
         self.network = Network(self.topo, datacenter_links=datacenter_links)
+        self.site_links = site_links  # the engine's view of the links (engine.sites); None: no site model
+        self.link_loads: dict[int, tuple] = {}  # running jobs across datacenters: the links' shares taken
         self.net_rng = np.random.default_rng([self.cfg.seed, 5])
         capacity = {c: n for c, n in self.topo.count_by_chip().items() if n}
         self.services = list(services or [])
@@ -171,6 +175,7 @@ class Simulation:
             job.remaining / spec.gpus,
             spec.min_gpus,
             spec.size_step,
+            model=model_for(spec.parameters) if spec.topology in SPANNING and spec.parameters else None,
         )
 
     def new_job_id(self) -> int:
@@ -245,7 +250,10 @@ class Simulation:
         self.cycles += 1
         running = self._running_view()
         pending = list(self.pending.values())
-        result = schedule(self.layout, self.queues, running, pending, self.now, self.cfg.scheduler)
+        links = self.site_links.taken(self.link_loads.values()) if self.site_links is not None else None
+        result = schedule(
+            self.layout, self.queues, running, pending, self.now, self.cfg.scheduler, links=links
+        )
         if self.cfg.check_invariants:
             check_cycle(self.layout, self.queues, running, pending, result, self.now)
             self.checked += 1
@@ -259,6 +267,8 @@ class Simulation:
         for a in result.admissions:
             job = self.jobs[a.job_id]
             del self.pending[a.job_id]
+            if a.link_loads:
+                self.link_loads[a.job_id] = a.link_loads
             self._start(job, a.held, resumed=job.first_admit is not None)
 
     # --- running, saving, stopping ------------------------------------------------------------
@@ -317,6 +327,7 @@ class Simulation:
         self.owner[job.held] = -1
         job.version += 1
         del self.running[job.spec.id]
+        self.link_loads.pop(job.spec.id, None)
         job.held = None
         if requeue:
             job.waiting_since = self.now
@@ -333,6 +344,7 @@ class Simulation:
         job.remaining = 0.0
         self.owner[job.held] = -1
         del self.running[job_id]
+        self.link_loads.pop(job_id, None)
         job.ended = self.now
         self.dirty = True
 

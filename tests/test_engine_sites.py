@@ -143,3 +143,29 @@ def test_decide_weighs_the_wait_against_the_time_lost():
     assert decide(cost, names, lost * 2, "bj1", 10 * HOUR).span
     assert not decide(cost, names, lost * 1.05, "bj1", 10 * HOUR).span  # inside the 10% margin
     assert decide(cost, names, lost * 1.05, "bj1", 10 * HOUR, margin=0.0).span
+
+
+def test_the_simulator_runs_the_same_rule_over_its_links():
+    from sim.config import SimConfig
+    from sim.simulation import Simulation
+    from sim.workload import SimJob
+
+    lay = layout_for()  # two datacenters of 64 H100s
+    jobs = [SimJob(1, "a", 96, 0.0, 3600.0, "H100-SXM", topology="region", parameters=8e9)]
+    queues = [queue()]
+    config = SimConfig(days=1, seed=1, check_invariants=True)
+    spanned = Simulation(lay.topo, jobs, config, queues=queues, site_links=links())
+    taken = []
+    original = spanned._start
+
+    def start(job, held, *, resumed):
+        taken.append(dict(spanned.link_loads))
+        original(job, held, resumed=resumed)
+
+    spanned._start = start
+    out = spanned.run()
+    assert taken and taken[0][1][0][0] == (0, 1)  # it crossed the link with its modelled share
+    assert spanned.link_loads == {}  # and gave the share back when it ended
+    cut = Simulation(lay.topo, jobs, config, queues=queues, site_links=links(down=True)).run()
+    assert out["jobs"]["ended_by_outcome"] == {"completed": 1}
+    assert cut["jobs"]["started"] == 0 and cut["jobs"]["pending_at_end"] == 1  # no link: it never runs

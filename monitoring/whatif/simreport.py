@@ -20,6 +20,7 @@ from engine.ettr import ETTR_BUCKETS
 from engine.network import datacenter_links
 from engine.policy import CheckpointPolicy
 from engine.presets import PRESETS, preset_document
+from engine.sites import links_from_spec
 from engine.synthetic import snapshot_from_spec
 from engine.tiers import DEFAULT_REPLICA_GROUPS, RecoveryTier, validate_replica_groups
 from engine.topology_spec import parse_topology
@@ -143,6 +144,7 @@ def run_all(
             sim_config,
             datacenter_links=datacenter_links(spec),
             services=default_services(capacity, inference_share),
+            site_links=links_from_spec(spec),
         )
         results.append(
             sim.run(progress=(lambda f, name=config["name"]: progress(name, f)) if progress else None)

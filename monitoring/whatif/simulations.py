@@ -55,9 +55,12 @@ def inventory_document() -> dict:
         {
             "between": [link.a.name, link.b.name],
             "distance_km": link.distance_km,
-            "bandwidth_gbps": link.bandwidth_gbps,
+            "latency_ms": link.latency_ms,
+            "lanes": link.lanes - link.lanes_lost,  # a what-if runs on the links as they are now
+            "lane_gbps": link.lane_gbps,
         }
         for link in DatacenterLink.objects.select_related("a", "b")
+        if link.state != "down"
     ]
     if links:
         doc["links"] = links

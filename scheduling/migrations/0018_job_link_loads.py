@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='link_loads',
-            field=models.JSONField(blank=True, editable=False, help_text='[[dc, dc, bytes/s]]: links taken', null=True),
+            field=models.JSONField(blank=True, editable=False, help_text='[[dc, dc, B/s]]', null=True),
         ),
     ]
