@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import checkpoint, faults, lifecycle, reasons, states, tiers
+from engine import checkpoint, faults, lifecycle, reasons, sites, states, tiers
 from engine.ettr import ETTR_BUCKETS
 from engine.placement import TOPOLOGY_CONSTRAINTS
 from engine.workload import QUEUEING_STRATEGIES, RECLAIM_POLICIES, WITHIN_QUEUE_POLICIES
@@ -29,6 +29,8 @@ ENUMS = {
     "within-queue policies": WITHIN_QUEUE_POLICIES,
     "queueing strategies": QUEUEING_STRATEGIES,
     "pending kinds": reasons.PENDING_KINDS,
+    "link states": sites.LINK_STATES,
+    "span policies": sites.SPAN_POLICIES,
 }
 
 
