@@ -227,6 +227,8 @@ AGENT_HEARTBEAT_TIMEOUT_S = env_int("MYRIAD_AGENT_HEARTBEAT_TIMEOUT_S", 15, mini
 PROGRESS_HANG_STEPS = env_int("MYRIAD_PROGRESS_HANG_STEPS", 3, minimum=1)
 PROGRESS_HANG_FLOOR_S = env_int("MYRIAD_PROGRESS_HANG_FLOOR_S", 30, minimum=1)
 PROGRESS_STRAGGLER_SHARE = env_int("MYRIAD_PROGRESS_STRAGGLER_PERCENT", 10, minimum=1) / 100
+# every agent of a datacenter (at least this many) silent at once is a partition, not node faults
+PARTITION_MIN_NODES = env_int("MYRIAD_PARTITION_MIN_NODES", 2, minimum=1)
 AGENT_WATCH_INTERVAL_S = env_int("MYRIAD_AGENT_WATCH_INTERVAL_S", 5, minimum=1)
 # a fabric link is congested while its worst port's p99 window utilization (percent) or its ports'
 # CNPs per second reach these; congested this long (seconds) opens a congestion record

@@ -205,15 +205,18 @@ def schedule(
     config: SchedulerConfig | None = None,
     congested_pods=None,
     links=None,
+    unreachable=None,
 ) -> CycleResult:
     """Run one scheduling cycle over a snapshot; returns decisions and never changes its inputs.
     ``congested_pods``: bool over the snapshot's pods whose fabric links are congested now
     (engine.fabric.congested_pods): gangs that span nodes go there last. ``links``: the
     datacenter links with the loads of the jobs crossing them (engine.sites.SiteLinks; copied):
     gangs allowed to span datacenters do so by ``config.span_policy`` within their capacity;
-    None keeps no site model (a gang spans whenever one datacenter does not hold it)."""
+    None keeps no site model (a gang spans whenever one datacenter does not hold it).
+    ``unreachable``: bool over the snapshot's datacenters the control plane cannot reach (a
+    partition): nothing new is placed there; the work inside keeps running."""
     if links is not None:
         links = links.copy()
-    state = CycleState(layout, queues, running, pending, now, config or SchedulerConfig(), links)
+    state = CycleState(layout, queues, running, pending, now, config or SchedulerConfig(), links, unreachable)
     state.pools.set_congestion(congested_pods)
     return run(state)

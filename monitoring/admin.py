@@ -4,7 +4,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from monitoring.faults.services import fault_problem
-from monitoring.models import CongestionRecord, FaultEvent, Simulation
+from monitoring.models import CongestionRecord, FaultEvent, Simulation, SitePartition
 from monitoring.tasks import handle_fault_task
 
 
@@ -73,6 +73,22 @@ class CongestionRecordAdmin(admin.ModelAdmin):
     list_filter = ["source", "pod__datacenter"]
     date_hierarchy = "started_at"
     list_select_related = ["pod"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(SitePartition)
+class SitePartitionAdmin(admin.ModelAdmin):
+    """Datacenters the control plane could not reach (opened by the agents' silence or through the
+    API; read only here)."""
+
+    list_display = ["__str__", "detected_at", "ended_at", "source", "nodes", "reason"]
+    list_filter = ["source", "datacenter"]
+    date_hierarchy = "started_at"
 
     def has_add_permission(self, request):
         return False

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import F, Q
 
-from cluster.models import GPU, DatacenterLink, Node, Pod
+from cluster.models import GPU, Datacenter, DatacenterLink, Node, Pod
 from monitoring.choices import FaultAction, FaultSource, Severity
 
 
@@ -216,3 +216,41 @@ class CongestionRecord(models.Model):
         return (
             f"{self.pod.name} rail {self.rail} leaf" if self.rail is not None else f"{self.pod.name} uplink"
         )
+
+
+class SitePartition(models.Model):
+    """A datacenter the control plane cannot reach: every agent there silent at once, or an
+    operator marking its path to the control plane down. One event, not a fault per node: nothing
+    new is placed there while it is open, the work inside keeps running (its agents keep it), and
+    nobody is requeued; it closes when an agent there reports again (or the operator ends it)."""
+
+    datacenter = models.ForeignKey(Datacenter, on_delete=models.CASCADE, related_name="partitions")
+    started_at = models.DateTimeField(db_index=True, help_text="The last report before the silence")
+    detected_at = models.DateTimeField()
+    ended_at = models.DateTimeField(
+        null=True, blank=True, help_text="When it was reached again; empty while open"
+    )
+    source = models.CharField(max_length=16, help_text="agents_silent or operator")
+    nodes = models.PositiveIntegerField(default=0, help_text="Nodes with an agent there when it opened")
+    reason = models.CharField(max_length=255, blank=True)
+    ended_reason = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["datacenter"],
+                condition=Q(ended_at__isnull=True),
+                name="partition_open_once_per_datacenter",
+            ),
+            models.CheckConstraint(
+                condition=Q(ended_at__isnull=True) | Q(ended_at__gte=F("started_at")),
+                name="partition_ends_after_it_starts",
+            ),
+            models.CheckConstraint(
+                condition=Q(source__in=("agents_silent", "operator")), name="partition_source_known"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"partition of {self.datacenter} from {self.started_at:%Y-%m-%d %H:%M:%S}"

@@ -10,6 +10,7 @@ from celery import group
 from django.db.models import Max, Q
 
 from cluster.outages import best_effort
+from monitoring.faults import partitions
 from monitoring.models import FaultEvent
 from monitoring.tasks import handle_fault_task, run_simulation_part
 from monitoring.telemetry import fabric, metrics
@@ -28,6 +29,12 @@ def congested_pods_now(sender, snapshot, **kwargs):
         return None
     hot = {entry["pod_ids"][i] for i in entry["congested_pods"]}
     return np.isin(snapshot.pod_id, list(hot))
+
+
+def partitioned_datacenters(sender, snapshot, **kwargs):
+    """The datacenters (in the snapshot's order) with an open partition; None when there is none."""
+    ids = partitions.open_datacenters()
+    return np.isin(snapshot.datacenter_id, list(ids)) if ids else None
 
 
 def clear_faults_of_returned_nodes(sender, nodes, action: str, at, **kwargs) -> None:

@@ -24,7 +24,7 @@ from engine.scheduler import SchedulerConfig, schedule
 from scheduling import sites, store
 from scheduling.apply import apply_decisions
 from scheduling.locks import cycle_lock, lock_clock
-from scheduling.signals import congestion_asked
+from scheduling.signals import congestion_asked, partitions_asked
 from scheduling.trigger import assignments_changed, request_cycle
 
 log = logging.getLogger("myriad.scheduling")
@@ -79,7 +79,15 @@ def run_cycle(
             config = sites.config()
         links = sites.site_links(snapshot)
         result = schedule(
-            layout, queues, running, pending, now.timestamp(), config, congested_pods(snapshot), links
+            layout,
+            queues,
+            running,
+            pending,
+            now.timestamp(),
+            config,
+            congested_pods(snapshot),
+            links,
+            unreachable=_asked(partitions_asked, snapshot),
         )
         t2 = time.perf_counter()
         timings["engine"] = (t2 - t1) * 1000
@@ -133,7 +141,12 @@ def _publish(summary: CycleSummary) -> None:
 
 def congested_pods(snapshot):
     """The pods whose fabric is congested now, as monitoring's telemetry says (None: unknown)."""
-    for _, answer in congestion_asked.send(sender=CycleSummary, snapshot=snapshot):
+    return _asked(congestion_asked, snapshot)
+
+
+def _asked(signal, snapshot):
+    """The first answer a receiver of ``signal`` gives about ``snapshot`` (None: none does)."""
+    for _, answer in signal.send(sender=CycleSummary, snapshot=snapshot):
         if answer is not None:
             return answer
     return None

@@ -12,3 +12,6 @@ services_changed = Signal()
 # a cycle asks which pods' fabric links are congested now (kwarg snapshot): a receiver answers a
 # bool array over the snapshot's pods, or None when it does not know
 congestion_asked = Signal()
+# a cycle asks which datacenters the control plane cannot reach now (kwarg snapshot): a receiver
+# answers a bool array over the snapshot's datacenters, or None when none is partitioned
+partitions_asked = Signal()

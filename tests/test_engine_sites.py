@@ -169,3 +169,16 @@ def test_the_simulator_runs_the_same_rule_over_its_links():
     cut = Simulation(lay.topo, jobs, config, queues=queues, site_links=links(down=True)).run()
     assert out["jobs"]["ended_by_outcome"] == {"completed": 1}
     assert cut["jobs"]["started"] == 0 and cut["jobs"]["pending_at_end"] == 1  # no link: it never runs
+
+
+def test_a_partitioned_datacenter_takes_nothing_new_and_its_work_keeps_running():
+    lay = layout_for()
+    inside = running(lay, 100, "a", nodes=(0, 1), end=None)
+    cut = [True, False]  # dc1 cannot be reached
+    result, after = cycle(
+        lay, [queue()], [inside], [big(1, gpus=16), big(2, gpus=64, hours=1)], unreachable=cut
+    )
+    (a,) = result.admissions
+    assert a.job_id == 1 and domains_of(lay, a.held, "datacenter") == {1}
+    assert 2 in result.pending  # 64 GPUs would fit dc1, which is out of reach, or span it: neither
+    assert result.preemptions == [] and any(j.id == 100 for j in after)

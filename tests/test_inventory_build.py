@@ -140,18 +140,18 @@ def test_the_100k_preset_builds_a_100k_gpu_cluster(db):
     assert set(NicPort.objects.values_list("rate_gbps", flat=True).distinct()) == {400.0}
     chips = dict(Node.objects.values_list("chip_type__name").annotate(n=Count("id")))
     assert chips == {
-        "H100-SXM": 5625,
+        "H100-SXM": 6250,  # 50 pods: 25 in bj1, 20 in bj2, 5 in bj3
         "H200": 1875,
         "A100-80G": 1250,
-        "B200": 625,
-        "Ascend-910B": 1875,
+        "B200": 1250,
+        "Ascend-910B": 625,
         "MI300X": 1250,
     }
     assert Node.objects.filter(is_spare=True).count() == 200  # two spares per pod
 
     snap = load_topology()
     assert snap.num_gpus == 100_000
-    assert snap.count_by("datacenter").tolist() == [25_000] * 4
+    assert snap.count_by("datacenter").tolist() == [40_000, 40_000, 20_000]  # three campuses
     assert set(snap.count_by("pod").tolist()) == {1_000}
     assert set(snap.count_by("rack").tolist()) == {40}
     # GPUs are ordered by node, so each node's 8 GPUs are contiguous

@@ -168,4 +168,9 @@ def test_the_alert_rules_load_and_evaluate(scraped):
         assert time.monotonic() < deadline, f"alert rules not healthy: {rules}"
         time.sleep(1)
     names = {r["name"] for r in rules}
-    assert {"MyriadFabricLinkCongested", "MyriadNicPortFlapping", "MyriadNicPortDown"} <= names
+    assert {
+        "MyriadFabricLinkCongested",
+        "MyriadNicPortFlapping",
+        "MyriadNicPortDown",
+        "MyriadDatacenterLinkDown",
+    } <= names

@@ -27,7 +27,15 @@ def chips_of(job: RunningJob) -> tuple[str, ...]:
 
 class CycleState:
     def __init__(
-        self, layout: Layout, queues, running, pending, now: float, config: SchedulerConfig, links=None
+        self,
+        layout: Layout,
+        queues,
+        running,
+        pending,
+        now: float,
+        config: SchedulerConfig,
+        links=None,
+        unreachable=None,
     ):
         self.layout = layout
         self.links = links  # engine.sites.SiteLinks with the crossing jobs' loads; None: no site model
@@ -41,6 +49,10 @@ class CycleState:
         self.pending = list(pending)
         self.quota = build_quota_book(self.queues, self.topo.chip_names, self.running)
         self.schedulable = self.topo.schedulable()
+        reachable = np.ones(self.topo.num_gpus, dtype=bool)
+        if unreachable is not None and np.any(unreachable):  # a partitioned datacenter takes nothing new
+            reachable = ~np.asarray(unreachable, dtype=bool)[layout.node_domain[3][layout.gpu_node]]
+            self.schedulable &= reachable
         owned = np.zeros(self.topo.num_gpus, dtype=bool)
         if self.running:
             owned[np.concatenate([j.held for j in self.running])] = True
@@ -55,7 +67,7 @@ class CycleState:
         self.share_mixes: dict = {}  # chip -> the kinds of work fractions are packed against
         self.pools = Pools(layout, self.schedulable & ~owned)
         # free GPUs of spare nodes, for queues allowed to borrow them (built when first asked)
-        self.spare_free = self.topo.usable() & self.topo.node_spare[self.topo.gpu_node] & ~owned
+        self.spare_free = self.topo.usable() & self.topo.node_spare[self.topo.gpu_node] & ~owned & reachable
         self.spare_pool: FreePool | None = None
         self.running_by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
         self.lowest_cache: dict[tuple[int, int], tuple[list, float]] = {}  # engine.steps.preemption

@@ -1,5 +1,6 @@
 """``/api/v1/links/``: the links between datacenters as part of the fleet: capacity in lanes, a
-latency, a state, and the load of the jobs crossing each. Operators create and change them, and
+latency, a state, and the load of the jobs crossing each (and ``/api/v1/partitions/``: sites the
+control plane could not reach). Operators create and change them, and
 mark lanes lost, a link down or up, each with a reason in the audit.
 
 Marking a link down is a ``link_down`` fault on it: the jobs crossing it stop (their collectives
@@ -12,7 +13,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, viewsets
+from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.generics import get_object_or_404
 from rest_framework.response import Response
@@ -21,7 +22,9 @@ from cluster.audit import record
 from cluster.filtersets import DatacenterLinkFilterSet
 from cluster.models import DatacenterLink
 from engine.sites import default_latency_ms, min_latency_ms
+from monitoring.faults import partitions
 from monitoring.faults.services import report_fault
+from monitoring.models import SitePartition
 from scheduling.locks import cycle_lock
 from scheduling.plans import replan_crossing
 from scheduling.sites import jobs_crossing, running_loads
@@ -211,3 +214,57 @@ class LinkViewSet(viewsets.ModelViewSet):
                     )
         request_cycle()
         return Response(LinkSerializer(link, context={"request": request}).data)
+
+
+class PartitionSerializer(serializers.ModelSerializer):
+    datacenter_name = serializers.CharField(source="datacenter.name", read_only=True)
+
+    class Meta:
+        model = SitePartition
+        fields = [
+            "id",
+            "datacenter",
+            "datacenter_name",
+            "started_at",
+            "detected_at",
+            "ended_at",
+            "source",
+            "nodes",
+            "reason",
+            "ended_reason",
+        ]
+        read_only_fields = ["started_at", "detected_at", "ended_at", "source", "nodes", "ended_reason"]
+
+
+class PartitionViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """Datacenters the control plane could not reach: opened when every agent there went silent at
+    once, or by an operator (POST: the path to the site is down); while open nothing new is placed
+    there and nobody there is requeued. Declaring one for a datacenter already partitioned answers
+    the open one."""
+
+    queryset = SitePartition.objects.select_related("datacenter").order_by("-started_at", "-id")
+    serializer_class = PartitionSerializer
+    filterset_fields = ["datacenter", "source"]
+    ordering_fields = ["started_at"]
+
+    def create(self, request, *args, **kwargs):
+        body = self.get_serializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        partition = partitions.declare(
+            data["datacenter"], data.get("reason", ""), request.user, timezone.now()
+        )
+        request_cycle()
+        return Response(self.get_serializer(partition).data, status=201)
+
+    @extend_schema(request=ReasonSerializer, responses=PartitionSerializer)
+    @action(detail=True, methods=["post"])
+    def end(self, request, pk=None):
+        """The datacenter is reachable again: new work may be placed there."""
+        body = ReasonSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        partition = partitions.end(
+            self.get_object(), body.validated_data["reason"], request.user, timezone.now()
+        )
+        request_cycle()
+        return Response(self.get_serializer(partition).data)

@@ -3,10 +3,11 @@
 from django.urls import path
 
 from monitoring.api import agent, views
-from monitoring.api.links import LinkViewSet
+from monitoring.api.links import LinkViewSet, PartitionViewSet
 
 routes = [
     ("links", LinkViewSet),
+    ("partitions", PartitionViewSet),
     ("faults", views.FaultEventViewSet),
     ("congestion", views.CongestionRecordViewSet),
     ("simulations", views.SimulationViewSet),

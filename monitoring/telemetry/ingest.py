@@ -27,11 +27,13 @@ from cluster.fields import FieldError
 from cluster.models import Node, NodeCredential
 from cluster.snapshot import topology_cache
 from engine.frames import FRAME_METRICS, decode_frame, encode_frame
+from monitoring.faults import partitions
 from monitoring.faults.services import report_fault
 from monitoring.telemetry import congestion, fabric, netreports
 from monitoring.telemetry.identities import forget, revoked
 from monitoring.telemetry.livestore import AGENT_REPORT_PREFIX, FRAME_KEY, live_store, publish_frame
 from scheduling import launch
+from scheduling.trigger import request_cycle
 
 _UP_SINCE = timezone.now()  # nodes are judged silent only once this process has been up as long
 
@@ -302,19 +304,25 @@ def stale_s() -> float:
 
 
 def watch(now: datetime | None = None) -> dict:
-    """Heartbeat loss for nodes whose agent went silent, and starts that did not reach every node.
+    """Heartbeat loss for nodes whose agent went silent (a whole datacenter silent: a partition),
+    and starts that did not reach every node.
     A node is judged only after this control plane has itself been up for the timeout, so an
     outage of the control plane is not blamed on the nodes."""
     now = now or timezone.now()
     timeout = timedelta(seconds=settings.AGENT_HEARTBEAT_TIMEOUT_S)
     cutoff = now - timeout
-    lost = []
+    lost, opened, closed = [], [], []
     if cutoff >= _UP_SINCE:
+        # a whole datacenter silent is one partition, not a fault per node (monitoring.faults.partitions)
+        hold, opened, closed = partitions.follow(now, timeout)
+        if opened or closed:
+            request_cycle()
         silent = (
             NodeCredential.objects.filter(
                 revoked_at__isnull=True, heartbeat_lost_at__isnull=True, created_at__lte=cutoff
             )
             .exclude(last_used_at__gt=cutoff)
+            .exclude(node__rack__pod__datacenter_id__in=hold)
             .select_related("node")
         )
         for credential in silent:
@@ -335,7 +343,12 @@ def watch(now: datetime | None = None) -> dict:
                 )
                 lost.append(credential.node.hostname)
     stopped = launch.check_launches(now)
-    return {"heartbeat_lost": lost, "starts_given_up": stopped}
+    return {
+        "heartbeat_lost": lost,
+        "starts_given_up": stopped,
+        "partitions_opened": opened,
+        "partitions_closed": closed,
+    }
 
 
 def compose_frame() -> int:
