@@ -6,6 +6,8 @@ the tests follow them through the API as an operator would."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -673,6 +675,50 @@ def test_an_xid_from_nvml_takes_the_node_out_and_the_job_moves_with_measured_rec
     recovered = next(e for e in detail["events"] if e["kind"] == "recovered")
     assert recovered["data"]["measured"] is True
     assert 0 < fault["recovery_s"] < 90
+    api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
+
+
+def test_a_site_whose_agents_all_fall_silent_is_one_partition_and_its_work_runs_on(cluster):
+    """Every agent of the datacenter stops at once (the control plane loses the site): one
+    partition, no node faults, the job left running, nothing new placed there; when the agents
+    come back the partition closes and the job still runs once."""
+    stack, api, agents = cluster
+    job = submit(api, sleep=600, gpus=GPUS_PER_NODE, topology="node")
+    detail = wait_for("the job running", launched(api, job), timeout=60)
+    host = next(p["node"] for p in detail["processes"] if p["state"] == "running")
+    pid = wait_for("its pid", lambda: next(iter(agents[host].pids(job["id"]).values()), None))
+    faults_before = len(api.get("/api/v1/faults/?page_size=200")["results"])
+    live = [a for a in agents.values() if a.process.poll() is None]
+    for agent in live:
+        os.kill(agent.process.pid, signal.SIGSTOP)
+    try:
+        partition = wait_for(
+            "a partition of dc1",
+            lambda: next(
+                (p for p in api.get("/api/v1/partitions/")["results"] if p["ended_at"] is None), None
+            ),
+            timeout=45,
+        )
+        assert partition["datacenter_name"] == "dc1" and partition["source"] == "agents_silent"
+        assert partition["nodes"] == len(agents)
+        waiting = submit(api, sleep=1, gpus=GPUS_PER_NODE, topology="node")
+        time.sleep(3)  # a few cycles: nothing new goes to the site it cannot reach
+        assert api.get(f"/api/v1/jobs/{waiting['id']}/")["state"] == "pending"
+        assert alive(pid)
+    finally:
+        for agent in live:
+            os.kill(agent.process.pid, signal.SIGCONT)
+    wait_for(
+        "the partition to close",
+        lambda: all(p["ended_at"] for p in api.get("/api/v1/partitions/")["results"]),
+        timeout=30,
+    )
+    detail = api.get(f"/api/v1/jobs/{job['id']}/")
+    assert detail["state"] == "running" and alive(pid)
+    assert [e["kind"] for e in detail["events"]].count("launched") == 1  # never restarted
+    faults = api.get("/api/v1/faults/?page_size=200")["results"]
+    assert len(faults) == faults_before  # no heartbeat loss, no requeue storm
+    wait_for("the waiting job to start", job_state(api, waiting, "running", "completed"), timeout=30)
     api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
 
 
