@@ -1,10 +1,10 @@
 """What-if simulation of a whole cluster on a virtual clock (pure, seeded, in memory).
 
-The production controller runs unchanged: every scheduling cycle is engine.scheduler.schedule
-over the cluster's arrays, every fault is classified by engine.faults and recovered by
-engine.recovery.plan_recovery, and the invariant checker can run after every cycle. Around it a
-discrete-event loop moves time: job arrivals, periodic scheduling cycles, completions, faults
-drawn by the fleet model (sim.fleet), detection and recovery, node repairs, and hourly samples.
+The production controller runs unchanged: every scheduling cycle is engine.scheduler.schedule over
+the cluster's arrays (with its datacenter links and partitions), every fault is classified by
+engine.faults and recovered by engine.recovery.plan_recovery, the invariant checker can run after
+every cycle. Around it a discrete-event loop moves time: job arrivals, periodic scheduling cycles,
+completions, faults drawn by the fleet model (sim.fleet), recovery, repairs and hourly samples.
 
 Training progress is accounted in GPU-seconds of work. A running job checkpoints every tau
 seconds of productive time (its policy: periodic synchronous with a stall of state size over
@@ -45,7 +45,7 @@ from engine.states import (
 from engine.topology import TopologySnapshot
 from engine.workload import PendingJob, QueueSpec, RunningJob
 from sim.autoscale import AUTOSCALE_S, autoscale
-from sim.config import SimConfig, default_queues, job_timing
+from sim.config import SimConfig, default_queues, job_timing, unreachable_at
 from sim.fleet import Fleet
 from sim.summary import summarize, take_sample
 from sim.workload import SimJob, SimService
@@ -95,8 +95,7 @@ class Simulation:
         self.ph = self.cfg.physics
         self.fleet = Fleet(self.topo, self.ph, self.cfg.fleet, seed=self.cfg.seed)
         self.network = Network(self.topo, datacenter_links=datacenter_links)
-        self.site_links = site_links  # the engine's view of the links (engine.sites); None: no site model
-        self.link_loads: dict[int, tuple] = {}  # running jobs across datacenters: the links' shares taken
+        self.site_links, self.link_loads = site_links, {}  # engine.sites' links; each running job's shares
         self.net_rng = np.random.default_rng([self.cfg.seed, 5])
         capacity = {c: n for c, n in self.topo.count_by_chip().items() if n}
         self.services = list(services or [])
@@ -250,10 +249,8 @@ class Simulation:
         self.cycles += 1
         running = self._running_view()
         pending = list(self.pending.values())
-        links = self.site_links.taken(self.link_loads.values()) if self.site_links is not None else None
-        result = schedule(
-            self.layout, self.queues, running, pending, self.now, self.cfg.scheduler, links=links
-        )
+        sites = self._sites()
+        result = schedule(self.layout, self.queues, running, pending, self.now, self.cfg.scheduler, **sites)
         if self.cfg.check_invariants:
             check_cycle(self.layout, self.queues, running, pending, result, self.now)
             self.checked += 1
@@ -267,9 +264,13 @@ class Simulation:
         for a in result.admissions:
             job = self.jobs[a.job_id]
             del self.pending[a.job_id]
-            if a.link_loads:
-                self.link_loads[a.job_id] = a.link_loads
+            self.link_loads[a.job_id] = a.link_loads  # its share of the links it crosses (none: ())
             self._start(job, a.held, resumed=job.first_admit is not None)
+
+    def _sites(self) -> dict:
+        """The links with the crossing jobs' shares, and the datacenters a partition cuts off now."""
+        links = self.site_links.taken(self.link_loads.values()) if self.site_links is not None else None
+        return {"links": links, "unreachable": unreachable_at(self.cfg.partitions, self.topo, self.now)}
 
     # --- running, saving, stopping ------------------------------------------------------------
     def _policy(self, job: _Job) -> None:

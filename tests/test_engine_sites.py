@@ -182,3 +182,34 @@ def test_a_partitioned_datacenter_takes_nothing_new_and_its_work_keeps_running()
     assert a.job_id == 1 and domains_of(lay, a.held, "datacenter") == {1}
     assert 2 in result.pending  # 64 GPUs would fit dc1, which is out of reach, or span it: neither
     assert result.preemptions == [] and any(j.id == 100 for j in after)
+
+
+def test_the_simulator_at_100k_places_nothing_in_a_partitioned_campus():
+    from engine.chips import BY_NAME
+    from engine.presets import preset_document
+    from engine.sites import links_from_spec
+    from engine.synthetic import snapshot_from_spec
+    from engine.topology_spec import parse_topology
+    from sim.config import SimConfig
+    from sim.simulation import Simulation
+    from sim.workload import generate
+
+    spec = parse_topology(preset_document("100k"), set(BY_NAME))
+    topo = snapshot_from_spec(spec)
+    cut, start, end = 2, 6 * HOUR, 12 * HOUR  # bj3, from 06:00 to 12:00
+    config = SimConfig(days=1, seed=3, partitions=((cut, start, end),))
+    sim = Simulation(topo, generate(topo.count_by_chip(), 1, seed=3), config, site_links=links_from_spec(spec))
+    dc_of = sim.layout.node_domain[3][sim.layout.gpu_node]
+    starts, original = [], sim._start
+
+    def start_job(job, held, *, resumed):
+        starts.append((sim.now, set(dc_of[held].tolist())))
+        original(job, held, resumed=resumed)
+
+    sim._start = start_job
+    sim.run()
+    before = [d for t, d in starts if t < start]
+    during = [d for t, d in starts if start <= t < end]
+    after = [d for t, d in starts if t >= end]
+    assert any(cut in d for d in before) and any(cut in d for d in after)
+    assert during and not any(cut in d for d in during)
