@@ -182,6 +182,47 @@ def _step(model: ModelSpec, chip: str, gpus: int, k: int, link_gbytes: float, la
     return None
 
 
+@lru_cache(maxsize=4096)
+def replica_sizes(model: ModelSpec | None, chip: str, gpus: int, most: int = 6) -> tuple[int, ...]:
+    """The GPUs of one model replica (TP x PP) of the job's best plans inside one datacenter,
+    best plan first, distinct, at most ``most``: the quanta a split across datacenters may keep
+    whole ((1,) when no plan fits)."""
+    try:
+        build, order = _ranked(model or MODELS[DEFAULT_MODEL], chip, gpus, None, DATACENTER_LEVEL, 1, None)
+    except (NoFeasiblePlan, KeyError):
+        return (1,)
+    sizes: list[int] = []
+    for i in order:
+        plan = build(int(i))
+        if plan.tp * plan.pp not in sizes:
+            sizes.append(plan.tp * plan.pp)
+            if len(sizes) == most:
+                break
+    return tuple(sizes) or (1,)
+
+
+def replica_split(free: dict[int, int], gpus: int, quantum: int) -> dict[int, int] | None:
+    """GPUs per datacenter for a gang of ``gpus`` over datacenters with ``free`` GPUs: whole
+    replicas of ``quantum`` GPUs, the fullest datacenters first, the remainder (gpus % quantum,
+    idle in the plan) where room is left; None when whole replicas do not fit."""
+    replicas, rest = divmod(gpus, quantum)
+    split: dict[int, int] = {}
+    for dc in sorted(free, key=lambda d: -free[d]):
+        take = min(free[dc] // quantum, replicas)
+        if take:
+            split[dc] = take * quantum
+            replicas -= take
+    if replicas:
+        return None
+    for dc in sorted(free, key=lambda d: -(free[d] - split.get(d, 0))):
+        room = free[dc] - split.get(dc, 0)
+        if rest and room:
+            extra = min(room, rest)
+            split[dc] = split.get(dc, 0) + extra
+            rest -= extra
+    return None if rest else split
+
+
 def span_plan(model: ModelSpec, chip: str, split: dict[int, int], room_bytes: float, latency_s: float):
     """The best plan on ``split`` ({datacenter: GPUs}) with ``room_bytes`` per second left on the
     slowest link it crosses (None: no plan keeps whole replicas in each datacenter)."""
@@ -191,6 +232,13 @@ def span_plan(model: ModelSpec, chip: str, split: dict[int, int], room_bytes: fl
     return _step(
         model, chip, gpus, len(split), _round(room_bytes / 1e9), latency_s, math.gcd(*split.values())
     )
+
+
+def why_not(split: dict[int, int], links: SiteLinks) -> str:
+    """Why spanning ``split``'s datacenters has no cost to weigh."""
+    if any(links.headroom(p) <= 0 for p in ring(tuple(sorted(split)))):
+        return "no link between the datacenters it would span has room left"
+    return "no split across the datacenters with room keeps whole model replicas in each"
 
 
 def span_cost(
@@ -270,13 +318,14 @@ def decide(
     policy: str = "pays",
     margin: float = DEFAULT_MARGIN,
     links: SiteLinks | None = None,
+    why_none: str = "no link between the datacenters it would span has room left",
 ) -> SpanChoice:
     """Span or wait. ``wait_s``: the expected wait until datacenter ``wait_in`` could hold the job
     (None: no estimate, as when no running job there has an estimated end)."""
     if policy == "never":
         return SpanChoice(False, "spanning datacenters is off (policy never)", cost, wait_s)
     if cost is None:
-        return SpanChoice(False, "no link between the datacenters it would span has room left", None, wait_s)
+        return SpanChoice(False, why_none, None, wait_s)
     where = "+".join(names.get(d, str(d)) for d in cost.dcs)
     over = ", ".join(links.name(p) for p, _ in cost.loads) if links is not None else ""
     run_s = duration_s if duration_s is not None else DEFAULT_DURATION_S

@@ -202,6 +202,7 @@ class Admission:
     on_spares: bool = False  # on spare nodes its queue may borrow: recovery may take them back
     congested: bool = False  # spans nodes of a pod whose fabric is congested: no clear domain had room
     span_note: str = ""  # spans datacenters: why, with the slowdown and the wait it saves
+    span_slowdown: float = 0.0  # its modelled step time there over inside one datacenter, less 1
     link_loads: tuple[tuple[tuple[int, int], float], ...] = ()  # (datacenter pair, bytes/s) it takes
 
 

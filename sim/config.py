@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from engine.checkpoint import CheckpointKind, daly_interval, stall_seconds
 from engine.lifecycle import checkpoint_bytes
 from engine.physics import Physics
@@ -67,16 +65,6 @@ class SimConfig:
     # (datacenter index, from s, until s): out of the control plane's reach; nothing new is placed
     # there meanwhile and the work inside runs on (a site partition)
     partitions: tuple[tuple[int, float, float], ...] = ()
-
-
-def unreachable_at(partitions, topo, now: float) -> np.ndarray | None:
-    """The datacenters (of snapshot ``topo``) a partition cuts off at ``now`` (None: none)."""
-    cut = [dc for dc, start, end in partitions if start <= now < end]
-    if not cut:
-        return None
-    mask = np.zeros(len(topo.datacenter_id), dtype=bool)
-    mask[cut] = True
-    return mask
 
 
 def default_queues(capacity: dict[str, int], inference: dict[str, int] | None = None) -> list[QueueSpec]:

@@ -45,8 +45,9 @@ from engine.states import (
 from engine.topology import TopologySnapshot
 from engine.workload import PendingJob, QueueSpec, RunningJob
 from sim.autoscale import AUTOSCALE_S, autoscale
-from sim.config import SimConfig, default_queues, job_timing, unreachable_at
+from sim.config import SimConfig, default_queues, job_timing
 from sim.fleet import Fleet
+from sim.sites import SiteBook
 from sim.summary import summarize, take_sample
 from sim.workload import SimJob, SimService
 
@@ -95,7 +96,7 @@ class Simulation:
         self.ph = self.cfg.physics
         self.fleet = Fleet(self.topo, self.ph, self.cfg.fleet, seed=self.cfg.seed)
         self.network = Network(self.topo, datacenter_links=datacenter_links)
-        self.site_links, self.link_loads = site_links, {}  # engine.sites' links; each running job's shares
+        self.sites = SiteBook(site_links, self.cfg.partitions, self.topo)  # links, partitions, shares
         self.net_rng = np.random.default_rng([self.cfg.seed, 5])
         capacity = {c: n for c, n in self.topo.count_by_chip().items() if n}
         self.services = list(services or [])
@@ -249,8 +250,9 @@ class Simulation:
         self.cycles += 1
         running = self._running_view()
         pending = list(self.pending.values())
-        sites = self._sites()
+        sites = self.sites.for_cycle(self.now)
         result = schedule(self.layout, self.queues, running, pending, self.now, self.cfg.scheduler, **sites)
+        self.sites.decisions_s += result.span_decisions_s
         if self.cfg.check_invariants:
             check_cycle(self.layout, self.queues, running, pending, result, self.now)
             self.checked += 1
@@ -264,13 +266,8 @@ class Simulation:
         for a in result.admissions:
             job = self.jobs[a.job_id]
             del self.pending[a.job_id]
-            self.link_loads[a.job_id] = a.link_loads  # its share of the links it crosses (none: ())
-            self._start(job, a.held, resumed=job.first_admit is not None)
-
-    def _sites(self) -> dict:
-        """The links with the crossing jobs' shares, and the datacenters a partition cuts off now."""
-        links = self.site_links.taken(self.link_loads.values()) if self.site_links is not None else None
-        return {"links": links, "unreachable": unreachable_at(self.cfg.partitions, self.topo, self.now)}
+            self.sites.admitted(a, self.now)
+            self._start(job, a.held, resumed=job.first_admit is not None, slowdown=a.span_slowdown)
 
     # --- running, saving, stopping ------------------------------------------------------------
     def _policy(self, job: _Job) -> None:
@@ -279,11 +276,12 @@ class Simulation:
         job.interval, job.stall_fraction, job.step_s = t.interval, t.stall_fraction, t.step_s
         job.rollback, job.overhead = t.rollback, t.overhead
 
-    def _start(self, job: _Job, held: np.ndarray, *, resumed: bool) -> None:
+    def _start(self, job: _Job, held: np.ndarray, *, resumed: bool, slowdown: float = 0.0) -> None:
         size = len(held)
         job.held = np.asarray(held, dtype=np.int64)
         self.owner[job.held] = job.spec.id
         self._policy(job)
+        job.overhead += slowdown / (1 + slowdown)  # across datacenters its steps are slower
         overhead = self.ph.process_start_s + self.ph.comm_init_s(size)
         if resumed:
             state = checkpoint_bytes(job.spec.parameters, self.ph)
@@ -328,7 +326,7 @@ class Simulation:
         self.owner[job.held] = -1
         job.version += 1
         del self.running[job.spec.id]
-        self.link_loads.pop(job.spec.id, None)
+        self.sites.stopped(job.spec.id, self.now)
         job.held = None
         if requeue:
             job.waiting_since = self.now
@@ -345,7 +343,7 @@ class Simulation:
         job.remaining = 0.0
         self.owner[job.held] = -1
         del self.running[job_id]
-        self.link_loads.pop(job_id, None)
+        self.sites.stopped(job_id, self.now)
         job.ended = self.now
         self.dirty = True
 

@@ -66,6 +66,19 @@ def _training_ettr(started, end: float) -> tuple[list[dict], Ettr]:
     return ettr_jobs, Ettr.total(weighted)
 
 
+def _completion(jobs) -> dict:
+    """Job completion time (arrival to end) of the jobs that completed, and the wait before their
+    first start of every job that started."""
+    done = [j.ended - j.spec.arrival for j in jobs if j.ended is not None and j.spec.outcome == "completed"]
+    waits = [j.first_admit - j.spec.arrival for j in jobs if j.first_admit is not None]
+    return {
+        "completed": len(done),
+        "mean_jct_s": round(float(np.mean(done)), 1) if done else None,
+        "mean_wait_s": round(float(np.mean(waits)), 1) if waits else None,
+        "p95_wait_s": round(float(np.percentile(waits, 95)), 1) if waits else None,
+    }
+
+
 def summarize(self, wall: float) -> dict:
     """The report of a finished simulation: jobs, utilization, pending time by size, ETTR and
     its loss buckets, faults, recoveries, inference, the engine's own figures and the series."""
@@ -101,6 +114,8 @@ def summarize(self, wall: float) -> dict:
             "busy_mean": round(float(np.mean(busy)), 4) if busy else 0.0,
         },
         "pending_time_by_size": pending_time,
+        "completion": _completion(self.jobs.values()),
+        "sites": self.sites.report(min(end, self.now)),
         "ettr": {
             "jobs": len(ettr_jobs),
             "gpu_weighted": round(total.ratio, 5) if total.ratio is not None else None,

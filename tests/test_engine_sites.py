@@ -158,16 +158,22 @@ def test_the_simulator_runs_the_same_rule_over_its_links():
     taken = []
     original = spanned._start
 
-    def start(job, held, *, resumed):
-        taken.append(dict(spanned.link_loads))
-        original(job, held, resumed=resumed)
+    def start(job, held, *, resumed, **kw):
+        taken.append(dict(spanned.sites.shares))
+        original(job, held, resumed=resumed, **kw)
 
     spanned._start = start
     out = spanned.run()
     assert taken and taken[0][1][0][0] == (0, 1)  # it crossed the link with its modelled share
-    assert spanned.link_loads == {}  # and gave the share back when it ended
+    assert spanned.sites.shares == {}  # and gave the share back when it ended
     cut = Simulation(lay.topo, jobs, config, queues=queues, site_links=links(down=True)).run()
     assert out["jobs"]["ended_by_outcome"] == {"completed": 1}
+    assert out["sites"]["spanned_jobs"] == 1 and out["sites"]["busiest_link"] == "dc1<->dc2"
+    assert 0.99 < out["sites"]["crossing_gpu_hours_share"] <= 1.0  # its only job ran across
+    # its steps are slower across the link, and slower still over a thinner one
+    thin = Simulation(lay.topo, jobs, config, queues=queues, site_links=links(lanes=1))
+    thin.run()
+    assert thin.jobs[1].ended > spanned.jobs[1].ended > 3600.0
     assert cut["jobs"]["started"] == 0 and cut["jobs"]["pending_at_end"] == 1  # no link: it never runs
 
 
@@ -198,13 +204,15 @@ def test_the_simulator_at_100k_places_nothing_in_a_partitioned_campus():
     topo = snapshot_from_spec(spec)
     cut, start, end = 2, 6 * HOUR, 12 * HOUR  # bj3, from 06:00 to 12:00
     config = SimConfig(days=1, seed=3, partitions=((cut, start, end),))
-    sim = Simulation(topo, generate(topo.count_by_chip(), 1, seed=3), config, site_links=links_from_spec(spec))
+    sim = Simulation(
+        topo, generate(topo.count_by_chip(), 1, seed=3), config, site_links=links_from_spec(spec)
+    )
     dc_of = sim.layout.node_domain[3][sim.layout.gpu_node]
     starts, original = [], sim._start
 
-    def start_job(job, held, *, resumed):
+    def start_job(job, held, *, resumed, **kw):
         starts.append((sim.now, set(dc_of[held].tolist())))
-        original(job, held, resumed=resumed)
+        original(job, held, resumed=resumed, **kw)
 
     sim._start = start_job
     sim.run()

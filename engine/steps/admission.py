@@ -86,6 +86,7 @@ def record_admission(
     congested=False,
     span_note="",
     link_loads=(),
+    span_slowdown=0.0,
 ):
     """``parts``: (chip index, GPUs) per chip type of a mixed-chip gang (``c`` is the first)."""
     s.largest_blocks.clear()
@@ -109,6 +110,7 @@ def record_admission(
             congested=congested,
             span_note=span_note,
             link_loads=tuple(link_loads),
+            span_slowdown=span_slowdown,
         )
     )
 

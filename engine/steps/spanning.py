@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from engine.sites import DATACENTER_LEVEL, decide, span_cost
+from engine.sites import DATACENTER_LEVEL, decide, replica_sizes, replica_split, span_cost, why_not
 from engine.steps.admission import admit_placed, record_admission
 from engine.steps.reservation import earliest
 from engine.steps.state import CycleState
@@ -24,6 +24,27 @@ from engine.workload import PendingJob
 def spans(s: CycleState, max_level: int) -> bool:
     """Whether the site model decides for a gang with this level limit."""
     return s.links is not None and max_level > DATACENTER_LEVEL
+
+
+def _whole_replicas(s: CycleState, job: PendingJob, c: int, chip: str, where) -> tuple[np.ndarray, dict]:
+    """The gang's GPUs across the datacenters of domain ``where``, each datacenter holding whole
+    model replicas (engine.sites.replica_split), and the replicas' GPUs per datacenter; without
+    such a split, the plain best-fit choice."""
+    lay = s.layout
+    order, offsets = lay.nodes_in[where[0]]
+    inside = np.unique(lay.node_domain[DATACENTER_LEVEL][order[offsets[where[1]] : offsets[where[1] + 1]]])
+    counts = s.pools.open.counts(DATACENTER_LEVEL, c)
+    free = {int(d): int(counts[d]) for d in inside if counts[d]}
+    for quantum in replica_sizes(job.model, chip, job.gpus):
+        split = replica_split(free, job.gpus, quantum)
+        if split is None or len(split) < 2:
+            continue
+        chosen = np.concatenate([s.pools.open.choose(DATACENTER_LEVEL, d, c, n) for d, n in split.items()])
+        replicas = {d: n - n % quantum for d, n in split.items()}
+        return chosen, {d: n for d, n in replicas.items() if n}
+    chosen = s.pools.open.choose(*where, c, job.gpus)
+    dcs, n = np.unique(lay.node_domain[DATACENTER_LEVEL][lay.gpu_node[chosen]], return_counts=True)
+    return chosen, {int(d): int(k) for d, k in zip(dcs, n, strict=True)}
 
 
 def admit_placed_or_span(s: CycleState, qi: int, job: PendingJob, c: int, max_level: int) -> bool:
@@ -38,11 +59,8 @@ def admit_placed_or_span(s: CycleState, qi: int, job: PendingJob, c: int, max_le
     where = s.pools.open.find(c, job.gpus, max_level)
     if where is None or where[0] <= DATACENTER_LEVEL:
         return False
-    chosen = s.pools.open.choose(*where, c, job.gpus)
-    dc_of = s.layout.node_domain[DATACENTER_LEVEL][s.layout.gpu_node[chosen]]
-    dcs, counts = np.unique(dc_of, return_counts=True)
-    split = {int(d): int(n) for d, n in zip(dcs, counts, strict=True)}
     chip = s.topo.chip_names[c]
+    chosen, split = _whole_replicas(s, job, c, chip, where)
     cost = span_cost(job.model, chip, split, s.links)
     wait_s, wait_in = None, "one datacenter"
     if s.config.span_policy == "pays" and cost is not None:
@@ -60,6 +78,7 @@ def admit_placed_or_span(s: CycleState, qi: int, job: PendingJob, c: int, max_le
         s.config.span_policy,
         s.config.span_margin,
         s.links,
+        why_not(split, s.links),
     )
     s.result.span_decisions_s.append(time.perf_counter() - t0)
     if not choice.span:
@@ -68,5 +87,15 @@ def admit_placed_or_span(s: CycleState, qi: int, job: PendingJob, c: int, max_le
     s.pools.take(chosen)
     for pair, load in cost.loads:
         s.links.add(pair, load)
-    record_admission(s, qi, job, c, chosen, *where, span_note=choice.note, link_loads=cost.loads)
+    record_admission(
+        s,
+        qi,
+        job,
+        c,
+        chosen,
+        *where,
+        span_note=choice.note,
+        link_loads=cost.loads,
+        span_slowdown=cost.slowdown,
+    )
     return True
