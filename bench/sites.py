@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         "fidelity_efficiency_120km_800gbps": round(fidelity(120, 800), 4),
     }
     print(
-        f"lowest mean JCT per seed: {best}; pays decision p99 {figures['pays_decision_ms_p99']} ms (target < 5); "
+        f"lowest mean JCT per seed: {best}; "
+        f"pays decision p99 {figures['pays_decision_ms_p99']} ms (target < 5); "
         f"fidelity 500 km / 3.2 Tb/s {figures['fidelity_efficiency'] * 100:.1f}% (reported 97-99%), "
         f"120 km / 800 Gb/s {figures['fidelity_efficiency_120km_800gbps'] * 100:.1f}% (reported > 95%)"
     )
