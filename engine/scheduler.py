@@ -217,6 +217,15 @@ def schedule(
     partition): nothing new is placed there; the work inside keeps running."""
     if links is not None:
         links = links.copy()
-    state = CycleState(layout, queues, running, pending, now, config or SchedulerConfig(), links, unreachable)
+    state = CycleState(
+        layout,
+        queues,
+        running,
+        pending,
+        now,
+        config or SchedulerConfig(),
+        links=links,
+        unreachable=unreachable,
+    )
     state.pools.set_congestion(congested_pods)
     return run(state)

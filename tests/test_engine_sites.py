@@ -221,3 +221,36 @@ def test_the_simulator_at_100k_places_nothing_in_a_partitioned_campus():
     after = [d for t, d in starts if t >= end]
     assert any(cut in d for d in before) and any(cut in d for d in after)
     assert during and not any(cut in d for d in during)
+
+
+def test_what_if_configurations_sweep_the_span_policy_the_margin_and_the_links(tmp_path):
+    import json
+
+    from monitoring.whatif.simreport import parse_config, run_all
+
+    assert parse_config("span=never,margin=0.3,links=0.5") == {
+        "name": "span=never,margin=0.3,links=0.5",
+        "span": "never",
+        "margin": 0.3,
+        "links": 0.5,
+    }
+    with pytest.raises(ValueError, match="bad value for span: 'sometimes'"):
+        parse_config("span=sometimes")
+    pod = {"chip_type": "H100-SXM", "racks": 2, "nodes_per_rack": 4, "gpus_per_node": 8}
+    doc = {
+        "regions": [{"name": "r", "datacenters": [{"name": f"dc{i}", "pods": [pod]} for i in (1, 2)]}],
+        "links": [{"between": ["dc1", "dc2"], "distance_km": 50, "lanes": 8}],
+    }
+    # one gang of 96 GPUs: no datacenter of 64 ever holds it
+    workload = tmp_path / "one.json"
+    row = {"arrival_s": 0, "gpus": 96, "work_s": 3600, "chip": "H100-SXM", "topology": "region"}
+    workload.write_text(json.dumps([{**row, "parameters": 8e9}]))
+    configs = [parse_config(c) for c in ("span=never", "span=whenever", "span=whenever,links=0.5")]
+    never, whenever, thin = run_all(doc, configs, days=1, seed=2, jobs=None, workload=str(workload))
+    assert never["sites"]["spanned_jobs"] == 0 and never["completion"]["completed"] == 0
+    assert whenever["sites"]["spanned_jobs"] == 1 and whenever["completion"]["completed"] == 1
+    assert whenever["sites"]["busiest_link"] == "dc1<->dc2"
+    # at half the link's rate the same share is a larger part of its capacity
+    assert (
+        thin["sites"]["busiest_link_peak_utilization"] >= whenever["sites"]["busiest_link_peak_utilization"]
+    )

@@ -25,20 +25,21 @@ def chips_of(job: RunningJob) -> tuple[str, ...]:
     return tuple(p for p, _ in job.parts) if job.parts else (job.chip,)
 
 
+def _reachable(layout: Layout, unreachable) -> np.ndarray:
+    """GPUs outside the datacenters a partition cuts off (all of them without one)."""
+    if unreachable is None or not np.any(unreachable):
+        return np.ones(layout.topo.num_gpus, dtype=bool)
+    return ~np.asarray(unreachable, dtype=bool)[layout.node_domain[3][layout.gpu_node]]
+
+
 class CycleState:
     def __init__(
-        self,
-        layout: Layout,
-        queues,
-        running,
-        pending,
-        now: float,
-        config: SchedulerConfig,
-        links=None,
-        unreachable=None,
+        self, layout: Layout, queues, running, pending, now: float, config: SchedulerConfig, **sites
     ):
         self.layout = layout
-        self.links = links  # engine.sites.SiteLinks with the crossing jobs' loads; None: no site model
+        # sites: links (engine.sites.SiteLinks with the crossing jobs' loads; None: no site model) and
+        # unreachable (bool over datacenters a partition cuts off: nothing new goes there)
+        self.links = sites.get("links")
         self.topo = layout.topo
         self.config = config
         self.now = now
@@ -48,11 +49,8 @@ class CycleState:
         self.running = [j for j in running if len(j.held)]
         self.pending = list(pending)
         self.quota = build_quota_book(self.queues, self.topo.chip_names, self.running)
-        self.schedulable = self.topo.schedulable()
-        reachable = np.ones(self.topo.num_gpus, dtype=bool)
-        if unreachable is not None and np.any(unreachable):  # a partitioned datacenter takes nothing new
-            reachable = ~np.asarray(unreachable, dtype=bool)[layout.node_domain[3][layout.gpu_node]]
-            self.schedulable &= reachable
+        reachable = _reachable(layout, sites.get("unreachable"))
+        self.schedulable = self.topo.schedulable() & reachable
         owned = np.zeros(self.topo.num_gpus, dtype=bool)
         if self.running:
             owned[np.concatenate([j.held for j in self.running])] = True

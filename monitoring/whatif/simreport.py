@@ -20,7 +20,7 @@ from engine.ettr import ETTR_BUCKETS
 from engine.network import datacenter_links
 from engine.policy import CheckpointPolicy
 from engine.presets import PRESETS, preset_document
-from engine.sites import links_from_spec
+from engine.sites import SPAN_POLICIES, SiteLinks, links_from_spec
 from engine.synthetic import snapshot_from_spec
 from engine.tiers import DEFAULT_REPLICA_GROUPS, RecoveryTier, validate_replica_groups
 from engine.topology_spec import parse_topology
@@ -28,13 +28,15 @@ from sim.config import SimConfig
 from sim.simulation import Simulation
 from sim.workload import default_services, generate, load_workload
 
-KEYS = ("checkpoint", "tier", "spares", "cycle", "swing")
+KEYS = ("checkpoint", "tier", "spares", "cycle", "swing", "span", "margin", "links")
 
 
 def parse_config(text: str) -> dict:
     """``name=...`` settings, comma-separated: "checkpoint=periodic:3600,spares=4",
     "checkpoint=triggered,tier=replica_groups:16" (a recovery tier of engine.tiers, with the number
-    of replica groups for ``replica_groups``)."""
+    of replica groups for ``replica_groups``), "span=never" (engine.sites' span policy),
+    "margin=0.3" (its margin), "links=0.5" (every datacenter link's lanes at half their rate). With
+    ``span`` a generated workload's pretraining gangs may span datacenters (topology ``region``)."""
     settings: dict = {"name": text}
     if text == "baseline":
         return settings
@@ -54,6 +56,10 @@ def parse_config(text: str) -> dict:
                 validate_replica_groups(settings[key][1])
             elif key == "spares":
                 settings[key] = int(value)
+            elif key == "span":
+                if value not in SPAN_POLICIES:
+                    raise ValueError(value)
+                settings[key] = value
             else:
                 settings[key] = float(value)
         except ValueError:
@@ -138,18 +144,37 @@ def run_all(
             sim_config = replace(
                 sim_config, fleet=replace(sim_config.fleet, temperature_swing=config["swing"])
             )
+        if "span" in config or "margin" in config:
+            scheduler = replace(
+                sim_config.scheduler,
+                span_policy=config.get("span", sim_config.scheduler.span_policy),
+                span_margin=config.get("margin", sim_config.scheduler.span_margin),
+            )
+            sim_config = replace(sim_config, scheduler=scheduler)
+        run_jobs = shared_jobs
+        if "span" in config and not workload:  # the generated pretraining gangs may span datacenters
+            run_jobs = [replace(j, topology="region") if j.queue == "pretrain" else j for j in shared_jobs]
+        links = links_from_spec(spec)
+        if "links" in config:
+            links = SiteLinks(
+                [replace(k, lane_gbps=k.lane_gbps * config["links"]) for k in links.links.values()]
+            )
         sim = Simulation(
             topo,
-            shared_jobs,
+            run_jobs,
             sim_config,
             datacenter_links=datacenter_links(spec),
             services=default_services(capacity, inference_share),
-            site_links=links_from_spec(spec),
+            site_links=links,
         )
         results.append(
             sim.run(progress=(lambda f, name=config["name"]: progress(name, f)) if progress else None)
         )
     return results
+
+
+def _busiest(sites: dict) -> str:
+    return f"{sites['busiest_link'] or '-'} {(sites['busiest_link_peak_utilization'] or 0):.0%}"
 
 
 def comparison_rows(results: list[dict]) -> list[tuple]:
@@ -166,6 +191,8 @@ def comparison_rows(results: list[dict]) -> list[tuple]:
                 r["faults"]["interruptions"],
                 r["recoveries"]["median_s"],
                 big.get("p50_s"),
+                f"{r['sites']['crossing_gpu_hours_share']:.2%}",
+                _busiest(r["sites"]),
                 f"{r['engine']['wall_s']:.1f}",
             )
         )
@@ -180,6 +207,8 @@ COMPARISON_HEADER = (
     "interruptions",
     "median recovery s",
     "p50 wait, 513+ GPUs (s)",
+    "GPU-h across sites",
+    "busiest link (peak)",
     "wall s",
 )
 
