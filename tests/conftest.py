@@ -93,6 +93,17 @@ def fresh_throttles():
 
 
 @pytest.fixture(autouse=True)
+def no_cycle_requested():
+    """Each test starts with no scheduling cycle marked as requested: a marker an earlier test left
+    (its cycle task queued and never run) would make this test's requests wait behind it."""
+    from scheduling.trigger import clear_requested
+
+    clear_requested()
+    yield
+    clear_requested()
+
+
+@pytest.fixture(autouse=True)
 def fresh_topology_cache():
     """Each test builds its own cluster: never reuse a snapshot cached by an earlier test."""
     from cluster.snapshot import topology_cache
