@@ -22,6 +22,11 @@ def model_of(job) -> ModelSpec | None:
     return ModelSpec.from_dict(job.model)
 
 
+def datacenters_of(snapshot, gpus) -> np.ndarray:
+    """The datacenter index of each of ``gpus``."""
+    return snapshot.pod_datacenter[snapshot.rack_pod[snapshot.node_rack[snapshot.gpu_node[gpus]]]]
+
+
 def span_of(snapshot, gpus: np.ndarray) -> tuple[int, list[int]]:
     """(lowest common level index in SPAN_LEVELS, database ids of the datacenters spanned)."""
     nodes = snapshot.gpu_node[np.asarray(gpus, dtype=np.int64)]
@@ -29,7 +34,7 @@ def span_of(snapshot, gpus: np.ndarray) -> tuple[int, list[int]]:
         return 0, []
     racks = snapshot.node_rack[nodes]
     pods = snapshot.rack_pod[racks]
-    dcs = snapshot.pod_datacenter[pods]
+    dcs = datacenters_of(snapshot, np.asarray(gpus, dtype=np.int64))
     regions = snapshot.datacenter_region[dcs]
     dc_ids = sorted(int(snapshot.datacenter_id[d]) for d in np.unique(dcs))
     for level, values in enumerate((nodes, racks, pods, dcs, regions)):
@@ -51,8 +56,7 @@ def _fabric(dc_ids: list[int]) -> Fabric:
 def _across_sites(job, model, chip: str, snapshot, gpus: np.ndarray, dc_ids: list[int]) -> dict:
     """The plan of a job across datacenters (engine.sites: whole replicas in each datacenter, the
     gradients over what the links leave it), with its replicas per datacenter."""
-    dcs = snapshot.pod_datacenter[snapshot.rack_pod[snapshot.node_rack[snapshot.gpu_node[gpus]]]]
-    index, counts = np.unique(dcs, return_counts=True)
+    index, counts = np.unique(datacenters_of(snapshot, gpus), return_counts=True)
     split = {int(snapshot.datacenter_id[i]): int(n) for i, n in zip(index, counts, strict=True)}
     room = sites.room_for(getattr(job, "pk", None), dc_ids)
     if room is None:

@@ -23,44 +23,29 @@ def config(**kw) -> SchedulerConfig:
     )
 
 
-def running_loads(exclude: int | None = None) -> dict[tuple[int, int], float]:
-    """Bytes per second the running jobs take on each link, by (datacenter id, datacenter id)."""
-    loads: dict[tuple[int, int], float] = {}
+def running_shares(exclude: int | None = None) -> list[tuple[int, list]]:
+    """(job id, [[dc a, dc b, bytes/s], ...]) of every running job that took a share of a link."""
     rows = Job.objects.filter(state=JobState.RUNNING, link_loads__isnull=False)
     if exclude is not None:
         rows = rows.exclude(pk=exclude)
-    rows = rows.values_list("link_loads", flat=True)
-    for entries in rows:
-        for a, b, load in entries or ():
+    return [(job_id, entries or []) for job_id, entries in rows.values_list("id", "link_loads")]
+
+
+def running_loads(exclude: int | None = None, shares=None) -> dict[tuple[int, int], float]:
+    """Bytes per second the running jobs take on each link, by (datacenter id, datacenter id)."""
+    loads: dict[tuple[int, int], float] = {}
+    for _, entries in running_shares(exclude) if shares is None else shares:
+        for a, b, load in entries:
             pair = (min(a, b), max(a, b))
             loads[pair] = loads.get(pair, 0.0) + float(load)
     return loads
 
 
-def room_for(job_id: int | None, dc_ids: list[int]) -> tuple[float, float] | None:
-    """(bytes/s, one-way latency s) the slowest link among ``dc_ids`` leaves a job, the other
-    running jobs' shares taken out (None: a link is missing or down). Never below 5% of the link:
-    a job on it gets at least that much however many others joined."""
-    ring_pairs = ring(tuple(sorted(dc_ids)))
-    links = {(k.a_id, k.b_id): k for k in DatacenterLink.objects.filter(a_id__in=dc_ids, b_id__in=dc_ids)}
-    if not ring_pairs or any(p not in links or links[p].state == "down" for p in ring_pairs):
-        return None
-    others = running_loads(exclude=job_id)
-    room = []
-    for p in ring_pairs:
-        capacity = links[p].capacity_gbps * 1e9 / 8
-        room.append(max(capacity * settings.LINK_MAX_SHARE - others.get(p, 0.0), capacity * 0.05))
-    return min(room), max(links[p].latency_ms for p in ring_pairs) / 1000.0
-
-
-def crossing_counts() -> dict[tuple[int, int], int]:
+def crossing_counts(shares=None) -> dict[tuple[int, int], int]:
     """How many running jobs took a share of each link, by (datacenter id, datacenter id)."""
     counts: dict[tuple[int, int], int] = {}
-    rows = Job.objects.filter(state=JobState.RUNNING, link_loads__isnull=False).values_list(
-        "link_loads", flat=True
-    )
-    for entries in rows:
-        for a, b, _ in entries or ():
+    for _, entries in running_shares() if shares is None else shares:
+        for a, b, _ in entries:
             pair = (min(a, b), max(a, b))
             counts[pair] = counts.get(pair, 0) + 1
     return counts
@@ -69,30 +54,54 @@ def crossing_counts() -> dict[tuple[int, int], int]:
 def jobs_crossing(link: DatacenterLink) -> list[int]:
     """The running jobs that took a share of ``link``."""
     pair = [link.a_id, link.b_id]
-    rows = Job.objects.filter(state=JobState.RUNNING, link_loads__isnull=False).values_list(
-        "id", "link_loads"
+    return [job_id for job_id, entries in running_shares() if any(sorted(e[:2]) == pair for e in entries)]
+
+
+def load_of(link: DatacenterLink, loads: dict[tuple[int, int], float]) -> tuple[float, float | None]:
+    """(Gb/s the running jobs take on ``link``, that over its capacity now: None when it carries
+    nothing yet is loaded)."""
+    load = loads.get((link.a_id, link.b_id), 0.0) * 8 / 1e9
+    if link.capacity_gbps <= 0:
+        return load, (None if load else 0.0)
+    return load, load / link.capacity_gbps
+
+
+def _site_link(link: DatacenterLink, a: int, b: int) -> SiteLink:
+    """The engine's view of ``link`` between datacenters ``a`` and ``b`` (ids or indices)."""
+    return SiteLink(
+        a,
+        b,
+        link.lanes,
+        link.lane_gbps,
+        link.latency_ms,
+        lanes_lost=link.lanes_lost,
+        down=link.down,
+        name=f"{link.a.name}<->{link.b.name}",
     )
-    return [job_id for job_id, entries in rows if any(sorted(e[:2]) == pair for e in entries or ())]
+
+
+def room_for(job_id: int | None, dc_ids: list[int]) -> tuple[float, float] | None:
+    """(bytes/s, one-way latency s) the slowest link among ``dc_ids`` leaves a job, the other
+    running jobs' shares taken out (None: a link is missing or down). Never below 5% of the link:
+    a job on it gets at least that much however many others joined."""
+    ring_pairs = ring(tuple(sorted(dc_ids)))
+    rows = DatacenterLink.objects.filter(a_id__in=dc_ids, b_id__in=dc_ids).select_related("a", "b")
+    book = SiteLinks([_site_link(k, k.a_id, k.b_id) for k in rows], settings.LINK_MAX_SHARE)
+    if not ring_pairs or any(p not in book.links or book.links[p].state == "down" for p in ring_pairs):
+        return None
+    book.load = running_loads(exclude=job_id)
+    room = [max(book.headroom(p), book.links[p].capacity_bytes * 0.05) for p in ring_pairs]
+    return min(room), max(book.links[p].latency_ms for p in ring_pairs) / 1000.0
 
 
 def site_links(snapshot) -> SiteLinks:
     """The links between the snapshot's datacenters (indices), with the running jobs' loads."""
     index = {int(dc): i for i, dc in enumerate(snapshot.datacenter_id)}
-    links = []
-    for link in DatacenterLink.objects.select_related("a", "b"):
-        if link.a_id in index and link.b_id in index:
-            links.append(
-                SiteLink(
-                    index[link.a_id],
-                    index[link.b_id],
-                    link.lanes,
-                    link.lane_gbps,
-                    link.latency_ms,
-                    lanes_lost=link.lanes_lost,
-                    down=link.down,
-                    name=f"{link.a.name}<->{link.b.name}",
-                )
-            )
+    links = [
+        _site_link(link, index[link.a_id], index[link.b_id])
+        for link in DatacenterLink.objects.select_related("a", "b")
+        if link.a_id in index and link.b_id in index
+    ]
     book = SiteLinks(links, settings.LINK_MAX_SHARE)
     for (a, b), load in running_loads().items():
         if a in index and b in index:

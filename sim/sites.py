@@ -21,6 +21,10 @@ def unreachable_at(partitions, topo, now: float) -> np.ndarray | None:
     return mask
 
 
+def _gpu_s(since: tuple[float, int] | None, now: float) -> float:
+    return 0.0 if since is None else (now - since[0]) * since[1]
+
+
 class SiteBook:
     def __init__(self, links: SiteLinks | None, partitions, topo):
         self.links, self.partitions, self.topo = links, tuple(partitions), topo
@@ -51,10 +55,8 @@ class SiteBook:
 
     def stopped(self, job_id: int, now: float) -> None:
         self.shares.pop(job_id, None)
-        for book, total in ((self.since, "crossing_gpu_s"), (self.running, "run_gpu_s")):
-            since = book.pop(job_id, None)
-            if since is not None:
-                setattr(self, total, getattr(self, total) + (now - since[0]) * since[1])
+        self.crossing_gpu_s += _gpu_s(self.since.pop(job_id, None), now)
+        self.run_gpu_s += _gpu_s(self.running.pop(job_id, None), now)
 
     def report(self, now: float) -> dict:
         """GPU-hours run across datacenters (and their share of all the admitted jobs' GPU-hours),

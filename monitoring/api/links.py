@@ -27,7 +27,7 @@ from monitoring.faults.services import report_fault
 from monitoring.models import SitePartition
 from scheduling.locks import cycle_lock
 from scheduling.plans import replan_crossing
-from scheduling.sites import jobs_crossing, running_loads
+from scheduling.sites import jobs_crossing, load_of, running_loads
 from scheduling.trigger import request_cycle
 
 
@@ -68,21 +68,18 @@ class LinkSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = ["lanes_lost", "state_reason", "state_changed_at"]
 
-    def _load(self, link) -> float:
-        loads = self.context.setdefault("loads", None)
-        if loads is None:
+    def _figures(self, link) -> tuple[float, float | None]:
+        loads = self.context.get("loads")
+        if loads is None:  # read once per response, however many links it lists
             loads = self.context["loads"] = running_loads()
-        return loads.get((link.a_id, link.b_id), 0.0) * 8 / 1e9
+        return load_of(link, loads)
 
     def get_load_gbps(self, link) -> float:
-        return round(self._load(link), 3)
+        return round(self._figures(link)[0], 3)
 
     def get_utilization(self, link) -> float | None:
-        capacity = link.capacity_gbps
-        load = self._load(link)
-        if capacity <= 0:
-            return None if load else 0.0
-        return round(load / capacity, 4)
+        util = self._figures(link)[1]
+        return None if util is None else round(util, 4)
 
     def validate(self, attrs):
         a = attrs.get("a", getattr(self.instance, "a", None))

@@ -15,7 +15,7 @@ from cluster.models import DatacenterLink
 from monitoring.models import CongestionRecord, FaultEvent
 from monitoring.telemetry import fabric
 from monitoring.telemetry.livestore import live_store
-from scheduling.sites import crossing_counts, running_loads
+from scheduling.sites import crossing_counts, load_of, running_loads, running_shares
 
 MAX_PODS = 64  # uplinks listed at the pod level (the busiest first)
 NIC_FAULTS = ("nic_link_flap", "nic_port_down")
@@ -94,21 +94,20 @@ def site_links(snap, level: str, cells) -> list[dict]:
     if level != "datacenter":
         return []
     shown = {int(snap.datacenter_id[int(c)]) for c in cells}
-    loads = running_loads()
-    crossing = crossing_counts()
+    shares = running_shares()  # one read for the loads and the counts
+    loads, crossing = running_loads(shares=shares), crossing_counts(shares)
     out = []
     for link in DatacenterLink.objects.select_related("a", "b").filter(a_id__in=shown, b_id__in=shown):
-        load = loads.get((link.a_id, link.b_id), 0.0) * 8 / 1e9
-        capacity = link.capacity_gbps
+        load, util = load_of(link, loads)
         out.append(
             {
                 "id": link.pk,
                 "name": f"{link.a.name} <-> {link.b.name}",
                 "state": link.state,
                 "lanes": f"{link.lanes - link.lanes_lost} of {link.lanes} x {link.lane_gbps:g} Gb/s",
-                "capacity_gbps": capacity,
+                "capacity_gbps": link.capacity_gbps,
                 "load_gbps": round(load, 1),
-                "util": round(100 * load / capacity, 1) if capacity else None,
+                "util": round(100 * util, 1) if util is not None and link.capacity_gbps else None,
                 "jobs": crossing.get((link.a_id, link.b_id), 0),
                 "latency_ms": link.latency_ms,
                 "distance_km": link.distance_km,

@@ -42,7 +42,7 @@ from monitoring.telemetry.livestore import CYCLE_COUNTS_KEY, live_store, newest_
 from monitoring.telemetry.overview import BUCKETS, ettr_last_day, overview
 from scheduling.choices import EventKind, JobState
 from scheduling.models import Job, JobEvent, Queue
-from scheduling.sites import running_loads
+from scheduling.sites import load_of, running_loads
 from scheduling.usage import queue_usage
 
 log = logging.getLogger("myriad.metrics")
@@ -391,8 +391,8 @@ class ControlPlaneCollector:
         loads = running_loads()
         for link in DatacenterLink.objects.select_related("a", "b"):
             name = f"{link.a.name}<->{link.b.name}"
-            load_gbps = loads.get((link.a_id, link.b_id), 0.0) * 8 / 1e9
-            util.add_metric([name], load_gbps / link.capacity_gbps if link.capacity_gbps else 0.0)
+            used = load_of(link, loads)[1]
+            util.add_metric([name], used if link.capacity_gbps else 0.0)
             for s in LINK_STATES:
                 state.add_metric([name, s], 1.0 if link.state == s else 0.0)
             capacity.add_metric([name], link.capacity_gbps)
