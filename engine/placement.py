@@ -196,11 +196,15 @@ class FreePool:
         lay = self.layout
         owners = lay.gpu_node[gpus]
         if len(owners) > 1 and (owners[1:] < owners[:-1]).any():
-            owners = np.sort(owners)
-        # segments of equal node ids in a sorted array: cheaper than np.unique's sort
-        edges = np.flatnonzero(np.diff(owners)) + 1
-        nodes = owners[np.concatenate(([0], edges))]
-        per_node = np.diff(np.concatenate(([0], edges, [len(owners)])))
+            # unsorted (several jobs' GPUs given back at once): count per node, no sort
+            per_node = np.bincount(owners, minlength=len(self.node_free))
+            nodes = np.flatnonzero(per_node)
+            per_node = per_node[nodes]
+        else:
+            # segments of equal node ids in a sorted array: cheaper than np.unique's sort
+            edges = np.flatnonzero(np.diff(owners)) + 1
+            nodes = owners[np.concatenate(([0], edges))]
+            per_node = np.diff(np.concatenate(([0], edges, [len(owners)])))
         self.node_free[nodes] += sign * per_node
         chips = lay.node_chip[nodes]
         for k in range(1, len(LEVELS)):

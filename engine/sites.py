@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from engine.physics import Physics
 from engine.steptime import MODELS, Fabric, ModelSpec, NoFeasiblePlan, _ranked, best_plan
 
 LINK_STATES = ("up", "degraded", "down")
@@ -346,3 +347,109 @@ def decide(
         cost,
         wait_s,
     )
+
+
+def shrink_or_span(
+    cost: SpanCost | None,
+    gpus: int,
+    names: dict[int, str],
+    inside_step_s: float | None,
+    inside_gpus: int,
+    policy: str = "pays",
+    margin: float = DEFAULT_MARGIN,
+    links: SiteLinks | None = None,
+) -> SpanChoice:
+    """An elastic job, starting now either way: at ``gpus`` across datacenters (``cost``), or
+    at the ``inside_gpus`` one datacenter holds now (step time ``inside_step_s``; None when no
+    size fits one). Its work per step is the same at every size, so it spans when its step time
+    across, with the margin, is the shorter (``whenever``: when it is larger at all)."""
+    if cost is None:
+        if not inside_gpus:
+            return SpanChoice(False, "")
+        return SpanChoice(
+            False, f"runs at the {inside_gpus} GPUs one datacenter holds: no link has room left"
+        )
+    where = "+".join(names.get(d, str(d)) for d in cost.dcs)
+    over = ", ".join(links.name(p) for p, _ in cost.loads) if links is not None else ""
+    gain = (inside_step_s / cost.span_step_s) if inside_step_s else None
+    figures = f"{cost.slowdown * 100:.1f}% slower than one datacenter at {gpus} GPUs"
+    if gain is not None:
+        figures += f", {gain:.2f}x the throughput of the {inside_gpus} GPUs one datacenter holds now"
+    if policy == "whenever" or gain is None or gain > 1 + margin:
+        return SpanChoice(True, f"spans {where} over {over} at {gpus} GPUs: {figures}", cost)
+    return SpanChoice(
+        False,
+        f"runs at the {inside_gpus} GPUs one datacenter holds rather than span {where}: {figures}",
+        cost,
+    )
+
+
+# --- re-planning a job that crosses a link --------------------------------------------
+DEFAULT_REPLAN_SLOWDOWN = 0.2  # a crossing job slower than this over one datacenter is re-planned
+
+
+def one_site_step_s(model: ModelSpec | None, chip: str, gpus: int) -> float | None:
+    """The job's best step time on ``gpus`` inside one datacenter (None: no plan fits)."""
+    try:
+        plan = _step(model or MODELS[DEFAULT_MODEL], chip, gpus, 1, 0.0, 0.0, 0)
+    except (NoFeasiblePlan, KeyError):
+        return None
+    return plan.step_s if plan is not None else None
+
+
+def move_seconds(
+    gpus: int, state_bytes: float, unsaved_s: float, saves: bool, ph: Physics | None = None
+) -> float:
+    """Training time a move costs a running job: a save (or, when its policy cannot save on
+    demand, the work since its last checkpoint), rescheduling, process start and communicators on
+    the new GPUs, and the checkpoint loaded back from durable storage."""
+    ph = ph or Physics()
+    bandwidth = ph.storage_gbps(gpus) * 1e9
+    save = state_bytes / bandwidth if saves else unsaved_s
+    return save + ph.reschedule_s + ph.process_start_s + ph.comm_init_s(gpus) + state_bytes / bandwidth
+
+
+@dataclass(frozen=True)
+class Replan:
+    action: str  # "stay", "move" (wholly into one datacenter), "shrink" (to its GPUs in one)
+    note: str  # why, with the numbers
+    finish_s: float  # time to do the remaining work this way
+
+
+def replan(
+    slowdown: float,
+    remaining_s: float,
+    *,
+    threshold: float = DEFAULT_REPLAN_SLOWDOWN,
+    move_s: float | None = None,
+    move_to: str = "",
+    shrink_speed: float | None = None,
+    shrink_gpus: int = 0,
+) -> Replan:
+    """What a job crossing a link does once its step time changed. ``slowdown``: its step time
+    across the link over inside one datacenter, less 1; ``remaining_s``: its work left, in
+    seconds at full speed. Within the threshold it stays. Past it, whichever finishes sooner:
+    stay (remaining x (1 + slowdown)), move wholly into ``move_to``, a datacenter that holds it
+    now (``move_s`` + remaining), or, elastic, shrink to its ``shrink_gpus`` GPUs inside one
+    datacenter (remaining / ``shrink_speed``: its throughput there over at full size)."""
+    slower = f"{slowdown * 100:.1f}% slower across the link than in one datacenter"
+    stay = remaining_s * (1 + slowdown)
+    lost = f"+{duration(stay - remaining_s)} over {duration(remaining_s)}"
+    if slowdown <= threshold:
+        return Replan("stay", f"{slower}, within the {threshold:.0%} threshold: stays", stay)
+    options = [("stay", stay, "", "")]
+    if move_s is not None:
+        options.append(("move", remaining_s + move_s, f"moves into {move_to}", f"moving into {move_to}"))
+    if shrink_speed:
+        kept = f"to its {shrink_gpus} GPUs in one datacenter"
+        options.append(("shrink", remaining_s / shrink_speed, f"shrinks {kept}", f"shrinking {kept}"))
+    action, finish, chosen, _ = min(options, key=lambda o: o[1])
+    if action != "stay":
+        costs = f" (the move costs {duration(move_s)})" if action == "move" else ""
+        return Replan(action, f"{slower} ({lost}): {chosen}{costs}, done in {duration(finish)}", finish)
+    if len(options) == 1:
+        why = "no datacenter holds it now and it cannot shrink into one"
+    else:
+        why = "; ".join(f"{o[3]} would take {duration(o[1])}" for o in options[1:])
+        why += f" against {duration(stay)}"
+    return Replan("stay", f"{slower} ({lost}): stays, {why}", stay)

@@ -19,6 +19,7 @@ from scheduling.checkpoints import job_policy
 from scheduling.choices import EventKind, JobState
 from scheduling.models import Checkpoint, Job, JobEvent
 from scheduling.plans import plan_for, plan_summary, resize_job
+from scheduling.replan import after_joining
 from scheduling.services import REQUEUE_FIELDS, requeue, stop_job
 from scheduling.store import NewAllocations, allocations
 
@@ -91,7 +92,7 @@ def apply_decisions(
             ["state", "started_at", "chip", "placement", "pending_reason", "pending_kind", "allocated_gpus"],
             admitted_jobs,
         )
-        _link_loads(result, snapshot)
+        _link_loads(result, snapshot, now)
         _plan_admitted(result, snapshot, now, events)
     if rows:
         allocations.insert(rows, now, _shares(result))
@@ -112,12 +113,17 @@ def apply_decisions(
     return len(rows)
 
 
-def _link_loads(result: CycleResult, snapshot) -> None:
+def _link_loads(result: CycleResult, snapshot, now: datetime) -> None:
     """Jobs placed across datacenters keep the share of each link they took (given back when they
-    are requeued: scheduling.services.requeue)."""
+    are requeued: scheduling.services.requeue); the jobs already on those links are re-planned
+    over what is left to them."""
+    joined = {}
     for a in result.admissions:
         if a.link_loads:
-            Job.objects.filter(pk=a.job_id).update(link_loads=sites.as_stored(snapshot, a.link_loads))
+            joined[a.job_id] = sites.as_stored(snapshot, a.link_loads)
+            Job.objects.filter(pk=a.job_id).update(link_loads=joined[a.job_id])
+    if joined:
+        after_joining(joined, now)
 
 
 def _admission_events(a, now: datetime) -> list[JobEvent]:

@@ -5,7 +5,8 @@ from the job's first allocation to its end (or now). The loss buckets are report
 checkpoint stalls (checkpoint records), detection latency and lost work (fault and preemption
 events), restart
 (reschedule + re-initialize + load, recovery events), degraded throughput (training on without a
-replica group, recovery events) and waiting for resources (time spent pending again after a
+replica group, recovery events; running slower across datacenters, the slowdown of its plan
+events) and waiting for resources (time spent pending again after a
 preemption or a fault). Productive time is the wall time less the buckets.
 """
 
@@ -62,8 +63,16 @@ def job_ettr(
         b = acc.buckets
         b["checkpoint_stall"] = sum(c["stall_s"] for c in stalls[job.pk] if in_window(c["at"]))
         waiting_since = None
+        slow_since, slow = None, 0.0  # a plan across datacenters: its slowdown, since when
         for e in evs:
             data = e["data"] or {}
+            if e["kind"] in (EventKind.PLANNED, EventKind.REQUEUED, EventKind.RESIZED):
+                b["degraded"] += _slower_s(slow_since, e["at"], slow, lo, hi)
+                plan = data.get("plan") or data.get("new_plan") or {}
+                slow_since, slow = (
+                    e["at"],
+                    0.0 if e["kind"] == EventKind.REQUEUED else plan.get("slowdown") or 0.0,
+                )
             if e["kind"] == EventKind.FAULTED and in_window(e["at"]):
                 b["detection"] += data.get("detection_s", 0.0)
                 b["lost_work"] += data.get("lost_s", 0.0)
@@ -73,14 +82,23 @@ def job_ettr(
                 b["restart"] += data.get("restart_s", 0.0)
                 b["degraded"] += data.get("degraded_s", 0.0)
             elif e["kind"] == EventKind.REQUEUED:
+                b["lost_work"] += data.get("lost_s", 0.0) if in_window(e["at"]) else 0.0  # a move
                 waiting_since = e["at"]
             elif e["kind"] == EventKind.ADMITTED and waiting_since is not None:
                 b["waiting"] += _overlap(waiting_since, e["at"], lo, hi)
                 waiting_since = None
         if waiting_since is not None:
             b["waiting"] += _overlap(waiting_since, end, lo, hi)
+        b["degraded"] += _slower_s(slow_since, end, slow, lo, hi)
         out[job.pk] = _as_row(acc)
     return out
+
+
+def _slower_s(since: datetime | None, until: datetime, slowdown: float, lo: datetime, hi: datetime) -> float:
+    """Full-speed seconds lost running ``slowdown`` slower (across datacenters) from ``since``."""
+    if since is None or slowdown <= 0:
+        return 0.0
+    return _overlap(since, until, lo, hi) * slowdown / (1 + slowdown)
 
 
 def _as_row(acc: Ettr) -> dict:

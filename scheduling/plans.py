@@ -4,16 +4,14 @@ where a job actually runs (how many GPUs, which chip, how far its GPUs spread)."
 from __future__ import annotations
 
 import numpy as np
-from django.utils import timezone
 
 from cluster.models import Datacenter, DatacenterLink
-from cluster.snapshot import topology_cache
 from engine.mixedplan import mixed_plan
-from engine.sites import span_plan
+from engine.sites import one_site_step_s, span_plan
 from engine.steptime import SPAN_LEVELS, Fabric, ModelSpec, NoFeasiblePlan, best_plan, rank_chips
 from scheduling import sites
 from scheduling.choices import EventKind
-from scheduling.models import Allocation, Job, JobEvent
+from scheduling.models import JobEvent
 
 
 def model_of(job) -> ModelSpec | None:
@@ -80,6 +78,10 @@ def _across_sites(job, model, chip: str, snapshot, gpus: np.ndarray, dc_ids: lis
         for dc, n in sorted(split.items())
     ]
     data["link_room_gbps"] = round(room[0] * 8 / 1e9, 1)
+    one = one_site_step_s(model, chip, int(len(gpus)))
+    if one:
+        data["one_site_step_s"] = round(one, 4)
+        data["slowdown"] = round(plan.step_s / one - 1, 4)  # over the same GPUs in one datacenter
     return data
 
 
@@ -136,6 +138,8 @@ def plan_summary(plan: dict) -> str:
     where = ""
     if plan.get("sites"):
         where = "; replicas " + ", ".join(f"{s['replicas']} in {s['datacenter']}" for s in plan["sites"])
+    if plan.get("slowdown") is not None:
+        where += f"; {plan['slowdown'] * 100:.1f}% slower than in one datacenter"
     return (
         f"TP{plan['tp']} PP{plan['pp']} DP{plan['dp']}, {plan['step_s']:.2f} s/step, "
         f"{plan['tokens_per_s']:,.0f} tokens/s{where}"
@@ -163,38 +167,3 @@ def resize_job(job, snapshot, gpus: np.ndarray, *, at, reason: str, **extra):
     if new_plan and "error" not in new_plan:
         reason += f"; re-planned {plan_summary(new_plan)}"
     return JobEvent(job=job, kind=EventKind.RESIZED, at=at, reason=reason, data=data)
-
-
-def replan_crossing(link, reason: str, at=None) -> list[int]:
-    """Re-plan every running job that crosses ``link`` over what it carries now (after lanes were
-    lost or came back): each gets its new plan and a ``planned`` event with the step time before
-    and after. Returns the jobs re-planned."""
-    at = at or timezone.now()
-    snapshot = topology_cache.current()
-    events = []
-    changed = []
-    for job in Job.objects.filter(pk__in=sites.jobs_crossing(link)).select_related("chip"):
-        gpu_ids = Allocation.objects.filter(job=job, active=True).values_list("gpu_id", flat=True)
-        gpus = topology_cache.gpu_indices(np.fromiter(gpu_ids, dtype=np.int64))
-        old = job.plan or {}
-        new = plan_for(job, job.chip.name if job.chip else "", snapshot, gpus)
-        if not new:
-            continue
-        job.plan = new
-        job.save(update_fields=["plan"])
-        changed.append(job.pk)
-        slower = ""
-        if old.get("step_s") and new.get("step_s"):
-            change = new["step_s"] / old["step_s"] - 1
-            slower = f": {old['step_s']:.2f} -> {new['step_s']:.2f} s/step ({change:+.1%})"
-        events.append(
-            JobEvent(
-                job=job,
-                kind=EventKind.PLANNED,
-                at=at,
-                reason=f"re-planned, {reason}{slower}; {plan_summary(new)}"[:2000],
-                data={"old_plan": old, "plan": new, "link": link.pk},
-            )
-        )
-    JobEvent.objects.bulk_create(events)
-    return changed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.physics import Physics
 from engine.scheduler_config import SchedulerConfig
 from engine.sites import (
     SiteLink,
@@ -12,7 +13,11 @@ from engine.sites import (
     default_latency_ms,
     link_state,
     min_latency_ms,
+    move_seconds,
+    one_site_step_s,
+    replan,
     ring,
+    shrink_or_span,
     span_cost,
 )
 from engine.steptime import MODELS
@@ -253,4 +258,46 @@ def test_what_if_configurations_sweep_the_span_policy_the_margin_and_the_links(t
     # at half the link's rate the same share is a larger part of its capacity
     assert (
         thin["sites"]["busiest_link_peak_utilization"] >= whenever["sites"]["busiest_link_peak_utilization"]
+    )
+
+
+def test_a_job_slowed_past_the_threshold_moves_or_shrinks_only_when_that_finishes_sooner():
+    week = 7 * 86400.0
+    assert replan(0.15, week, move_s=600, move_to="bj1").action == "stay"  # within 20%
+    moved = replan(0.3, week, move_s=600, move_to="bj1")
+    assert moved.action == "move" and moved.finish_s == week + 600
+    assert (
+        "30.0% slower across the link" in moved.note
+        and "moves into bj1 (the move costs 10 min)" in moved.note
+    )
+    # an hour of work left loses 1,080 s across the link: a 1,200 s move does not pay, 1,000 s does
+    assert replan(0.3, 3600, move_s=1000, move_to="bj1").action == "move"
+    assert replan(0.3, 3600, move_s=1200, move_to="bj1").action == "stay"
+    stuck = replan(0.3, week)
+    assert stuck.action == "stay" and "no datacenter holds it now" in stuck.note
+    # elastic: at 70% of its throughput in one datacenter beats 1/1.5 = 67% across the link
+    assert replan(0.5, week, shrink_speed=0.7, shrink_gpus=32).action == "shrink"
+    stays = replan(0.3, week, shrink_speed=0.7, shrink_gpus=32)
+    assert stays.action == "stay" and "shrinking to its 32 GPUs in one datacenter would take" in stays.note
+
+
+def test_a_move_costs_a_save_a_restart_and_a_restore_or_the_unsaved_work():
+    saving = move_seconds(1024, 1e12, unsaved_s=3600, saves=True)
+    losing = move_seconds(1024, 1e12, unsaved_s=3600, saves=False)
+    assert 0 < saving < losing and losing - saving == pytest.approx(
+        3600 - 1e12 / (Physics().storage_gbps(1024) * 1e9)
+    )
+
+
+def test_an_elastic_job_spans_only_when_it_runs_faster_than_the_size_one_datacenter_holds():
+    links = SiteLinks([SiteLink(0, 1, 32, 400, 0.3)])
+    cost = span_cost(MODELS["llama3-8b"], "H100-SXM", {0: 256, 1: 256}, links)
+    one_512 = one_site_step_s(MODELS["llama3-8b"], "H100-SXM", 512)
+    one_256 = one_site_step_s(MODELS["llama3-8b"], "H100-SXM", 256)
+    spans = shrink_or_span(cost, 512, {0: "bj1", 1: "bj2"}, one_256, 256, links=links)
+    assert spans.span and "x the throughput of the 256 GPUs one datacenter holds now" in spans.note
+    # one datacenter holds nearly all of it: spanning for a few more GPUs does not pay the margin
+    near = shrink_or_span(cost, 512, {0: "bj1", 1: "bj2"}, one_512 * 1.05, 496, links=links)
+    assert not near.span and near.note.startswith(
+        "runs at the 496 GPUs one datacenter holds rather than span"
     )

@@ -12,6 +12,7 @@ import numpy as np
 from engine.placement import LEVELS, level_limit
 from engine.steps.admission import admit_placed, record_admission
 from engine.steps.preemption import victim_candidates
+from engine.steps.spanning import admit_elastic_or_span, spans
 from engine.steps.state import CycleState
 from engine.workload import MILLI, PendingJob, Resize, RunningJob
 
@@ -34,6 +35,8 @@ def admit_elastic(s: CycleState, qi: int, job: PendingJob, c: int, max_level: in
     allowed = quota_headroom(s, qi, c, sizes)
     if not allowed:
         return False
+    if spans(s, max_level):
+        return admit_elastic_or_span(s, qi, job, c, max_level, sizes, allowed)
     block, _, _ = s.pools.open.largest_block(c, max_level)
     size = next((x for x in sizes if x <= min(allowed, block)), 0)
     if not size:

@@ -6,15 +6,26 @@ one holds it now. Otherwise the placement across datacenters is found (nothing t
 slowdown is modelled over the bandwidth the links have left, the wait until one datacenter could
 hold it is estimated as a reservation would be, and the policy decides: span (the admission says
 why, and the job takes its share of each link it crosses) or wait (the job reserves inside one
-datacenter, and its pending reason says why it did not span)."""
+datacenter, and its pending reason says why it did not span). An elastic gang compares instead
+the largest size one datacenter holds now with a larger one across datacenters."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
-from engine.sites import DATACENTER_LEVEL, decide, replica_sizes, replica_split, span_cost, why_not
+from engine.sites import (
+    DATACENTER_LEVEL,
+    decide,
+    one_site_step_s,
+    replica_sizes,
+    replica_split,
+    shrink_or_span,
+    span_cost,
+    why_not,
+)
 from engine.steps.admission import admit_placed, record_admission
 from engine.steps.reservation import earliest
 from engine.steps.state import CycleState
@@ -47,6 +58,31 @@ def _whole_replicas(s: CycleState, job: PendingJob, c: int, chip: str, where) ->
     return chosen, {int(d): int(k) for d, k in zip(dcs, n, strict=True)}
 
 
+def _across(s: CycleState, job: PendingJob, c: int, max_level: int):
+    """The gang's placement across datacenters (nothing taken yet) and what it costs there:
+    (where, GPUs, replicas per datacenter, SpanCost or None), or None without room across."""
+    where = s.pools.open.find(c, job.gpus, max_level)
+    if where is None or where[0] <= DATACENTER_LEVEL:
+        return None
+    chip = s.topo.chip_names[c]
+    chosen, split = _whole_replicas(s, job, c, chip, where)
+    return where, chosen, split, span_cost(job.model, chip, split, s.links)
+
+
+def _names(s: CycleState, dcs) -> dict[int, str]:
+    return {d: s.layout.domain_name(DATACENTER_LEVEL, d).removeprefix("datacenter ") for d in dcs}
+
+
+def _span(s: CycleState, qi: int, job: PendingJob, c: int, where, chosen, cost, note: str) -> None:
+    """Admit the gang across datacenters: it takes its GPUs and its share of each link."""
+    s.pools.take(chosen)
+    for pair, load in cost.loads:
+        s.links.add(pair, load)
+    record_admission(
+        s, qi, job, c, chosen, *where, span_note=note, link_loads=cost.loads, span_slowdown=cost.slowdown
+    )
+
+
 def admit_placed_or_span(s: CycleState, qi: int, job: PendingJob, c: int, max_level: int) -> bool:
     """Admit the gang inside one datacenter, or across several where the policy says so."""
     if not spans(s, max_level):
@@ -56,22 +92,19 @@ def admit_placed_or_span(s: CycleState, qi: int, job: PendingJob, c: int, max_le
     if s.config.span_policy == "never":
         return False
     t0 = time.perf_counter()
-    where = s.pools.open.find(c, job.gpus, max_level)
-    if where is None or where[0] <= DATACENTER_LEVEL:
+    found = _across(s, job, c, max_level)
+    if found is None:
         return False
-    chip = s.topo.chip_names[c]
-    chosen, split = _whole_replicas(s, job, c, chip, where)
-    cost = span_cost(job.model, chip, split, s.links)
+    where, chosen, split, cost = found
     wait_s, wait_in = None, "one datacenter"
     if s.config.span_policy == "pays" and cost is not None:
         soonest = earliest(s, job, c, DATACENTER_LEVEL)
         if soonest is not None:
             wait_s = soonest[0] - s.now
             wait_in = s.layout.domain_name(*soonest[2]).removeprefix("datacenter ")
-    names = {d: s.layout.domain_name(DATACENTER_LEVEL, d).removeprefix("datacenter ") for d in split}
     choice = decide(
         cost,
-        names,
+        _names(s, split),
         wait_s,
         wait_in,
         job.estimated_duration_s,
@@ -84,18 +117,51 @@ def admit_placed_or_span(s: CycleState, qi: int, job: PendingJob, c: int, max_le
     if not choice.span:
         s.span_waits[job.id] = choice.note
         return False
-    s.pools.take(chosen)
-    for pair, load in cost.loads:
-        s.links.add(pair, load)
-    record_admission(
-        s,
-        qi,
-        job,
-        c,
-        chosen,
-        *where,
-        span_note=choice.note,
-        link_loads=cost.loads,
-        span_slowdown=cost.slowdown,
+    _span(s, qi, job, c, where, chosen, cost, choice.note)
+    return True
+
+
+def admit_elastic_or_span(
+    s: CycleState, qi: int, job: PendingJob, c: int, max_level: int, sizes, allowed
+) -> bool:
+    """An elastic gang that may span: at the largest size one datacenter holds now, or at a
+    larger size across datacenters when that runs faster (engine.sites.shrink_or_span)."""
+    inside = min(allowed, s.pools.open.largest_block(c, DATACENTER_LEVEL)[0])
+    across = (
+        min(allowed, s.pools.open.largest_block(c, max_level)[0]) if s.config.span_policy != "never" else 0
     )
+    small = next((x for x in sizes if x <= inside), 0)
+    large = next((x for x in sizes if x <= across), 0)
+    note = ""
+    if large > small:
+        t0 = time.perf_counter()
+        big = replace(job, gpus=large, min_gpus=None)
+        found = _across(s, big, c, max_level)
+        if found is not None:
+            where, chosen, split, cost = found
+            chip = s.topo.chip_names[c]
+            choice = shrink_or_span(
+                cost,
+                large,
+                _names(s, split),
+                one_site_step_s(job.model, chip, small) if small else None,
+                small,
+                s.config.span_policy,
+                s.config.span_margin,
+                s.links,
+            )
+            s.result.span_decisions_s.append(time.perf_counter() - t0)
+            if choice.span:
+                _span(s, qi, big, c, where, chosen, cost, choice.note)
+                return True
+            note = choice.note
+    if not small:
+        return False
+    one = replace(job, gpus=small, min_gpus=None)
+    if not note:
+        return admit_placed(s, qi, one, c, DATACENTER_LEVEL)
+    placed = s.pools.place(c, small, DATACENTER_LEVEL)
+    if placed is None:
+        return False
+    record_admission(s, qi, one, c, *placed, span_note=note)
     return True

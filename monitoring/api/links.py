@@ -26,7 +26,7 @@ from monitoring.faults import partitions
 from monitoring.faults.services import report_fault
 from monitoring.models import SitePartition
 from scheduling.locks import cycle_lock
-from scheduling.plans import replan_crossing
+from scheduling.replan import replan_crossing
 from scheduling.sites import jobs_crossing, load_of, running_loads
 from scheduling.trigger import request_cycle
 
