@@ -107,10 +107,10 @@ def schedule_job(s: CycleState, qi: int, job: PendingJob) -> Reason | None:
     if capacity_blocked is None:
         return None
     span_wait = s.span_waits.get(job.id)
-    if span_wait is not None:  # it did not pay to span: it waits inside one datacenter
-        max_level = DATACENTER_LEVEL
     if job.mixed and len(chips) > 1 and admit_mixed(s, qi, job, chips, max_level):
         return None
+    if spans(s, max_level):  # past the span decision, evictions and reservations stay in one datacenter
+        max_level = DATACENTER_LEVEL
     # reclaiming lent quota on any chip type comes before evicting the queue's own work
     passes = []
     if queue.reclaim_within_cohort != Reclaim.NEVER and s.quota.cohort_of[qi] >= 0:
@@ -164,7 +164,8 @@ def try_chips(s: CycleState, qi, job, chips, max_level, reasons: list[Reason]) -
         if blocked_everywhere:
             capacity_blocked.append(c)  # blocked by capacity, not only by someone's reservation
             s.capacity_blocked_chips.add(c)
-        if s.queues[qi].may_use_spares and admit_on_spares(s, qi, job, c, max_level):
+        inside = DATACENTER_LEVEL if spans(s, max_level) else max_level
+        if s.queues[qi].may_use_spares and admit_on_spares(s, qi, job, c, inside):
             return None
         level = DATACENTER_LEVEL if job.id in s.span_waits else max_level
         reasons.append(placement_reason(s, job, c, level))
