@@ -4,7 +4,9 @@ under MYRIAD_SCREENSHOT_DIR (default var/screenshots)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -390,4 +392,77 @@ def test_a_nodes_ports_and_recorded_trace_show_on_its_page(browser, stack, tmp_p
     _shot(page, "node-ports-trace")
     assert page.errors == []
     agent_context.close()
+    page.context.close()
+
+
+TWO_CAMPUSES = {
+    "regions": [
+        {
+            "name": "north",
+            "datacenters": [
+                {
+                    "name": name,
+                    "pods": [{"chip_type": "H100-SXM", "racks": 2, "nodes_per_rack": 4, "gpus_per_node": 8}],
+                }
+                for name in ("bj1", "bj2")
+            ],
+        }
+    ],
+    "links": [{"between": ["bj1", "bj2"], "distance_km": 60, "lanes": 8, "lane_gbps": 400}],
+}
+
+
+@pytest.fixture(scope="module")
+def sites_stack(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sites-stack")
+    topology = folder / "two-campuses.json"
+    topology.write_text(json.dumps(TWO_CAMPUSES))
+    s = start_stack(folder, str(topology), extra_env={"MYRIAD_FLEET_ARRIVALS": "0"}, name="sites")
+    yield s
+    s.stop()
+
+
+def test_the_fleet_view_shows_the_link_a_spanning_job_crosses_with_its_load_and_lost_lanes(
+    browser, sites_stack
+):
+    stack = sites_stack
+    page = _page(browser, stack, "operator")
+    # 96 GPUs: neither campus (64 each) holds it, so it spans them over the link
+    job = _api(
+        page,
+        stack,
+        "/api/v1/jobs/",
+        method="post",
+        queue="pretrain",
+        gpus=96,
+        topology="region",
+        model={"preset": "llama3-8b"},
+        name="spanning-job",
+    )
+    deadline = time.monotonic() + 30
+    while (detail := _api(page, stack, f"/api/v1/jobs/{job['id']}/", role="viewer"))["state"] != "running":
+        assert time.monotonic() < deadline, f"job {job['id']} did not start: {detail['pending_reason']}"
+        time.sleep(0.5)
+    (link,) = _api(page, stack, "/api/v1/links/", role="viewer")["results"]
+    _api(
+        page,
+        stack,
+        f"/api/v1/links/{link['id']}/lanes-lost/",
+        method="post",
+        lanes_lost=2,
+        reason="amplifier",
+    )
+    page.goto("/live/levels/?level=datacenter")
+    page.wait_for_selector("#sites-view:not([hidden]) #sites tbody tr", timeout=20_000)
+    row = page.locator("#sites tbody tr").first.locator("td").all_inner_texts()
+    assert row[0] == "bj1 <-> bj2" and row[1] == "degraded" and row[2] == "6 of 8 x 400 Gb/s"
+    assert "of 2400 Gb/s" in row[3] and row[4] == "1" and row[6] == "amplifier"
+    now = _api(page, stack, f"/api/v1/links/{link['id']}/", role="viewer")
+    assert now["load_gbps"] > 0 and now["capacity_gbps"] == 2400
+    _shot(page, "fleet-sites")
+    # the job's page gives its replicas in each datacenter and the slowdown of spanning
+    page.goto(f"/jobs/{job['id']}/")
+    text = page.locator("body").inner_text()
+    assert re.search(r"replicas \d+ in bj1, \d+ in bj2; [\d.]+% slower than in one datacenter", text), text
+    assert page.errors == []
     page.context.close()

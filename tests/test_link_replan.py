@@ -5,7 +5,10 @@ slowdown shows in their plan events and their ETTR."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from cluster.builder import build_cluster, known_chip_names
 from cluster.models import ChipType, DatacenterLink
@@ -148,7 +151,11 @@ def test_a_job_joining_the_link_re_plans_the_one_already_on_it_and_its_ettr_show
     joined = first.events.filter(kind="planned").latest("id")
     assert f"job {second.pk} joined link bj1 <-> bj2" in joined.reason
     assert first.plan["link_room_gbps"] < room and first.plan["step_s"] >= joined.data["old_plan"]["step_s"]
-    # ETTR's degraded bucket: the time it ran slower, at each plan's slowdown in turn
+    # ETTR's degraded bucket: the time it ran slower, at each plan's slowdown in turn. The cycles
+    # above take milliseconds, too short to read a ratio from; the log is put an hour apart.
+    now = timezone.now()
+    first.events.filter(id__lt=joined.id).update(at=now - timedelta(hours=2))
+    first.events.filter(id__gte=joined.id).update(at=now - timedelta(hours=1))
     row = job_ettr([first])[first.pk]
     lost = sorted(p["slowdown"] / (1 + p["slowdown"]) for p in (joined.data["old_plan"], first.plan))
     assert row["degraded_s"] > 0
