@@ -55,3 +55,15 @@ def joined(reasons: list[Reason]) -> Reason | None:
 def placement_kind(level: str) -> str:
     """No room in one domain of this level: topology below a datacenter, capacity at or above."""
     return "topology" if level in TOPOLOGY_LEVELS else "capacity"
+
+
+def duration(h_or_s: float) -> str:
+    """'40 s', '17 min', '3.1 h', '2.0 d'."""
+    s = abs(h_or_s)
+    if s < 60:
+        return f"{s:.0f} s"
+    if s < 3600:
+        return f"{s / 60:.0f} min"
+    if s < 2 * 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from engine.physics import Physics
+from engine.reasons import duration
 from engine.steptime import MODELS, Fabric, ModelSpec, NoFeasiblePlan, _ranked, best_plan
 
 LINK_STATES = ("up", "degraded", "down")
@@ -296,18 +297,6 @@ class SpanChoice:
     note: str  # why, with both numbers
     cost: SpanCost | None = None
     wait_s: float | None = None
-
-
-def duration(h_or_s: float) -> str:
-    """'40 s', '17 min', '3.1 h', '2.0 d'."""
-    s = abs(h_or_s)
-    if s < 60:
-        return f"{s:.0f} s"
-    if s < 3600:
-        return f"{s / 60:.0f} min"
-    if s < 2 * 86400:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} d"
 
 
 def decide(

@@ -30,11 +30,14 @@ class WithinQueue(StrEnum):
 
 
 class Queueing(StrEnum):
-    """How a queue admits its jobs. Strict FIFO: a job that cannot start blocks every later job of
-    its queue. Best effort: later jobs may pass a blocked one, but once a job blocked by quota has
-    waited ``head_wait_s`` the queue's later jobs on its chip types wait for it (its quota is held
-    for it)."""
+    """How a queue admits its jobs. Backfill (the default): the quota a job blocked by quota waits
+    for is reserved for it at once; a later job of its queue on its chip types may use it only if
+    its estimated end comes before the blocked job's expected start (Slurm's backfill, applied to
+    quota). Strict FIFO: a job that cannot start blocks every later job of its queue. Best effort:
+    later jobs may pass a blocked one, but once a job blocked by quota has waited ``head_wait_s``
+    the queue's later jobs on its chip types wait for it (its quota is held for it)."""
 
+    BACKFILL = "backfill"
     BEST_EFFORT = "best_effort"
     STRICT_FIFO = "strict_fifo"
 
@@ -57,7 +60,7 @@ class QueueSpec:
     reclaim_within_cohort: Reclaim = Reclaim.NEVER
     within_queue: WithinQueue = WithinQueue.NEVER
     stopped: bool = False
-    queueing: Queueing = Queueing.BEST_EFFORT
+    queueing: Queueing = Queueing.BACKFILL
     head_wait_s: float | None = DEFAULT_HEAD_WAIT_S  # best effort: the bounded wait (None: unbounded)
     # its jobs may run on spare nodes when nothing else is free; fault recovery takes them back
     may_use_spares: bool = False

@@ -80,6 +80,7 @@ QueueingStrategy = engine_choices(
     "QueueingStrategy",
     QUEUEING_STRATEGIES,
     {
+        "backfill": "Backfill (quota is reserved for a blocked job; later jobs use it if they end first)",
         "best_effort": "Best effort (later jobs may pass a blocked one, up to the bounded wait)",
         "strict_fifo": "Strict order (a blocked job holds the whole queue)",
     },

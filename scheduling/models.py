@@ -150,15 +150,15 @@ class Queue(models.Model):
         "preempt jobs its policies allow up to this priority (Kueue's borrowWithinCohort)",
     )
     queueing_strategy = models.CharField(
-        max_length=16, choices=QueueingStrategy.choices, default=QueueingStrategy.BEST_EFFORT
+        max_length=16, choices=QueueingStrategy.choices, default=QueueingStrategy.BACKFILL
     )
     head_wait_s = models.PositiveIntegerField(
         "bounded wait (s)",
         null=True,
         blank=True,
         default=int(DEFAULT_HEAD_WAIT_S),
-        help_text="Best effort: once a job blocked by quota has waited this long, the queue's later "
-        "jobs on its chip types wait for it. Empty: later jobs may always pass it",
+        help_text="Best effort only: once a job blocked by quota has waited this long, the queue's "
+        "later jobs on its chip types wait for it. Empty: later jobs may always pass it",
     )
     default_checkpoint_policy = models.ForeignKey(
         CheckpointPolicy, null=True, blank=True, on_delete=models.SET_NULL, related_name="queues"

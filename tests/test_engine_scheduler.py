@@ -96,7 +96,7 @@ def test_quota_without_a_cohort_is_a_hard_limit():
     lay = layout_for()
     result, _ = cycle(lay, [big_queue(nominal=16)], [], [job(1, 16), job(2, 8)])
     assert [a.job_id for a in result.admissions] == [1]
-    assert result.pending[2] == (
+    assert result.pending[2].startswith(
         "quota of queue a exhausted for H100-SXM: 16 of 16 in use, needs 8; the queue is in no cohort, "
         "so it cannot borrow"
     )

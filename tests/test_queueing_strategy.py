@@ -1,10 +1,13 @@
-"""A big job does not starve behind its own queue's small jobs: best effort with a bounded wait
-(the default) holds the queue's quota for a job blocked by quota once it has waited long enough;
-strict FIFO holds the queue for any blocked job."""
+"""A big job does not starve behind its own queue's small jobs. Backfill (the default) reserves
+the quota a job blocked by quota waits for at once: later jobs use it only if they end before the
+blocked job's expected start. Best effort with a bounded wait holds the queue's quota for it once
+it has waited long enough; strict FIFO holds the queue for any blocked job."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+
+import pytest
 
 from engine.workload import PendingJob, QueueSpec
 from tests.engine_helpers import cycle, layout_for
@@ -43,14 +46,16 @@ def _replay(queue: QueueSpec, minutes: int = 240):
 
 
 def test_without_a_bounded_wait_the_big_job_starves():
-    started, reason = _replay(QueueSpec("train", nominal={"H100-SXM": 512}, head_wait_s=None))
+    started, reason = _replay(
+        QueueSpec("train", nominal={"H100-SXM": 512}, queueing="best_effort", head_wait_s=None)
+    )
     assert started is None
     assert reason.startswith("quota of queue train exhausted for H100-SXM")
 
 
-def test_the_default_bounded_wait_holds_the_quota_and_the_big_job_starts():
-    queue = QueueSpec("train", nominal={"H100-SXM": 512})
-    assert queue.queueing == "best_effort" and queue.head_wait_s == 600.0
+def test_the_bounded_wait_holds_the_quota_and_the_big_job_starts():
+    queue = QueueSpec("train", nominal={"H100-SXM": 512}, queueing="best_effort")
+    assert queue.head_wait_s == 600.0
     started, reason = _replay(queue)
     assert started is not None
     # it waited out the bounded wait, then half of the queue's small jobs ended (they run 30 min)
@@ -60,7 +65,7 @@ def test_the_default_bounded_wait_holds_the_quota_and_the_big_job_starts():
 
 def test_the_wait_shows_in_the_reason_and_followers_say_whom_they_wait_for():
     lay = layout_for(pods_per_dc=1, datacenters=1)  # 32 GPUs
-    queue = QueueSpec("train", nominal={"H100-SXM": 16})
+    queue = QueueSpec("train", nominal={"H100-SXM": 16}, queueing="best_effort")
     full = [PendingJob(i, "train", 8, chip_types=("H100-SXM",), submitted_at=0.0) for i in (1, 2)]
     _, running = cycle(lay, [queue], [], full, now=0.0)
     big = PendingJob(10, "train", 16, priority=5, chip_types=("H100-SXM",), submitted_at=0.0)
@@ -76,7 +81,7 @@ def test_the_wait_shows_in_the_reason_and_followers_say_whom_they_wait_for():
 
 def test_a_held_queue_still_admits_jobs_for_other_chip_types():
     lay = layout_for(pods_per_dc=1, datacenters=1, chips=("H100-SXM", "A100-80G"))
-    queue = QueueSpec("train", nominal={"H100-SXM": 16, "A100-80G": 16})
+    queue = QueueSpec("train", nominal={"H100-SXM": 16, "A100-80G": 16}, queueing="best_effort")
     full = [PendingJob(i, "train", 8, chip_types=("H100-SXM",)) for i in (1, 2)]
     _, running = cycle(lay, [queue], [], full, now=0.0)
     big = PendingJob(10, "train", 16, priority=5, chip_types=("H100-SXM",))
@@ -119,6 +124,8 @@ def test_the_live_cycle_holds_a_queue_for_its_long_waiting_job(queues, operator_
     from scheduling.models import Job
 
     legacy = queues["legacy"]  # 12 A100 GPUs of quota, no cohort
+    legacy.queueing_strategy = "best_effort"
+    legacy.save()
     now = timezone.now()
 
     def job(gpus, priority=0, ago_s=0.0):
@@ -149,6 +156,44 @@ def test_the_live_cycle_holds_a_queue_for_its_long_waiting_job(queues, operator_
     assert small.state == "running"
 
 
+def test_the_live_cycle_reserves_quota_for_a_blocked_job_and_says_until_when(queues, operator_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from scheduling.cycle import run_cycle
+    from scheduling.models import Job
+
+    legacy = queues["legacy"]  # 12 A100 GPUs of quota, no cohort; backfill, the default
+    now = timezone.now()
+
+    def job(gpus, priority=0, ago_s=0.0, hours=None):
+        return Job.objects.create(
+            queue=legacy,
+            gpus=gpus,
+            priority=priority,
+            chip_types=["A100-80G"],
+            topology="datacenter",
+            submitted_at=now - timedelta(seconds=ago_s),
+            estimated_duration_s=hours * 3600 if hours else None,
+        )
+
+    first = job(8, ago_s=60, hours=2)
+    run_cycle(now=now)
+    big = job(8, priority=5, ago_s=30)  # 8 + 8 > 12: it waits for the first to end, in about 2 h
+    long, short = job(4, ago_s=10, hours=3), job(4, ago_s=5, hours=1)
+    run_cycle(now=now)
+    for j in (first, big, long, short):
+        j.refresh_from_db()
+    assert (first.state, big.state, long.state, short.state) == ("running", "pending", "pending", "running")
+    answer = operator_client.get(f"/api/v1/jobs/{long.pk}/").json()
+    assert answer["pending_reason"] == (
+        f"waiting behind job {big.pk} of queue legacy: its A100-80G quota is reserved for that job "
+        "(8 GPUs) until it starts in about 2.0 h; this job's estimated 3.0 h runs past that"
+    )
+    assert "expected to start in about 2.0 h" in big.pending_reason
+
+
 def test_a_bad_queueing_strategy_is_refused_by_name(queues, operator_client):
     legacy = queues["legacy"]
     response = operator_client.patch(
@@ -157,4 +202,82 @@ def test_a_bad_queueing_strategy_is_refused_by_name(queues, operator_client):
     assert response.status_code == 400
     assert set(response.json()) >= {"queueing_strategy", "head_wait_s"}
     legacy.refresh_from_db()
-    assert legacy.queueing_strategy == "best_effort" and legacy.head_wait_s == 600
+    assert legacy.queueing_strategy == "backfill" and legacy.head_wait_s == 600
+
+
+TEN_HOURS_S = 36_000.0
+
+
+def _hours_of_small_jobs(queue: QueueSpec, minutes: int = 120):
+    """The case a new user tries: a queue of 512 GPUs of quota, 64 running 8-GPU jobs ending over
+    the first half hour (as their estimates say); a 256-GPU job of higher priority, then 40 more
+    8-GPU jobs of 10 h each and one of 5 min. Returns ({job: minute it started}, {job: its reason
+    at minute 1})."""
+    lay = layout_for(pods_per_dc=4, racks=4, nodes_per_rack=4, datacenters=2)  # 1,024 GPUs
+    chips = ("H100-SXM",)
+    first = [
+        PendingJob(i, queue.name, 8, chip_types=chips, estimated_duration_s=(i + 1) * SMALL_S / 64)
+        for i in range(64)
+    ]
+    _, running = cycle(lay, [queue], [], first, now=0.0)
+    big = PendingJob(1000, queue.name, 256, priority=50, chip_types=chips, submitted_at=1.0)
+    later = [
+        PendingJob(
+            2000 + k, queue.name, 8, chip_types=chips, submitted_at=2.0, estimated_duration_s=TEN_HOURS_S
+        )
+        for k in range(40)
+    ]
+    short = PendingJob(3000, queue.name, 8, chip_types=chips, submitted_at=3.0, estimated_duration_s=300.0)
+    pending, started, reasons = [big, *later, short], {}, {}
+    for minute in range(1, minutes):
+        now = minute * PERIOD_S
+        running = [j for j in running if j.estimated_end is None or j.estimated_end > now]
+        result, running = cycle(lay, [queue], running, pending, now=now)
+        for a in result.admissions:
+            started[a.job_id] = minute
+        if minute == 1:
+            reasons = dict(result.pending)
+        pending = [p for p in pending if p.id not in started]
+    return started, reasons
+
+
+def test_backfill_reserves_the_quota_at_once_and_lets_only_jobs_that_end_before_it_pass():
+    queue = QueueSpec("train", nominal={"H100-SXM": 512})
+    assert queue.queueing == "backfill"  # the default
+    started, reasons = _hours_of_small_jobs(queue)
+    # half of the 64 jobs end by minute 15: the 256 GPUs of quota are free for the big job then
+    assert 14 <= started[1000] <= 16
+    # none of the 10-hour jobs took the quota before it; the 5-minute job did, and gave it back
+    assert all(started.get(2000 + k, 10**6) >= started[1000] for k in range(40))
+    assert started[3000] < started[1000]
+    big, follower = reasons[1000], reasons[2000]
+    assert "queue train reserves its H100-SXM quota for it: expected to start in about 14 min" in big
+    assert follower.startswith(
+        "waiting behind job 1000 of queue train: its H100-SXM quota is reserved for that job (256 GPUs) "
+        "until it starts in about 14 min; this job's estimated 10.0 h runs past that"
+    )
+    assert follower.kind == "ordering" and follower.facts["behind_job"] == 1000
+    assert follower.facts["reserved_until"] == pytest.approx(32 * SMALL_S / 64)
+
+
+def test_under_the_bounded_wait_the_ten_hour_jobs_take_the_freed_quota_first():
+    started, _ = _hours_of_small_jobs(QueueSpec("train", nominal={"H100-SXM": 512}, queueing="best_effort"))
+    backfilled, _ = _hours_of_small_jobs(QueueSpec("train", nominal={"H100-SXM": 512}))
+    # until the bounded wait ran out, the freed quota went to 10-hour jobs: the big job starts later,
+    # and those jobs hold GPUs of the queue's quota for 10 h
+    first_hour = [k for k in range(40) if started.get(2000 + k, 10**6) < started.get(1000, 10**6)]
+    assert len(first_hour) >= 10
+    assert started.get(1000, 10**6) >= backfilled[1000] + 10
+
+
+def test_backfill_without_known_ends_holds_every_later_job_of_the_chip_type():
+    lay = layout_for(pods_per_dc=1, datacenters=1)  # 32 GPUs
+    queue = QueueSpec("train", nominal={"H100-SXM": 16})
+    full = [PendingJob(i, "train", 8, chip_types=("H100-SXM",)) for i in (1, 2)]  # no estimates
+    _, running = cycle(lay, [queue], [], full, now=0.0)
+    big = PendingJob(10, "train", 16, priority=5, chip_types=("H100-SXM",))
+    quick = PendingJob(11, "train", 8, chip_types=("H100-SXM",), submitted_at=1.0, estimated_duration_s=60.0)
+    result, _ = cycle(lay, [queue], running, [big, quick], now=5.0)
+    assert not result.admissions
+    assert "no running job of the queue has an estimated end, so its later jobs wait" in result.pending[10]
+    assert result.pending[11].endswith("; no end is known")

@@ -90,8 +90,8 @@ class CycleState:
         self.resized: set[int] = set()  # elastic jobs shrunk or grown this cycle
         self.capacity_blocked_chips: set[int] = set()  # chips some pending job found no room on
         self.started: list[RunningJob] = []  # admitted this cycle, as running jobs
-        # queue index -> (the job its later jobs wait behind, that job's chip options, reason)
-        self.queue_holds: dict[int, tuple[int, set[int], Reason]] = {}
+        # queue index -> the job its later jobs wait behind (engine.steps.ordering.QueueHold)
+        self.queue_holds: dict = {}
         self.first_blocked: set[int] = set()  # queues whose first blocked job was seen
         self.quota_blocked = False  # the last job scheduled was refused by quota on every chip
         self.borrow_blocked: Reason | None = (
