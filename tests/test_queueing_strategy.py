@@ -115,13 +115,28 @@ def test_strict_fifo_holds_the_queue_behind_any_blocked_job():
     assert [a.job_id for a in result.admissions] == [11]  # best effort lets it pass (not waited yet)
 
 
-def test_the_live_cycle_holds_a_queue_for_its_long_waiting_job(queues, operator_client):
+def _a100_job(queue, now, gpus, priority=0, ago_s=0.0, hours=None):
+    """A job of ``queue`` on A100s in one datacenter, submitted ``ago_s`` before ``now``."""
     from datetime import timedelta
+
+    from scheduling.models import Job
+
+    return Job.objects.create(
+        queue=queue,
+        gpus=gpus,
+        priority=priority,
+        chip_types=["A100-80G"],
+        topology="datacenter",
+        submitted_at=now - timedelta(seconds=ago_s),
+        estimated_duration_s=hours * 3600 if hours else None,
+    )
+
+
+def test_the_live_cycle_holds_a_queue_for_its_long_waiting_job(queues, operator_client):
 
     from django.utils import timezone
 
     from scheduling.cycle import run_cycle
-    from scheduling.models import Job
 
     legacy = queues["legacy"]  # 12 A100 GPUs of quota, no cohort
     legacy.queueing_strategy = "best_effort"
@@ -129,14 +144,7 @@ def test_the_live_cycle_holds_a_queue_for_its_long_waiting_job(queues, operator_
     now = timezone.now()
 
     def job(gpus, priority=0, ago_s=0.0):
-        return Job.objects.create(
-            queue=legacy,
-            gpus=gpus,
-            priority=priority,
-            chip_types=["A100-80G"],
-            topology="datacenter",
-            submitted_at=now - timedelta(seconds=ago_s),
-        )
+        return _a100_job(legacy, now, gpus, priority, ago_s)
 
     first = job(8, ago_s=900)
     run_cycle(now=now)
@@ -157,26 +165,16 @@ def test_the_live_cycle_holds_a_queue_for_its_long_waiting_job(queues, operator_
 
 
 def test_the_live_cycle_reserves_quota_for_a_blocked_job_and_says_until_when(queues, operator_client):
-    from datetime import timedelta
 
     from django.utils import timezone
 
     from scheduling.cycle import run_cycle
-    from scheduling.models import Job
 
     legacy = queues["legacy"]  # 12 A100 GPUs of quota, no cohort; backfill, the default
     now = timezone.now()
 
     def job(gpus, priority=0, ago_s=0.0, hours=None):
-        return Job.objects.create(
-            queue=legacy,
-            gpus=gpus,
-            priority=priority,
-            chip_types=["A100-80G"],
-            topology="datacenter",
-            submitted_at=now - timedelta(seconds=ago_s),
-            estimated_duration_s=hours * 3600 if hours else None,
-        )
+        return _a100_job(legacy, now, gpus, priority, ago_s, hours)
 
     first = job(8, ago_s=60, hours=2)
     run_cycle(now=now)
