@@ -91,6 +91,40 @@ def setup_django() -> None:
     call_command("migrate", verbosity=0)
 
 
+def busy_cluster(cluster: str, jobs: int, seed: int):
+    """Build ``cluster`` with the example queues, submit ``jobs`` jobs (8 to 1,024 H100s each,
+    seeded) and run two scheduling cycles: admissions, pending reasons and events, as a running
+    cluster has them. Returns the random generator, for what the benchmark draws next."""
+    import numpy as np
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from scheduling.cycle import run_cycle
+    from scheduling.models import Job, Queue
+
+    call_command("build_cluster", cluster, verbosity=0)
+    call_command("seed_queues", verbosity=0)
+    rng = np.random.default_rng(seed)
+    queues = list(Queue.objects.exclude(name="inference"))
+    now = timezone.now()
+    Job.objects.bulk_create(
+        [
+            Job(
+                name=f"bench-{i}",
+                queue=queues[i % len(queues)],
+                gpus=int(rng.choice([8, 16, 64, 256, 1024])),
+                chip_types=["H100-SXM"],
+                submitted_at=now,
+            )
+            for i in range(jobs)
+        ],
+        batch_size=1000,
+    )
+    run_cycle()
+    run_cycle()
+    return rng
+
+
 def print_table(title: str, rows: list[tuple[str, ...]], header: tuple[str, ...]) -> None:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     print(title)

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from bench._backends import print_table, run_per_backend, setup_django
+from bench._backends import busy_cluster, print_table, run_per_backend, setup_django
 
 TARGET_S = 2.0
 
@@ -28,38 +28,15 @@ TARGET_S = 2.0
 def child(args) -> None:
     setup_django()
     from django.conf import settings
-    from django.core.management import call_command
     from django.test import Client
-    from django.utils import timezone
 
     from cluster.snapshot import topology_cache
     from engine.frames import encode_frame
     from monitoring.telemetry.livestore import FRAME_KEY, live_store
     from monitoring.telemetry.metrics import series_count
-    from scheduling.cycle import run_cycle
-    from scheduling.models import Job, Queue
 
     settings.METRICS_TOKEN = "bench-token"
-    call_command("build_cluster", args.cluster, verbosity=0)
-    call_command("seed_queues", verbosity=0)
-    rng = np.random.default_rng(20261201)
-    queues = list(Queue.objects.exclude(name="inference"))
-    now = timezone.now()
-    Job.objects.bulk_create(
-        [
-            Job(
-                name=f"bench-{i}",
-                queue=queues[i % len(queues)],
-                gpus=int(rng.choice([8, 16, 64, 256, 1024])),
-                chip_types=["H100-SXM"],
-                submitted_at=now,
-            )
-            for i in range(args.jobs)
-        ],
-        batch_size=1000,
-    )
-    run_cycle()
-    run_cycle()
+    rng = busy_cluster(args.cluster, args.jobs, 20261201)
     snap = topology_cache.current()
     n = snap.num_gpus
     frame = {

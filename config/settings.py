@@ -203,6 +203,8 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 SCHEDULING_CYCLE_INTERVAL_S = env_int("MYRIAD_CYCLE_INTERVAL_S", 5, minimum=1)
 # the least time between the starts of two cycles that submits and changes ask for (scheduling.trigger)
 CYCLE_MIN_INTERVAL_S = env_float("MYRIAD_CYCLE_MIN_INTERVAL_S", 1.0, minimum=0.0)
+# the time one scheduling cycle may take before docs/alerts pages (its p99 over 10 min, above it)
+CYCLE_BUDGET_S = env_float("MYRIAD_CYCLE_BUDGET_S", 2.0, minimum=0.01)
 # GPUs one scheduling cycle may start; the rest go in the next cycle, run at once (0: no limit).
 # Each started GPU is one allocation row written inside the cycle's transaction: 50,000 keeps the
 # worst cycle at 100k GPUs near half a second and fills an empty 100k cluster in two cycles
@@ -224,6 +226,10 @@ FLEET_ACCELERATE = env_int("MYRIAD_FLEET_ACCELERATE", 60, minimum=1)
 FLEET_ARRIVALS = env_bool("MYRIAD_FLEET_ARRIVALS", True)
 SAMPLE_INTERVAL_S = env_int("MYRIAD_SAMPLE_INTERVAL_S", 60, minimum=1)
 # Real nodes (cluster.agents, monitoring.telemetry.ingest, scheduling.launch; README, "Real nodes")
+# a GPU held by a running job is idle below this utilization (%), and wasted once idle this long
+# (frame time); per-job efficiency counts the GPU-hours below it (monitoring.telemetry.efficiency)
+IDLE_UTIL_PCT = env_int("MYRIAD_IDLE_UTIL_PCT", 5, minimum=1)
+IDLE_AFTER_S = env_float("MYRIAD_IDLE_AFTER_S", 1800.0, minimum=0.0)
 AGENT_HEARTBEAT_TIMEOUT_S = env_int("MYRIAD_AGENT_HEARTBEAT_TIMEOUT_S", 15, minimum=5)  # 3 reports of 5 s
 # a job on real nodes hangs when no rank's step moved for max(steps x its step time, floor) seconds;
 # a rank is a straggler when its compute is this many percent over the job's median (engine.progress)

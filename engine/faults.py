@@ -135,6 +135,19 @@ def classify_xid(
     return _xid(Action.RESET_GPU, True, False, "unknown", f"XID {xid} is not in the catalogue; reset the GPU")
 
 
+def xid_meaning(xid: int) -> str:
+    """What an XID code means, in a few words, whatever its decision tree decided (the alert's
+    annotation; docs/alerts)."""
+    if xid == 48:
+        return "double-bit ECC error"
+    if xid == 74:
+        return "NVLink error"
+    if 144 <= xid <= 150:
+        return "NVLink5 error"
+    known = XID_TABLE.get(xid)
+    return known.description if known is not None else "not in the catalogue"
+
+
 SOURCE_TABLE: dict[str, Classification] = {
     "health_check": Classification(
         Action.RESET_GPU,

@@ -254,3 +254,36 @@ class SitePartition(models.Model):
 
     def __str__(self) -> str:
         return f"partition of {self.datacenter} from {self.started_at:%Y-%m-%d %H:%M:%S}"
+
+
+class JobEfficiency(models.Model):
+    """How a job used the GPUs it held, over its life, from the telemetry frames (the agents' or the
+    simulated fleet's): sums of utilization, memory and power (each in % of the GPU's) times
+    GPU-seconds, and the GPU-seconds below the idle utilization. Written from the live store's
+    running totals about once a minute (monitoring.telemetry.efficiency); one row per job."""
+
+    job = models.OneToOneField(
+        "scheduling.Job", primary_key=True, on_delete=models.CASCADE, related_name="efficiency"
+    )
+    gpu_s = models.FloatField(default=0.0, help_text="GPU-seconds observed in frames")
+    util_s = models.FloatField(default=0.0, help_text="Utilization (%) x GPU-seconds")
+    memory_s = models.FloatField(default=0.0, help_text="Memory used (% of the GPU's) x GPU-seconds")
+    power_s = models.FloatField(default=0.0, help_text="Power (% of the GPU's limit) x GPU-seconds")
+    idle_gpu_s = models.FloatField(default=0.0, help_text="GPU-seconds below the idle utilization")
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(gpu_s__gte=0)
+                & Q(util_s__gte=0)
+                & Q(memory_s__gte=0)
+                & Q(power_s__gte=0)
+                & Q(idle_gpu_s__gte=0)
+                & Q(idle_gpu_s__lte=F("gpu_s")),
+                name="job_efficiency_sane",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"efficiency of job {self.job_id}"

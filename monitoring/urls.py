@@ -14,6 +14,7 @@ urlpatterns = [
     path("nodes/<str:hostname>/", views.node_detail, name="node-page"),
     path("gpus/<int:pk>/", views.gpu_redirect, name="gpu-page"),
     path("faults/", views.faults, name="faults"),
+    path("efficiency/", views.efficiency_page, name="efficiency"),
     path("simulations/", views.simulations, name="simulations"),
     path("simulations/<int:pk>/", views.simulation_detail, name="simulation-page"),
 ]

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import orjson
+from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import Count, Q, Sum
@@ -33,12 +34,12 @@ from monitoring.faults.services import LEMON_WINDOW, node_fault_counts
 from monitoring.forms import DRAIN_GRACE_CHOICES, NodeActionForm
 from monitoring.models import FaultEvent, Simulation
 from monitoring.tasks import run_simulation_task
-from monitoring.telemetry import netreports
+from monitoring.telemetry import efficiency, netreports
 from monitoring.telemetry.ingest import latest_reports
 from monitoring.telemetry.livestore import live_store, newest_frame
 from monitoring.telemetry.overview import BUCKETS, ettr_last_day, overview
 from scheduling.choices import EventKind
-from scheduling.models import Allocation, Job, JobEvent
+from scheduling.models import Allocation, Job, JobEvent, Queue
 from scheduling.usage import queue_health
 
 PAGE_SIZE = 50
@@ -328,6 +329,38 @@ def _node_telemetry(node: Node) -> list[dict] | None:
     if not len(idx) or len(values["util"]) != snap.num_gpus:
         return None
     return [{m: int(values[m][i]) for m in ("util", "memory", "temperature", "power")} for i in idx]
+
+
+# --- efficiency -------------------------------------------------------------------------------
+
+
+@viewer_page
+def efficiency_page(request):
+    """Jobs ranked by the GPU-hours their GPUs sat idle, with their owners and the GPUs wasted now
+    (held, idle for MYRIAD_IDLE_AFTER_S); ?state=all adds finished jobs, ?queue=NAME one queue."""
+    state = request.GET.get("state", "running")
+    queue = request.GET.get("queue", "")
+    errors: list[str] = []
+    try:
+        rows = efficiency.ranking(state=state, queue=queue or None, limit=200)
+    except efficiency.RankingError as exc:
+        errors, rows = [f"{exc.field}: {exc.message}"], []
+    wasted = efficiency.wasted_by_queue()
+    return render(
+        request,
+        "monitoring/efficiency.html",
+        {
+            "rows": rows,
+            "state": state,
+            "queue": queue,
+            "errors": errors,
+            "queues": Queue.objects.order_by("name").values_list("name", flat=True),
+            "wasted": sorted(wasted.items(), key=lambda kv: (-kv[1], kv[0])),
+            "wasted_total": sum(wasted.values()),
+            "idle_pct": settings.IDLE_UTIL_PCT,
+            "idle_after_min": settings.IDLE_AFTER_S / 60,
+        },
+    )
 
 
 # --- faults -----------------------------------------------------------------------------------

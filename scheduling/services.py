@@ -264,6 +264,7 @@ POLICY_AUDITED = (
     "recovery_tier",
     "replica_groups",
     "cordon_stragglers",
+    "ettr_goal",
 )
 
 

@@ -28,7 +28,15 @@ from scheduling.ettr import BUCKETS as ETTR_BUCKETS
 from scheduling.ettr import job_ettr
 from scheduling.forms import JobActionForm, queue_payload
 from scheduling.inference import replicas_of
-from scheduling.models import QUEUE_SETTINGS, Allocation, CheckpointPolicy, InferenceService, Job, Queue
+from scheduling.models import (
+    ETTR_GOAL_DEFAULT,
+    QUEUE_SETTINGS,
+    Allocation,
+    CheckpointPolicy,
+    InferenceService,
+    Job,
+    Queue,
+)
 from scheduling.services import (
     POLICY_AUDITED,
     JobStateError,
@@ -309,7 +317,7 @@ def policy_edit(request, pk: int | None = None):
         form = {f: request.POST.get(f, "").strip() for f in fields}
         form["cordon_stragglers"] = bool(request.POST.get("cordon_stragglers"))
         payload = {**form, "interval_s": form["interval_s"] or None}
-        for optional in ("triggered_success", "replica_groups", "recovery_tier"):
+        for optional in ("triggered_success", "replica_groups", "recovery_tier", "ettr_goal"):
             if payload[optional] == "":
                 payload.pop(optional)
         serializer = CheckpointPolicySerializer(policy, data=payload)
@@ -320,7 +328,9 @@ def policy_edit(request, pk: int | None = None):
         errors = flat_errors(serializer.errors)
     else:
         form = (
-            {f: getattr(policy, f) for f in fields} if policy else CheckpointPolicy.fields_of(EnginePolicy())
+            {f: getattr(policy, f) for f in fields}
+            if policy
+            else {**CheckpointPolicy.fields_of(EnginePolicy()), "ettr_goal": ETTR_GOAL_DEFAULT}
         )
     return render(
         request,

@@ -24,13 +24,20 @@ def test_operators_manage_checkpoint_policies_with_validation(db, operator_clien
         auto.status_code == 201
         and auto.json()["interval_s"] is None
         and auto.json()["triggered_success"] == 0.95
+        and auto.json()["ettr_goal"] == 0.9
     )
     bad = operator_client.post(
         "/api/v1/checkpoint-policies/",
-        {"name": "bad", "kind": "async", "interval_s": -5, "triggered_success": 2},
+        {"name": "bad", "kind": "async", "interval_s": -5, "triggered_success": 2, "ettr_goal": 1.2},
         format="json",
     )
-    assert bad.status_code == 400 and {"interval_s", "triggered_success"} <= bad.json().keys()
+    assert bad.status_code == 400
+    assert {"interval_s", "triggered_success", "ettr_goal"} <= bad.json().keys()
+    assert not CheckpointPolicy.objects.filter(name="bad").exists()
+    goal = operator_client.patch(
+        f"/api/v1/checkpoint-policies/{created.json()['id']}/", {"ettr_goal": 0.97}, format="json"
+    )
+    assert goal.status_code == 200 and goal.json()["ettr_goal"] == 0.97
     assert (
         viewer_client.post(
             "/api/v1/checkpoint-policies/", {"name": "v", "kind": "async"}, format="json"

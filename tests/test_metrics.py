@@ -201,3 +201,79 @@ def test_a_node_agents_readings_and_an_open_xid_show_on_its_gpus(
     assert value(found, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", Hostname=node.hostname, gpu="3") == 3
     assert value(found, "DCGM_FI_DEV_XID_ERRORS", Hostname=node.hostname, gpu="0") == 48
     assert value(found, "DCGM_FI_DEV_XID_ERRORS", Hostname=node.hostname, gpu="1") == 0
+
+
+def test_what_the_alerts_page_on_follows_what_happens(
+    queues, operator_client, eager_celery, django_capture_on_commit_callbacks, settings
+):
+    """The families docs/alerts reads: XIDs with their action and meaning, agents gone silent,
+    lemon nodes per datacenter, running jobs below their policy's ETTR goal, the cycle's budget."""
+    from datetime import timedelta
+
+    from cluster.models import NodeCredential
+    from scheduling.models import CheckpointPolicy, JobEvent
+
+    settings.CYCLE_BUDGET_S = 1.5
+    job = _submit(operator_client, "vision", 8)
+    run_cycle()
+    assert Job.objects.get(pk=job).state == "running"
+    found = samples(scrape("/metrics").content)
+    assert value(found, "myriad_jobs_below_ettr_goal", queue="vision") == 0
+    assert value(found, "myriad_cycle_budget_seconds") == 1.5
+    assert value(found, "myriad_agents", state="silent") == 0
+    assert value(found, "myriad_lemon_nodes") == 0
+    # the catalogue's codes are there at zero before their first fault (a series born at 1 is no
+    # increase to Prometheus): XID 79 with the reboot it takes, and none of any other action yet
+    assert value(found, "myriad_xid_faults_total", xid="79", action="reboot_node") == 0
+    assert value(found, "myriad_xid_faults_total") == 0
+    assert not [lab for lab, _ in found["myriad_xid_faults_total"] if lab["action"] == "restart_job"]
+
+    # two hours running, of which one hour of work was lost to a fault: ETTR ~0.5 < the 0.9 default
+    two_hours_ago = timezone.now() - timedelta(hours=2)
+    Job.objects.filter(pk=job).update(submitted_at=two_hours_ago - timedelta(minutes=1))
+    JobEvent.objects.filter(job_id=job, kind__in=["submitted", "admitted"]).update(at=two_hours_ago)
+    JobEvent.objects.create(
+        job_id=job, kind="faulted", at=timezone.now() - timedelta(hours=1), data={"lost_s": 3600.0}
+    )
+    found = samples(scrape("/metrics").content)
+    assert value(found, "myriad_jobs_below_ettr_goal", queue="vision") == 1
+    assert value(found, "myriad_jobs_below_ettr_goal", queue="nlp") == 0
+    # a policy that asks for less holds the job to less
+    relaxed = CheckpointPolicy.objects.create(name="relaxed", ettr_goal=0.4)
+    Job.objects.filter(pk=job).update(checkpoint_policy=relaxed)
+    found = samples(scrape("/metrics").content)
+    assert value(found, "myriad_jobs_below_ettr_goal", queue="vision") == 0
+
+    # a GPU falls off the bus (XID 79): the node is rebooted, and the code's meaning comes along
+    gpu = GPU.objects.filter(node__chip_type__name="A100-80G").first()
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = operator_client.post(
+            "/api/v1/faults/", {"gpu": gpu.id, "source": "xid", "xid": 79}, format="json"
+        )
+    assert answer.status_code == 201, answer.content
+    found = samples(scrape("/metrics").content)
+    assert (
+        value(
+            found,
+            "myriad_xid_faults_total",
+            xid="79",
+            action="reboot_node",
+            meaning="GPU has fallen off the bus",
+        )
+        == 1
+    )
+
+    # an agent goes silent; a node is quarantined as a lemon
+    node = Node.objects.filter(chip_type__name="H100-SXM").order_by("id").last()
+    _, secret = create_enrolment_token(actor="test", node=node)
+    credential, _ = enrol(secret, hostname=node.hostname, address="10.0.0.9")
+    found = samples(scrape("/metrics").content)
+    assert value(found, "myriad_agents", state="reporting") == 1
+    NodeCredential.objects.filter(pk=credential.pk).update(heartbeat_lost_at=timezone.now())
+    Node.objects.filter(pk=node.pk).update(is_lemon=True)
+    found = samples(scrape("/metrics").content)
+    assert value(found, "myriad_agents", state="silent") == 1
+    assert value(found, "myriad_agents", state="reporting") == 0
+    dc = node.rack.pod.datacenter.name
+    assert value(found, "myriad_lemon_nodes", datacenter=dc) == 1
+    assert value(found, "myriad_lemon_nodes") == 1

@@ -110,7 +110,7 @@ def scraped(tmp_path_factory):
         )
         config = config.replace("evaluation_interval: 30s", "evaluation_interval: 2s")
         (folder / "prometheus.yml").write_text(config)
-        (folder / "alerts.yml").write_text((DOCS / "alerts.yml").read_text())
+        (folder / "rules.yml").write_text((ROOT / "docs" / "alerts" / "rules.yml").read_text())
         port = free_port()
         prometheus = subprocess.Popen(
             [
@@ -173,4 +173,8 @@ def test_the_alert_rules_load_and_evaluate(scraped):
         "MyriadNicPortFlapping",
         "MyriadNicPortDown",
         "MyriadDatacenterLinkDown",
+        "MyriadXidGpuDown",
+        "MyriadGpuFellOffBus",
+        "MyriadQueueStarving",
+        "MyriadCycleOverBudget",
     } <= names

@@ -24,6 +24,7 @@ urlpatterns = [
     path("nodes/<int:pk>/ports/", views.NodePortsView.as_view(), name="node-ports"),
     path("nodes/<int:pk>/ports/record/", views.NodePortsRecordView.as_view(), name="node-ports-record"),
     path("nodes/<int:pk>/ports/trace/", views.NodePortsTraceView.as_view(), name="node-ports-trace"),
+    path("efficiency/", views.EfficiencyView.as_view(), name="efficiency"),
     path("drain-preview/", views.DrainPreviewView.as_view(), name="drain-preview"),
     path("agent/enrol/", agent.EnrolView.as_view(), name="agent-enrol"),
     path("agent/report/", agent.ReportView.as_view(), name="agent-report"),

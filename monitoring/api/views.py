@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import orjson
+from django.conf import settings
 from django.db import transaction
 from django.http import FileResponse, HttpResponse
 from drf_spectacular.types import OpenApiTypes
@@ -28,7 +29,7 @@ from monitoring.faults.drain_preview import drain, preview
 from monitoring.faults.services import report_fault
 from monitoring.models import CongestionRecord, FaultEvent, Simulation
 from monitoring.tasks import run_simulation_task
-from monitoring.telemetry import fabric, netreports
+from monitoring.telemetry import efficiency, fabric, netreports
 from monitoring.telemetry.ingest import latest_reports
 from monitoring.telemetry.levels import LevelQueryError, UnknownDomain, find, level_view, parse
 from monitoring.telemetry.livestore import FRAME_KEY, NETWORK_KEY, live_store
@@ -280,6 +281,40 @@ class TelemetryLevelsView(APIView):
             return Response(level_view(topology_cache.structure(), frame, query))
         except LevelQueryError as exc:
             return _refusal(exc, 409)  # 409: a frame of another inventory than the one loaded
+
+
+class EfficiencyView(APIView):
+    """Jobs ranked by idle GPU-hours (most first), with their owners, mean utilization, memory and
+    power over their life and the GPUs wasted now (held, below MYRIAD_IDLE_UTIL_PCT for
+    MYRIAD_IDLE_AFTER_S); ``wasted_by_queue`` sums those."""
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("state", str, enum=list(efficiency.RANK_STATES)),
+            OpenApiParameter("queue", str),
+            OpenApiParameter("limit", int, description="1-1000 (default 100)"),
+        ],
+        responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT},
+    )
+    def get(self, request):
+        params = request.query_params
+        raw = params.get("limit", "100")
+        if not raw.isdigit():
+            return Response({"limit": [f"must be a whole number, not {raw!r}"]}, status=400)
+        try:
+            rows = efficiency.ranking(
+                state=params.get("state", "running"), queue=params.get("queue") or None, limit=int(raw)
+            )
+        except efficiency.RankingError as exc:
+            return Response({exc.field: [exc.message]}, status=400)
+        return Response(
+            {
+                "idle_util_pct": settings.IDLE_UTIL_PCT,
+                "idle_after_s": settings.IDLE_AFTER_S,
+                "wasted_by_queue": efficiency.wasted_by_queue(),
+                "results": rows,
+            }
+        )
 
 
 class TelemetryLevelsFindView(APIView):

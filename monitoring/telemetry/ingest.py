@@ -29,9 +29,9 @@ from cluster.snapshot import topology_cache
 from engine.frames import FRAME_METRICS, decode_frame, encode_frame
 from monitoring.faults import partitions
 from monitoring.faults.services import report_fault
-from monitoring.telemetry import congestion, fabric, netreports
+from monitoring.telemetry import congestion, efficiency, fabric, netreports
 from monitoring.telemetry.identities import forget, revoked
-from monitoring.telemetry.livestore import AGENT_REPORT_PREFIX, FRAME_KEY, live_store, publish_frame
+from monitoring.telemetry.livestore import AGENT_REPORT_PREFIX, FRAME_KEY, live_store
 from scheduling import launch
 from scheduling.trigger import request_cycle
 
@@ -375,7 +375,6 @@ def compose_frame() -> int:
             seq = decode_frame(previous)[0] + 1
         except ValueError:
             previous = None
-    encoded = encode_frame(seq, time.time(), frame)
-    store.put(FRAME_KEY, encoded)
-    publish_frame(previous, encoded)
+    t = time.time()
+    efficiency.record_frame(store, previous, encode_frame(seq, t, frame), frame, t)
     return written

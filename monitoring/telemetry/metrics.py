@@ -38,6 +38,7 @@ from engine.reasons import PENDING_KINDS
 from engine.sites import LINK_STATES
 from monitoring.models import CongestionRecord, FaultEvent
 from monitoring.telemetry import fabric
+from monitoring.telemetry.alert_metrics import paging_families
 from monitoring.telemetry.livestore import CYCLE_COUNTS_KEY, live_store, newest_frame
 from monitoring.telemetry.overview import BUCKETS, ettr_last_day, overview
 from scheduling.choices import EventKind, JobState
@@ -174,6 +175,7 @@ class ControlPlaneCollector:
         yield from self._health()
         yield from self._fabric()
         yield from self._links()
+        yield from paging_families()
 
     def _jobs(self):
         pending = GaugeMetricFamily(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import numpy as np
+from django.conf import settings
 from django.utils import timezone
 
 from cluster.snapshot import topology_cache
@@ -24,7 +25,6 @@ from scheduling.ettr import cluster_ettr
 from scheduling.models import Job
 from scheduling.store import allocations
 
-IDLE_UTIL_PCT = 5
 BUCKETS = ("free", "allocated", "allocated_idle", "cordoned", "down", "repairing")
 
 
@@ -58,7 +58,7 @@ def overview() -> dict:
         try:
             frame_seq, _, values = decode_frame(data)
             if len(values["util"]) == n:
-                idle = held & (values["util"] < IDLE_UTIL_PCT)
+                idle = held & (values["util"] < settings.IDLE_UTIL_PCT)
         except ValueError:
             frame_seq = None
     counts = {

@@ -38,9 +38,9 @@ from engine.lifecycle import checkpoint_bytes
 from engine.network import Network, traffic_per_gpu
 from engine.states import InvalidTransition
 from monitoring.faults.services import report_fault
-from monitoring.telemetry import congestion, fabric
+from monitoring.telemetry import congestion, efficiency, fabric
 from monitoring.telemetry.ingest import latest_reports, overlay_agents, stale_s
-from monitoring.telemetry.livestore import FRAME_KEY, NETWORK_KEY, STATE_KEY, live_store, publish_frame
+from monitoring.telemetry.livestore import FRAME_KEY, NETWORK_KEY, STATE_KEY, live_store
 from scheduling.checkpoints import PHYSICS
 from scheduling.choices import JobState
 from scheduling.models import Job, Queue
@@ -135,9 +135,7 @@ def tick(now=None) -> dict:
     frame = fleet.frame()
     reports = latest_reports(agent_node_ids(), store)
     overlay_agents(frame, snapshot, store, reports)  # nodes with an agent show its readings
-    encoded = encode_frame(seq, sim_t, frame)
-    store.put(FRAME_KEY, encoded)
-    publish_frame(previous, encoded)
+    efficiency.record_frame(store, previous, encode_frame(seq, sim_t, frame), frame, sim_t)
     network, traffic = _network(snapshot, seq, sim_t)
     store.put(NETWORK_KEY, json.dumps(network).encode())
     modelled = simulated_ports(snapshot, traffic, np.random.default_rng(seq))

@@ -7,26 +7,23 @@ from rest_framework import serializers
 
 from cluster.models import ChipType
 from cluster.snapshot import topology_cache
-from engine.inference import LoadProfile, replica_topology
+from engine.efficiency import COLUMNS as EFFICIENCY_COLUMNS
+from engine.efficiency import summary as efficiency_summary
 from engine.steptime import ModelSpec
 from scheduling.checkpoints import recommendation
 from scheduling.choices import STATE_COLOURS, JobKind, PendingKind, TopologyConstraint
 from scheduling.ettr import job_ettr
-from scheduling.inference import replicas_of
 from scheduling.launch import env_problem
 from scheduling.models import (
     QUEUE_SETTINGS,
     Checkpoint,
     CheckpointPolicy,
     Cohort,
-    InferenceService,
     Job,
     JobEvent,
     Queue,
     QueueQuota,
-    ServiceScale,
 )
-from scheduling.services import capacity_problem
 from scheduling.usage import queue_usage
 
 
@@ -34,7 +31,7 @@ class CheckpointPolicySerializer(serializers.ModelSerializer):
     class Meta:
         model = CheckpointPolicy
         fields = ["id", "name", "description", "kind", "interval_s", "triggered_success"]
-        fields += ["recovery_tier", "replica_groups", "cordon_stragglers", "updated_at"]
+        fields += ["recovery_tier", "replica_groups", "cordon_stragglers", "ettr_goal", "updated_at"]
         read_only_fields = ["updated_at"]
         extra_kwargs = {"replica_groups": {"min_value": 2, "max_value": 4096}}  # each holds the model
 
@@ -46,6 +43,11 @@ class CheckpointPolicySerializer(serializers.ModelSerializer):
     def validate_triggered_success(self, value):
         if not 0 <= value <= 1:
             raise serializers.ValidationError("is a probability: between 0 and 1")
+        return value
+
+    def validate_ettr_goal(self, value):
+        if not 0 <= value <= 1:
+            raise serializers.ValidationError("is a ratio: between 0 and 1")
         return value
 
 
@@ -341,6 +343,7 @@ class JobDetailSerializer(JobSerializer):
     recent_checkpoints = serializers.SerializerMethodField()
     size_history = serializers.SerializerMethodField()
     processes = serializers.SerializerMethodField()
+    efficiency = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
         fields = [
@@ -353,7 +356,17 @@ class JobDetailSerializer(JobSerializer):
             "ettr",
             "checkpoint_recommendation",
             "recent_checkpoints",
+            "efficiency",
         ]
+
+    def get_efficiency(self, job: Job) -> dict | None:
+        """Its use of the GPUs it held, from the telemetry frames (written about once a minute;
+        the efficiency page and /api/v1/efficiency/ add the GPUs idle now)."""
+        row = getattr(job, "efficiency", None)
+        if row is None:
+            return None
+        figures = efficiency_summary([getattr(row, c) for c in EFFICIENCY_COLUMNS])
+        return {**figures, "updated_at": row.updated_at}
 
     def get_ettr(self, job: Job) -> dict | None:
 
@@ -425,76 +438,3 @@ class ETTRSerializer(serializers.Serializer):
     gpu_seconds = serializers.FloatField()
     ettr = serializers.FloatField(allow_null=True)
     loss_share = serializers.DictField(child=serializers.FloatField())
-
-
-class ServiceScaleSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = ServiceScale
-        fields = ["at", "load_rps", "replicas_before", "replicas_after", "reason"]
-
-
-class InferenceServiceSerializer(serializers.ModelSerializer):
-    queue = serializers.SlugRelatedField(slug_field="name", queryset=Queue.objects.all())
-    chip_types = serializers.ListField(child=serializers.CharField(), required=False, default=list)
-    load_profile = serializers.JSONField(
-        help_text='{"kind": "diurnal", "trough_rps": 20, "peak_rps": 200, "peak_hour": 14, "burst": '
-        '"azure-conv"} or {"kind": "points", "points": [[0, 10], [12, 80]]}'
-    )
-    replica_share = serializers.IntegerField(min_value=1, max_value=1000, required=False, default=1000)
-    capacity_rps = serializers.FloatField(min_value=0.001)
-    headroom = serializers.FloatField(min_value=0, max_value=10, required=False, default=0.2)
-    scale_down_delay_s = serializers.FloatField(min_value=0, required=False, default=300.0)
-    replicas = serializers.SerializerMethodField()
-    load_now_rps = serializers.SerializerMethodField()
-    recent_scales = serializers.SerializerMethodField()
-
-    class Meta:
-        model = InferenceService
-        fields = [
-            "id",
-            *InferenceService.EDITABLE_FIELDS,
-            "load_rps",
-            "load_now_rps",
-            "desired_replicas",
-            "replicas",
-            "recent_scales",
-            "updated_at",
-        ]
-        read_only_fields = ["load_rps", "desired_replicas", "updated_at"]
-
-    def get_replicas(self, service) -> dict:
-
-        states = list(replicas_of(service).values_list("state", flat=True))
-        return {"running": states.count("running"), "pending": states.count("pending")}
-
-    def get_load_now_rps(self, service) -> float:
-        from django.utils import timezone
-
-        return LoadProfile.from_dict(service.load_profile).rate(timezone.now().timestamp())
-
-    def get_recent_scales(self, service) -> list[dict]:
-        return ServiceScaleSerializer(service.scales.all()[:20], many=True).data
-
-    def validate_load_profile(self, value):
-        try:
-            return LoadProfile.from_dict(value).as_dict()
-        except ValueError as exc:
-            raise serializers.ValidationError(str(exc).removeprefix("load_profile.")) from exc
-
-    def validate_chip_types(self, chips):
-        return validate_chip_names(chips)
-
-    def validate(self, attrs):
-        merged = {**({} if self.instance is None else self.instance.__dict__), **attrs}
-        low, high = merged.get("min_replicas", 1), merged.get("max_replicas", 8)
-        if low > high:
-            raise serializers.ValidationError({"min_replicas": f"must be at most max_replicas ({high})"})
-        if merged.get("replica_share", 1000) < 1000 and merged.get("replica_gpus", 1) != 1:
-            raise serializers.ValidationError(
-                {"replica_share": "a fraction of a GPU is for one-GPU replicas (replica_gpus 1)"}
-            )
-        gpus = merged.get("replica_gpus", 1)
-        problem = capacity_problem(gpus, merged.get("chip_types") or [], replica_topology(gpus))
-        if problem:
-            raise serializers.ValidationError({"replica_gpus": problem[1]})
-        return attrs

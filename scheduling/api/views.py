@@ -16,6 +16,7 @@ from cluster.api.throttling import SubmitThrottle
 from cluster.permissions import RolePermission, node_of
 from scheduling import filtersets
 from scheduling.api import serializers as s
+from scheduling.api.service_serializers import InferenceServiceSerializer
 from scheduling.choices import ACTIVE_STATES
 from scheduling.ettr import cluster_ettr
 from scheduling.inference import autoscale, save_service, stop_service
@@ -233,7 +234,7 @@ class InferenceServiceViewSet(viewsets.ModelViewSet):
     MYRIAD_AUTOSCALE_INTERVAL_S seconds); operators set the profile and the replica bounds."""
 
     queryset = InferenceService.objects.select_related("queue")
-    serializer_class = s.InferenceServiceSerializer
+    serializer_class = InferenceServiceSerializer
     ordering_fields = ["name", "load_rps", "desired_replicas"]
     search_fields = ["name"]
 
@@ -247,7 +248,7 @@ class InferenceServiceViewSet(viewsets.ModelViewSet):
         stop_service(instance, self.request.user.username)
         instance.delete()
 
-    @extend_schema(request=None, responses=s.InferenceServiceSerializer)
+    @extend_schema(request=None, responses=InferenceServiceSerializer)
     @action(detail=True, methods=["post"])
     def autoscale(self, request, pk=None):
         """Decide now instead of waiting for the next autoscaling tick."""
