@@ -255,6 +255,13 @@ LAUNCH_READY_TIMEOUT_S = env_int("MYRIAD_LAUNCH_READY_TIMEOUT_S", 300, minimum=5
 LAUNCH_FAILURE_LIMIT = env_int("MYRIAD_LAUNCH_FAILURE_LIMIT", 5, minimum=1)
 SIMULATION_LEASE_S = env_int("MYRIAD_SIMULATION_LEASE_S", 120, minimum=2)
 LAUNCH_LOG_TAIL_CHARS = env_int("MYRIAD_LAUNCH_LOG_TAIL_CHARS", 8000, minimum=100)
+# --- Job webhooks (scheduling.webhooks): addresses inside this network a URL may name, how often
+# they are sent, how long one post may take, how often and how far apart a failed one is retried
+WEBHOOK_ALLOW = env_networks("MYRIAD_WEBHOOK_ALLOW")
+WEBHOOK_INTERVAL_S = env_int("MYRIAD_WEBHOOK_INTERVAL_S", 10, minimum=1)
+WEBHOOK_TIMEOUT_S = env_float("MYRIAD_WEBHOOK_TIMEOUT_S", 5.0, minimum=0.1)
+WEBHOOK_MAX_ATTEMPTS = env_int("MYRIAD_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
+WEBHOOK_BACKOFF_S = env_float("MYRIAD_WEBHOOK_BACKOFF_S", 30.0, minimum=0.0)
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {
         "task": "scheduling.tasks.run_scheduling_cycle",
@@ -271,6 +278,10 @@ CELERY_BEAT_SCHEDULE = {
     "watch-agents": {
         "task": "monitoring.tasks.watch_agents",
         "schedule": float(AGENT_WATCH_INTERVAL_S),
+    },
+    "deliver-webhooks": {
+        "task": "scheduling.tasks.deliver_webhooks",
+        "schedule": float(WEBHOOK_INTERVAL_S),
     },
     "watch-simulations": {
         "task": "monitoring.tasks.watch_simulations",

@@ -1,5 +1,6 @@
 from django import forms
 from django.contrib import admin, messages
+from django.db import models
 from django.utils.html import format_html
 
 from engine.inference import LoadProfile
@@ -15,6 +16,7 @@ from scheduling.models import (
     Queue,
     QueueQuota,
     ServiceScale,
+    WebhookDelivery,
 )
 from scheduling.services import JobStateError, change_state
 
@@ -49,10 +51,12 @@ class QueueQuotaInline(admin.TabularInline):
 
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin):
-    list_display = ["name", "cohort", *(f for f in QUEUE_SETTINGS if f != "description")]
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+    list_display = ["name", "cohort", *(f for f in QUEUE_SETTINGS if f not in ("description", "webhook_url"))]
     list_filter = ["cohort", "stopped"]
     search_fields = ["name"]
     inlines = [QueueQuotaInline]
+    exclude = ["webhook_secret"]  # shown once, by POST /api/v1/queues/ID/webhook-secret/
 
 
 class JobEventInline(admin.TabularInline):
@@ -85,6 +89,7 @@ def _job_action(name: str):
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     list_display = [
         "id",
         "name",
@@ -173,3 +178,18 @@ class InferenceServiceAdmin(admin.ModelAdmin):
     search_fields = ["name"]
     readonly_fields = ["load_rps", "desired_replicas", "low_since", "updated_at"]
     inlines = [ServiceScaleInline]
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(admin.ModelAdmin):
+    """What was posted where, and how it went (scheduling.webhooks); read only."""
+
+    list_display = ["id", "job", "kind", "url", "state", "attempts", "last_status", "next_attempt_at"]
+    list_filter = ["state", "kind"]
+    search_fields = ["url", "job__name"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

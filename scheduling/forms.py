@@ -40,4 +40,6 @@ def queue_payload(post) -> dict:
         payload["borrow_preempt_max_priority"] = post["borrow_preempt_max_priority"].strip() or None
     if "head_wait_s" in post:
         payload["head_wait_s"] = post["head_wait_s"].strip() or None
+    if "webhook_url" in post:
+        payload["webhook_url"] = post["webhook_url"].strip()
     return payload

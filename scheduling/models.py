@@ -26,6 +26,7 @@ from scheduling.choices import (
     TopologyConstraint,
     WithinQueuePolicy,
 )
+from scheduling.notify_models import WebhookDelivery  # noqa: F401 - the app's models are all here
 from scheduling.service_models import InferenceService, ServiceScale  # noqa: F401 - both live here too
 
 
@@ -172,6 +173,14 @@ class Queue(models.Model):
     default_checkpoint_policy = models.ForeignKey(
         CheckpointPolicy, null=True, blank=True, on_delete=models.SET_NULL, related_name="queues"
     )
+    webhook_url = models.URLField(
+        max_length=500,
+        blank=True,
+        help_text="Where its jobs' state changes are posted (a job's URL wins)",
+    )
+    webhook_secret = models.CharField(
+        max_length=64, blank=True, help_text="Signs the webhooks (HMAC-SHA256); shown once when rotated"
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -194,6 +203,7 @@ QUEUE_SETTINGS = (
     "may_use_spares",
     "borrow_preempt_max_priority",
     "stopped",
+    "webhook_url",
 )
 
 
@@ -277,6 +287,9 @@ class Job(models.Model):
         blank=True, help_text="Started once per node by its agent (sh -c); empty: not launched by agents"
     )
     env = models.JSONField(default=dict, blank=True, help_text="Extra environment variables for the command")
+    webhook_url = models.URLField(
+        max_length=500, blank=True, help_text="Where its state changes are posted (else its queue's URL)"
+    )
     launched_generation = models.CharField(
         max_length=16, blank=True, help_text="The placement every node reported running (empty: not yet)"
     )

@@ -8,6 +8,7 @@ from django.conf import settings
 
 from cluster.outages import best_effort, redis_errors
 from cluster.snapshot import topology_cache
+from scheduling import webhooks
 from scheduling.cycle import run_cycle
 from scheduling.inference import autoscale_all
 from scheduling.store import allocations, layouts
@@ -98,3 +99,11 @@ def autoscale_services() -> dict:
     """Replicas of every inference service follow their load profile (Celery beat runs this)."""
 
     return autoscale_all()
+
+
+@shared_task(ignore_result=True, time_limit=120, soft_time_limit=100)
+def deliver_webhooks() -> dict:
+    """Announce new job state changes and post the due webhooks (Celery beat runs this, on the
+    default queue: a slow receiver never holds a cycle)."""
+
+    return {"queued": webhooks.enqueue(), **webhooks.deliver_due()}

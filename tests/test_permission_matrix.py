@@ -84,6 +84,7 @@ API = {
     "queue-detail": "role",
     "queue-resume": "role",
     "queue-stop": "role",
+    "queue-webhook-secret": "role",
     "job-list": "role",
     "job-detail": "role",
     "job-cancel": "role",

@@ -25,6 +25,7 @@ from scheduling.models import (
     QueueQuota,
 )
 from scheduling.usage import queue_usage
+from scheduling.webhooks import WebhookURLError, check_url
 
 
 class CheckpointPolicySerializer(serializers.ModelSerializer):
@@ -132,6 +133,9 @@ class QueueSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError("must be greater than zero")
         return value
 
+    def validate_webhook_url(self, value):
+        return validate_webhook_url(value)
+
     def validate_quotas(self, quotas):
         for i, q in enumerate(quotas):  # a partial update does not make nested fields required
             if "chip_type" not in q:
@@ -166,6 +170,16 @@ class JobEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobEvent
         fields = ["kind", "at", "reason", "data"]
+
+
+def validate_webhook_url(url: str) -> str:
+    """An http(s) URL whose host is public or in MYRIAD_WEBHOOK_ALLOW (scheduling.webhooks)."""
+    if url:
+        try:
+            check_url(url)
+        except WebhookURLError as exc:
+            raise serializers.ValidationError(str(exc)) from exc
+    return url
 
 
 def validate_chip_names(chips: list[str]) -> list[str]:
@@ -273,6 +287,7 @@ class JobSerializer(serializers.ModelSerializer):
             "launched_generation",
             "start_failures",
             "requeue_at",
+            "webhook_url",
         ]
         read_only_fields = [
             "launched_generation",
@@ -291,6 +306,9 @@ class JobSerializer(serializers.ModelSerializer):
             "plan",
             "chip_ranking",
         ]
+
+    def validate_webhook_url(self, value):
+        return validate_webhook_url(value)
 
     def get_state_colour(self, job: Job) -> str:
         return STATE_COLOURS.get(job.state, "#999999")
@@ -344,6 +362,7 @@ class JobDetailSerializer(JobSerializer):
     size_history = serializers.SerializerMethodField()
     processes = serializers.SerializerMethodField()
     efficiency = serializers.SerializerMethodField()
+    webhooks = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
         fields = [
@@ -357,7 +376,13 @@ class JobDetailSerializer(JobSerializer):
             "checkpoint_recommendation",
             "recent_checkpoints",
             "efficiency",
+            "webhooks",
         ]
+
+    def get_webhooks(self, job: Job) -> list[dict]:
+        """Its last 20 webhook deliveries: what, where, how they went."""
+        fields = ("id", "kind", "url", "state", "attempts", "last_status", "last_error", "next_attempt_at")
+        return list(job.webhooks.order_by("-id").values(*fields, "delivered_at")[:20])
 
     def get_efficiency(self, job: Job) -> dict | None:
         """Its use of the GPUs it held, from the telemetry frames (written about once a minute;

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -13,8 +14,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from cluster.api.throttling import SubmitThrottle
+from cluster.audit import record
 from cluster.permissions import RolePermission, node_of
-from scheduling import filtersets
+from scheduling import filtersets, webhooks
 from scheduling.api import serializers as s
 from scheduling.api.service_serializers import InferenceServiceSerializer
 from scheduling.choices import ACTIVE_STATES
@@ -92,6 +94,17 @@ class QueueViewSet(viewsets.ModelViewSet):
     def resume(self, request, pk=None):
         """Admit from this queue again."""
         return self._set_stopped(False)
+
+    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
+    @action(detail=True, methods=["post"], url_path="webhook-secret")
+    def webhook_secret(self, request, pk=None):
+        """A new secret for the queue's webhook signatures, shown this once (the old one stops
+        signing at once); audited, without the secret."""
+        queue = self.get_object()
+        with transaction.atomic():
+            secret = webhooks.rotate_secret(queue)
+            record(request.user, "rotate webhook secret", "queue", queue, {}, request.data.get("reason", ""))
+        return Response({"queue": queue.name, "webhook_secret": secret})
 
 
 class NodeRunsJob(BasePermission):
