@@ -25,6 +25,14 @@ class ChipType(models.Model):
     link_bandwidth_gbps = models.FloatField("intra-node link bandwidth (GB/s)")
     tdp_watts = models.PositiveIntegerField("TDP (W)")
     price_per_gpu_hour = models.DecimalField("list price per GPU-hour (USD)", max_digits=8, decimal_places=3)
+    charge_per_gpu_hour = models.DecimalField(
+        "chargeback price per GPU-hour (USD)",
+        max_digits=8,
+        decimal_places=3,
+        null=True,
+        blank=True,
+        help_text="What usage reports charge a queue per allocated GPU-hour; empty: the list price",
+    )
     failure_rate_factor = models.FloatField(default=1.0, help_text="Relative failure rate; H100 = 1.0")
 
     class Meta:
@@ -34,6 +42,10 @@ class ChipType(models.Model):
             models.CheckConstraint(condition=Q(memory_gib__gt=0), name="chiptype_memory_positive"),
             models.CheckConstraint(
                 condition=Q(price_per_gpu_hour__gte=0), name="chiptype_price_not_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(charge_per_gpu_hour__isnull=True) | Q(charge_per_gpu_hour__gte=0),
+                name="chiptype_charge_not_negative",
             ),
             models.CheckConstraint(
                 condition=Q(failure_rate_factor__gt=0), name="chiptype_failure_factor_positive"

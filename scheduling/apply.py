@@ -236,6 +236,7 @@ def apply_preemptions(preemptions, now: datetime) -> list[JobEvent]:
     events, checkpoints = [], []
     for job in jobs:
         p = victims[job.pk]
+        held = {"gpus": job.allocated_gpus or job.gpus, "chip_id": job.chip_id}  # what it gave up
         kind = job_policy(job).kind
         outcome, checkpoint = stop_job(job, now, kind)
         if checkpoint is not None:
@@ -257,7 +258,7 @@ def apply_preemptions(preemptions, now: datetime) -> list[JobEvent]:
                 kind=EventKind.PREEMPTED,
                 at=now,
                 reason=p.reason,
-                data={"by_job": p.by_job, "progress_s": job.progress_s, "lost_s": outcome.lost_s},
+                data={"by_job": p.by_job, "progress_s": job.progress_s, "lost_s": outcome.lost_s, **held},
             )
         )
         events.append(

@@ -28,6 +28,7 @@ from scheduling.choices import (
 )
 from scheduling.notify_models import WebhookDelivery  # noqa: F401 - the app's models are all here
 from scheduling.service_models import InferenceService, ServiceScale  # noqa: F401 - both live here too
+from scheduling.usage_models import UsageDay  # noqa: F401 - the app's models are all here
 
 
 class Cohort(models.Model):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.paginator import Paginator
@@ -21,6 +22,7 @@ from engine.checkpoint import CheckpointKind
 from engine.inference import LoadProfile
 from engine.lifecycle import operator_actions
 from engine.policy import CheckpointPolicy as EnginePolicy
+from scheduling import chargeback
 from scheduling.api.serializers import CheckpointPolicySerializer, JobDetailSerializer, QueueSerializer
 from scheduling.checkpoints import REFERENCE_JOBS, default_mtbf, recommend_for
 from scheduling.choices import ACTIVE_STATES, JobKind, JobState
@@ -33,6 +35,7 @@ from scheduling.models import (
     QUEUE_SETTINGS,
     Allocation,
     CheckpointPolicy,
+    Cohort,
     InferenceService,
     Job,
     Queue,
@@ -194,6 +197,41 @@ def service_detail(request, pk: int):
 
 
 # --- queues -----------------------------------------------------------------------------------
+
+
+@viewer_page
+def usage_page(request):
+    """Who used what: GPU-hours per day by queue (a Plotly chart), totals per queue and cohort with
+    their cost, filters for the window, queue, cohort and chip type, and the CSV of the same."""
+    errors: list[str] = []
+    try:
+        query = chargeback.window(request.GET)
+        data = chargeback.report(**query)
+    except chargeback.UsageQueryError as exc:
+        errors = [f"{exc.field}: {exc.message}"]
+        query = chargeback.window({})
+        data = chargeback.report(**query)
+    series: dict[str, dict[str, float]] = {"(used)": {}}  # allocated per queue and day; used in all
+    for row in data["rows"]:
+        for name, key in ((row["queue"], "allocated_gpu_hours"), ("(used)", "used_gpu_hours")):
+            cell = series.setdefault(name, {})
+            cell[row["day"]] = cell.get(row["day"], 0.0) + row[key]
+    chart = {name: {"days": sorted(d), "hours": [d[k] for k in sorted(d)]} for name, d in series.items()}
+    params = {k: str(v) for k, v in query.items() if v}
+    return render(
+        request,
+        "scheduling/usage.html",
+        {
+            "data": data,
+            "query": query,
+            "errors": errors,
+            "chart": json.dumps(chart),
+            "csv_query": urlencode(params),
+            "queue_names": Queue.objects.order_by("name").values_list("name", flat=True),
+            "cohort_names": Cohort.objects.order_by("name").values_list("name", flat=True),
+            "chip_names": ChipType.objects.order_by("name").values_list("name", flat=True),
+        },
+    )
 
 
 @viewer_page

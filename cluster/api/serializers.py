@@ -21,6 +21,9 @@ from cluster.services import set_spare
 
 class ChipTypeSerializer(serializers.ModelSerializer):
     price_per_gpu_hour = serializers.DecimalField(max_digits=8, decimal_places=3, coerce_to_string=False)
+    charge_per_gpu_hour = serializers.DecimalField(
+        max_digits=8, decimal_places=3, coerce_to_string=False, allow_null=True, required=False
+    )
 
     class Meta:
         model = ChipType
@@ -36,6 +39,7 @@ class ChipTypeSerializer(serializers.ModelSerializer):
             "link_bandwidth_gbps",
             "tdp_watts",
             "price_per_gpu_hour",
+            "charge_per_gpu_hour",
             "failure_rate_factor",
         ]
 
@@ -43,8 +47,9 @@ class ChipTypeSerializer(serializers.ModelSerializer):
         for field in ("bf16_tflops", "memory_gib", "failure_rate_factor"):
             if field in attrs and attrs[field] <= 0:
                 raise serializers.ValidationError({field: "must be greater than zero"})
-        if attrs.get("price_per_gpu_hour", 0) < 0:
-            raise serializers.ValidationError({"price_per_gpu_hour": "must not be negative"})
+        for field in ("price_per_gpu_hour", "charge_per_gpu_hour"):
+            if (attrs.get(field) or 0) < 0:
+                raise serializers.ValidationError({field: "must not be negative"})
         return attrs
 
 

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 
+from django.db import transaction
 from django.db.models import Count, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -13,6 +15,7 @@ from rest_framework.response import Response
 from cluster import filtersets
 from cluster.agents import create_enrolment_token, revoke
 from cluster.api import serializers as s
+from cluster.audit import changes, record
 from cluster.models import (
     GPU,
     ChipType,
@@ -50,6 +53,31 @@ class ChipTypeViewSet(viewsets.ModelViewSet):
     filterset_class = filtersets.ChipTypeFilterSet
     ordering_fields = ["name", "bf16_tflops", "memory_gib", "price_per_gpu_hour"]
     search_fields = ["name", "vendor", "model"]
+
+    def _saved(self, serializer, action: str) -> None:
+        """Saved with its audit record: prices are what usage reports charge (scheduling.usage)."""
+
+        def state(chip) -> dict:  # plain values (prices are Decimals) for the record's JSON
+            return {
+                k: float(v) if isinstance(v, Decimal) else v
+                for k, v in serializer.to_representation(chip).items()
+            }
+
+        before = {} if serializer.instance is None else state(serializer.instance)
+        with transaction.atomic():
+            chip = serializer.save()
+            diff = changes(before, state(chip))
+            diff.pop("id", None)
+            if diff:
+                record(
+                    self.request.user, action, "chip type", chip, diff, self.request.data.get("reason", "")
+                )
+
+    def perform_create(self, serializer):
+        self._saved(serializer, "create")
+
+    def perform_update(self, serializer):
+        self._saved(serializer, "update")
 
 
 class RegionViewSet(KeepsChildrenMixin, viewsets.ModelViewSet):

@@ -20,6 +20,7 @@ from engine.frames import decode_frame
 from engine.states import GPU_STATE_CODE, NODE_STATE_CODE
 from monitoring.models import ClusterSample, FaultEvent
 from monitoring.telemetry.livestore import newest_frame
+from scheduling.chargeback import record_usage
 from scheduling.choices import JobState
 from scheduling.ettr import cluster_ettr
 from scheduling.models import Job
@@ -98,9 +99,15 @@ SERIES = (
 
 
 def take_sample(now=None):
-    """Store one ClusterSample: the overview's counts now and the faults of the last hour."""
+    """Store one ClusterSample: the overview's counts now and the faults of the last hour; add the
+    interval since the last one to each queue's usage of the day (scheduling.chargeback)."""
     now = now or timezone.now()
     data = overview()
+    previous = ClusterSample.objects.filter(at__lt=now.replace(microsecond=0)).order_by("-at").first()
+    interval = settings.SAMPLE_INTERVAL_S
+    if previous is not None:  # what the sampler saw since; a long gap counts two intervals at most
+        interval = min((now - previous.at).total_seconds(), 2 * settings.SAMPLE_INTERVAL_S)
+    record_usage(now, interval, _newest_util())
     return ClusterSample.objects.update_or_create(
         at=now.replace(microsecond=0),
         defaults={
@@ -114,6 +121,16 @@ def take_sample(now=None):
             ).count(),
         },
     )[0]
+
+
+def _newest_util():
+    data = newest_frame()
+    if not data:
+        return None
+    try:
+        return decode_frame(data)[2]["util"]
+    except ValueError:
+        return None
 
 
 def history(window: str = "day", now=None, points: int = 360) -> dict:

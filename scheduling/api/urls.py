@@ -11,4 +11,8 @@ routes = [
     ("jobs", views.JobViewSet),
     ("services", views.InferenceServiceViewSet),
 ]
-urlpatterns = [path("ettr/", views.ETTRView.as_view(), name="ettr")]
+urlpatterns = [
+    path("ettr/", views.ETTRView.as_view(), name="ettr"),
+    path("usage/", views.UsageView.as_view(), name="usage"),
+    path("usage/csv/", views.UsageCsvView.as_view(), name="usage-csv"),
+]

@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.db import transaction
+from django.http import HttpResponse
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -16,7 +17,7 @@ from rest_framework.views import APIView
 from cluster.api.throttling import SubmitThrottle
 from cluster.audit import record
 from cluster.permissions import RolePermission, node_of
-from scheduling import filtersets, webhooks
+from scheduling import chargeback, filtersets, webhooks
 from scheduling.api import serializers as s
 from scheduling.api.service_serializers import InferenceServiceSerializer
 from scheduling.choices import ACTIVE_STATES
@@ -240,6 +241,45 @@ class ETTRView(APIView):
         if since >= until:
             return Response({"since": ["must be before until"]}, status=status.HTTP_400_BAD_REQUEST)
         return Response(s.ETTRSerializer(cluster_ettr(since, until, params.validated_data.get("queue"))).data)
+
+
+USAGE_PARAMETERS = [
+    OpenApiParameter("since", OpenApiTypes.DATE, description="First day (default: 30 days back)"),
+    OpenApiParameter("until", OpenApiTypes.DATE, description="Last day (default: today)"),
+    OpenApiParameter("queue", OpenApiTypes.STR),
+    OpenApiParameter("cohort", OpenApiTypes.STR),
+    OpenApiParameter("chip_type", OpenApiTypes.STR),
+]
+
+
+class UsageView(APIView):
+    """Usage per day, queue (with its cohort) and chip type: GPU-hours allocated, used (weighted
+    by utilization), borrowed, lent and lost to preemption, and the cost at each chip type's
+    chargeback price; totals per queue and per cohort. ``/api/v1/usage/csv/`` is the same as CSV."""
+
+    csv = False
+
+    @extend_schema(
+        parameters=USAGE_PARAMETERS, responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT}
+    )
+    def get(self, request):
+        try:
+            data = chargeback.report(**chargeback.window(request.query_params))
+        except chargeback.UsageQueryError as exc:
+            return Response({exc.field: [exc.message]}, status=status.HTTP_400_BAD_REQUEST)
+        if not self.csv:
+            return Response(data)
+        answer = HttpResponse(chargeback.as_csv(data), content_type="text/csv")
+        answer["Content-Disposition"] = f'attachment; filename="usage-{data["since"]}-{data["until"]}.csv"'
+        return answer
+
+
+class UsageCsvView(UsageView):
+    csv = True
+
+    @extend_schema(parameters=USAGE_PARAMETERS, responses={(200, "text/csv"): OpenApiTypes.STR})
+    def get(self, request):
+        return super().get(request)
 
 
 class InferenceServiceViewSet(viewsets.ModelViewSet):
