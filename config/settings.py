@@ -203,6 +203,9 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 SCHEDULING_CYCLE_INTERVAL_S = env_int("MYRIAD_CYCLE_INTERVAL_S", 5, minimum=1)
 # the least time between the starts of two cycles that submits and changes ask for (scheduling.trigger)
 CYCLE_MIN_INTERVAL_S = env_float("MYRIAD_CYCLE_MIN_INTERVAL_S", 1.0, minimum=0.0)
+# a queue with work pending and nothing admitted this long is starving (the queue history; the
+# alert MyriadQueueStarving reads two hours too)
+QUEUE_STARVING_AFTER_S = env_float("MYRIAD_QUEUE_STARVING_AFTER_S", 7200.0, minimum=60.0)
 # the time one scheduling cycle may take before docs/alerts pages (its p99 over 10 min, above it)
 CYCLE_BUDGET_S = env_float("MYRIAD_CYCLE_BUDGET_S", 2.0, minimum=0.01)
 # GPUs one scheduling cycle may start; the rest go in the next cycle, run at once (0: no limit).

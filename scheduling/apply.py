@@ -9,6 +9,8 @@ import re
 from dataclasses import replace
 from datetime import datetime
 
+from django.db.models import Max
+
 from cluster.models import ChipType
 from cluster.services import mark_drained
 from engine.reasons import Reason
@@ -80,12 +82,13 @@ def apply_decisions(
 
     # 3. admissions: state, placement, events, plans
     admitted_jobs = []
+    waits = _waits([a.job_id for a in result.admissions], now)
     for a in result.admissions:
         rows.add(a.job_id, snapshot.gpu_id[a.held])
         admitted_jobs.append(
             (a.job_id, JobState.RUNNING.value, now, chip_ids[a.chip], a.domain[:128], "", "", len(a.held))
         )
-        events.extend(_admission_events(a, now))
+        events.extend(_admission_events(a, now, waits.get(a.job_id)))
     if admitted_jobs:
         update_rows(
             Job,
@@ -126,8 +129,24 @@ def _link_loads(result: CycleResult, snapshot, now: datetime) -> None:
         after_joining(joined, now)
 
 
-def _admission_events(a, now: datetime) -> list[JobEvent]:
-    data = {"chip": a.chip, "gpus": len(a.held), "borrowed": a.borrowed}
+def _waits(job_ids: list[int], now: datetime) -> dict[int, float]:
+    """Seconds each job waited for this admission: since its last requeue, else its submission
+    (the queue history reads it from the admitted event: scheduling.history)."""
+    if not job_ids:
+        return {}
+    since = dict(Job.objects.filter(pk__in=job_ids).values_list("id", "submitted_at"))
+    for job_id, at in (
+        JobEvent.objects.filter(job_id__in=job_ids, kind=EventKind.REQUEUED)
+        .values("job_id")
+        .annotate(last=Max("at"))
+        .values_list("job_id", "last")
+    ):
+        since[job_id] = max(since[job_id], at)
+    return {j: round(max(0.0, (now - at).total_seconds()), 3) for j, at in since.items()}
+
+
+def _admission_events(a, now: datetime, wait_s: float | None = None) -> list[JobEvent]:
+    data = {"chip": a.chip, "gpus": len(a.held), "borrowed": a.borrowed, "wait_s": wait_s}
     if a.parts:
         data["parts"] = dict(a.parts)
     if a.preempted:

@@ -22,7 +22,7 @@ from engine.checkpoint import CheckpointKind
 from engine.inference import LoadProfile
 from engine.lifecycle import operator_actions
 from engine.policy import CheckpointPolicy as EnginePolicy
-from scheduling import chargeback
+from scheduling import chargeback, history
 from scheduling.api.serializers import CheckpointPolicySerializer, JobDetailSerializer, QueueSerializer
 from scheduling.checkpoints import REFERENCE_JOBS, default_mtbf, recommend_for
 from scheduling.choices import ACTIVE_STATES, JobKind, JobState
@@ -230,6 +230,28 @@ def usage_page(request):
             "queue_names": Queue.objects.order_by("name").values_list("name", flat=True),
             "cohort_names": Cohort.objects.order_by("name").values_list("name", flat=True),
             "chip_names": ChipType.objects.order_by("name").values_list("name", flat=True),
+        },
+    )
+
+
+@viewer_page
+def queue_history_page(request):
+    """The queues' history over a window: waits, admissions, preemptions, contention, borrowing,
+    and the queues starving now."""
+    errors: list[str] = []
+    try:
+        query = history.window(request.GET)
+    except history.HistoryQueryError as exc:
+        errors = [f"{exc.field}: {exc.message}"]
+        query = history.window({})
+    return render(
+        request,
+        "scheduling/queue_history.html",
+        {
+            "data": history.queue_history(**query),
+            "query": query,
+            "errors": errors,
+            "queue_names": Queue.objects.order_by("name").values_list("name", flat=True),
         },
     )
 

@@ -15,4 +15,5 @@ urlpatterns = [
     path("ettr/", views.ETTRView.as_view(), name="ettr"),
     path("usage/", views.UsageView.as_view(), name="usage"),
     path("usage/csv/", views.UsageCsvView.as_view(), name="usage-csv"),
+    path("queue-history/", views.QueueHistoryView.as_view(), name="queue-history"),
 ]

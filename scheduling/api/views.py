@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 from cluster.api.throttling import SubmitThrottle
 from cluster.audit import record
 from cluster.permissions import RolePermission, node_of
-from scheduling import chargeback, filtersets, webhooks
+from scheduling import chargeback, filtersets, history, webhooks
 from scheduling.api import serializers as s
 from scheduling.api.service_serializers import InferenceServiceSerializer
 from scheduling.choices import ACTIVE_STATES
@@ -280,6 +280,28 @@ class UsageCsvView(UsageView):
     @extend_schema(parameters=USAGE_PARAMETERS, responses={(200, "text/csv"): OpenApiTypes.STR})
     def get(self, request):
         return super().get(request)
+
+
+class QueueHistoryView(APIView):
+    """Each queue over a window (default the last 7 days): admissions, mean and p90 wait,
+    preemptions and their rate per day; the chip types by p90 wait (under contention from 15 min,
+    or with preemptions); the most borrowed quota; the queues starving now (work pending, nothing
+    admitted for ``starving_after_s``, default MYRIAD_QUEUE_STARVING_AFTER_S)."""
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("since", OpenApiTypes.DATETIME),
+            OpenApiParameter("until", OpenApiTypes.DATETIME),
+            OpenApiParameter("queue", OpenApiTypes.STR),
+            OpenApiParameter("starving_after_s", OpenApiTypes.NUMBER),
+        ],
+        responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT},
+    )
+    def get(self, request):
+        try:
+            return Response(history.queue_history(**history.window(request.query_params)))
+        except history.HistoryQueryError as exc:
+            return Response({exc.field: [exc.message]}, status=status.HTTP_400_BAD_REQUEST)
 
 
 class InferenceServiceViewSet(viewsets.ModelViewSet):
