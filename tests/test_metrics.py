@@ -227,6 +227,9 @@ def test_what_the_alerts_page_on_follows_what_happens(
     assert value(found, "myriad_xid_faults_total", xid="79", action="reboot_node") == 0
     assert value(found, "myriad_xid_faults_total") == 0
     assert not [lab for lab, _ in found["myriad_xid_faults_total"] if lab["action"] == "restart_job"]
+    # and so is every fault source's documented cause (the NIC alerts' first fault is an increase)
+    assert value(found, "myriad_faults_total", cause="network", source="nic_port_down") == 0
+    assert value(found, "myriad_faults_total", cause="network", source="nic_link_flap") == 0
 
     # two hours running, of which one hour of work was lost to a fault: ETTR ~0.5 < the 0.9 default
     two_hours_ago = timezone.now() - timedelta(hours=2)

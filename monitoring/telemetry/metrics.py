@@ -33,6 +33,7 @@ from prometheus_client.utils import floatToGoString
 
 from cluster.models import DatacenterLink, NicPort, Pod
 from cluster.outages import best_effort
+from engine.faults import SOURCE_TABLE, XID_TABLE
 from engine.frames import decode_frame
 from engine.reasons import PENDING_KINDS
 from engine.sites import LINK_STATES
@@ -275,8 +276,14 @@ class ControlPlaneCollector:
             .annotate(n=Count("id"))
             .order_by("cause", "source")
         )
+        # every source's documented cause is there at zero before its first fault, so the alerts'
+        # increase() sees that first fault (a series born at 1 is no increase to Prometheus)
+        totals = {(c.cause, source): 0 for source, c in SOURCE_TABLE.items()}
+        totals.update({(c.cause, "xid"): 0 for c in XID_TABLE.values()})
         for cause, source, n in counts:
-            faults.add_metric([cause or "unknown", source], n)
+            totals[(cause or "unknown", source)] = n
+        for (cause, source), n in sorted(totals.items()):
+            faults.add_metric([cause, source], n)
         yield faults
         h = HistogramMetricFamily(
             "myriad_recovery_seconds",
