@@ -101,6 +101,9 @@ def test_every_page_renders_without_script_errors(browser, stack):
         "simulations": "/simulations/",
         "inventory": "/",
         "node": f"/nodes/{node}/",
+        "efficiency": "/efficiency/",
+        "usage": "/usage/",
+        "queue-history": "/queues/history/",
     }
     for name, url in pages.items():
         r = page.goto(url)
