@@ -24,18 +24,20 @@ from engine.sites import SPAN_POLICIES, SiteLinks, links_from_spec
 from engine.synthetic import snapshot_from_spec
 from engine.tiers import DEFAULT_REPLICA_GROUPS, RecoveryTier, validate_replica_groups
 from engine.topology_spec import parse_topology
+from engine.workload import Queueing
 from sim.config import SimConfig
 from sim.simulation import Simulation
 from sim.workload import default_services, generate, load_workload
 
-KEYS = ("checkpoint", "tier", "spares", "cycle", "swing", "span", "margin", "links")
+KEYS = ("checkpoint", "tier", "spares", "cycle", "swing", "span", "margin", "links", "queueing")
 
 
 def parse_config(text: str) -> dict:
     """``name=...`` settings, comma-separated: "checkpoint=periodic:3600,spares=4",
     "checkpoint=triggered,tier=replica_groups:16" (a recovery tier of engine.tiers, with the number
     of replica groups for ``replica_groups``), "span=never" (engine.sites' span policy),
-    "margin=0.3" (its margin), "links=0.5" (every datacenter link's lanes at half their rate). With
+    "margin=0.3" (its margin), "links=0.5" (every datacenter link's lanes at half their rate),
+    "queueing=strict_fifo" (every queue's strategy: backfill, strict_fifo, best_effort). With
     ``span`` a generated workload's pretraining gangs may span datacenters (topology ``region``)."""
     settings: dict = {"name": text}
     if text == "baseline":
@@ -56,6 +58,8 @@ def parse_config(text: str) -> dict:
                 validate_replica_groups(settings[key][1])
             elif key == "spares":
                 settings[key] = int(value)
+            elif key == "queueing":
+                settings[key] = Queueing(value)
             elif key == "span":
                 if value not in SPAN_POLICIES:
                     raise ValueError(value)
@@ -167,6 +171,8 @@ def run_all(
             services=default_services(capacity, inference_share),
             site_links=links,
         )
+        if "queueing" in config:  # every queue admits by the configured strategy
+            sim.queues = [replace(q, queueing=config["queueing"]) for q in sim.queues]
         results.append(
             sim.run(progress=(lambda f, name=config["name"]: progress(name, f)) if progress else None)
         )
