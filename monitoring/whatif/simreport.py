@@ -100,6 +100,30 @@ def read_workload(path: str, chips: set[str]):
     return load_workload(rows, chips, where=p.name)
 
 
+def _sim_config(config: dict, days: float, seed: int, check_invariants: bool) -> SimConfig:
+    """The simulator's settings for one parsed configuration."""
+    sim_config = SimConfig(days=days, seed=seed, name=config["name"], check_invariants=check_invariants)
+    if "checkpoint" in config:
+        sim_config = replace(sim_config, checkpoint=config["checkpoint"])
+    if "tier" in config:
+        tier, groups = config["tier"]
+        sim_config = replace(
+            sim_config, checkpoint=replace(sim_config.checkpoint, tier=tier, replica_groups=groups)
+        )
+    if "cycle" in config:
+        sim_config = replace(sim_config, cycle_period_s=config["cycle"])
+    if "swing" in config:
+        sim_config = replace(sim_config, fleet=replace(sim_config.fleet, temperature_swing=config["swing"]))
+    if "span" in config or "margin" in config:
+        scheduler = replace(
+            sim_config.scheduler,
+            span_policy=config.get("span", sim_config.scheduler.span_policy),
+            span_margin=config.get("margin", sim_config.scheduler.span_margin),
+        )
+        sim_config = replace(sim_config, scheduler=scheduler)
+    return sim_config
+
+
 def run_all(
     doc: dict,
     configs: list[dict],
@@ -134,27 +158,7 @@ def run_all(
                 )
         if only is not None and index != only:
             continue
-        sim_config = SimConfig(days=days, seed=seed, name=config["name"], check_invariants=check_invariants)
-        if "checkpoint" in config:
-            sim_config = replace(sim_config, checkpoint=config["checkpoint"])
-        if "tier" in config:
-            tier, groups = config["tier"]
-            sim_config = replace(
-                sim_config, checkpoint=replace(sim_config.checkpoint, tier=tier, replica_groups=groups)
-            )
-        if "cycle" in config:
-            sim_config = replace(sim_config, cycle_period_s=config["cycle"])
-        if "swing" in config:
-            sim_config = replace(
-                sim_config, fleet=replace(sim_config.fleet, temperature_swing=config["swing"])
-            )
-        if "span" in config or "margin" in config:
-            scheduler = replace(
-                sim_config.scheduler,
-                span_policy=config.get("span", sim_config.scheduler.span_policy),
-                span_margin=config.get("margin", sim_config.scheduler.span_margin),
-            )
-            sim_config = replace(sim_config, scheduler=scheduler)
+        sim_config = _sim_config(config, days, seed, check_invariants)
         run_jobs = shared_jobs
         if "span" in config and not workload:  # the generated pretraining gangs may span datacenters
             run_jobs = [replace(j, topology="region") if j.queue == "pretrain" else j for j in shared_jobs]
