@@ -90,8 +90,11 @@ XID_TABLE: dict[int, Classification] = {
     158: _xid(Action.RESET_GPU, True, False, "gpu", "fatal timeout"),
 }
 
-# The two decision trees of the catalogue, kept as code below: 48 (double-bit ECC) and 74 (NVLink).
+# The two decision trees of the catalogue, kept as code below: 48 (double-bit ECC) and 74 (NVLink);
+# and the NVLink5 range, every code of which reboots the node.
 TREE_XIDS = (48, 74)
+NVLINK5_XIDS = range(144, 151)
+CATALOGUE_XIDS = tuple(sorted({*XID_TABLE, *TREE_XIDS, *NVLINK5_XIDS}))  # every code classified by name
 
 
 def classify_xid(
@@ -126,7 +129,7 @@ def classify_xid(
                 Action.REBOOT_NODE, True, False, "gpu", "repeated NVLink error: reboot the node", Scope.NODE
             )
         return _xid(Action.RESET_GPU, True, False, "gpu", "NVLink error: reset the GPU")
-    if 144 <= xid <= 150:
+    if xid in NVLINK5_XIDS:
         return _xid(Action.REBOOT_NODE, True, False, "gpu", "NVLink5 error: reboot the node", Scope.NODE)
     known = XID_TABLE.get(xid)
     if known is not None:
@@ -142,7 +145,7 @@ def xid_meaning(xid: int) -> str:
         return "double-bit ECC error"
     if xid == 74:
         return "NVLink error"
-    if 144 <= xid <= 150:
+    if xid in NVLINK5_XIDS:
         return "NVLink5 error"
     known = XID_TABLE.get(xid)
     return known.description if known is not None else "not in the catalogue"

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from cluster.audit import record
 from cluster.choices import COLOURS, NodeState
+from cluster.fields import FieldError
 from cluster.models import GPU, AuditRecord, Datacenter, NicPort, Node, Pod, Rack
 from cluster.pages import flat_errors, viewer_page
 from cluster.roles import is_operator
@@ -340,11 +341,10 @@ def efficiency_page(request):
     (held, idle for MYRIAD_IDLE_AFTER_S); ?state=all adds finished jobs, ?queue=NAME one queue."""
     state = request.GET.get("state", "running")
     queue = request.GET.get("queue", "")
-    errors: list[str] = []
     try:
-        rows = efficiency.ranking(state=state, queue=queue or None, limit=200)
-    except efficiency.RankingError as exc:
-        errors, rows = [f"{exc.field}: {exc.message}"], []
+        rows, errors = efficiency.ranking(state=state, queue=queue or None, limit=200), []
+    except FieldError as exc:
+        rows, errors = [], [str(exc)]  # "field: message"
     wasted = efficiency.wasted_by_queue()
     return render(
         request,

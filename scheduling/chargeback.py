@@ -20,6 +20,7 @@ import numpy as np
 from django.db.models import F, Min
 from django.utils import timezone
 
+from cluster.fields import FieldError
 from cluster.models import ChipType
 from cluster.snapshot import topology_cache
 from engine.efficiency import pair_keys
@@ -30,12 +31,6 @@ from scheduling.usage import queue_usage
 
 MAX_WINDOW_DAYS = 400
 COLUMNS = ("allocated", "used", "borrowed", "lent", "preempted")
-
-
-class UsageQueryError(ValueError):
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field, self.message = field, message
 
 
 def _utilized(util: np.ndarray | None) -> dict[tuple[str, str], float]:
@@ -102,28 +97,28 @@ def _day(text: str | None, field: str) -> date | None:
     try:
         return date.fromisoformat(text)
     except ValueError:
-        raise UsageQueryError(field, f"must be a date such as 2026-12-01, not {text!r}") from None
+        raise FieldError(field, f"must be a date such as 2026-12-01, not {text!r}") from None
 
 
 def window(params, today: date | None = None) -> dict:
-    """The query's window and filters, each checked: UsageQueryError names the field."""
+    """The query's window and filters, each checked: FieldError names the field."""
     today = today or timezone.now().date()
     first = UsageDay.objects.aggregate(d=Min("day"))["d"] or today
     until = _day(params.get("until"), "until") or today
     since = _day(params.get("since"), "since") or max(first, until - timedelta(days=29))
     if until < since:
-        raise UsageQueryError("until", f"{until} is before since ({since})")
+        raise FieldError("until", f"{until} is before since ({since})")
     if until > today:
-        raise UsageQueryError("until", f"{until} is in the future (today is {today})")
+        raise FieldError("until", f"{until} is in the future (today is {today})")
     if (until - since).days + 1 > MAX_WINDOW_DAYS:
-        raise UsageQueryError("since", f"the window is longer than {MAX_WINDOW_DAYS} days")
+        raise FieldError("since", f"the window is longer than {MAX_WINDOW_DAYS} days")
     if since < first:
-        raise UsageQueryError("since", f"{since} is before the usage history, which starts on {first}")
+        raise FieldError("since", f"{since} is before the usage history, which starts on {first}")
     out = {"since": since, "until": until}
     for field, model in (("queue", Queue), ("cohort", Cohort), ("chip_type", ChipType)):
         value = params.get(field) or None
         if value and not model.objects.filter(name=value).exists():
-            raise UsageQueryError(field, f"no {field.replace('_', ' ')} named {value!r}")
+            raise FieldError(field, f"no {field.replace('_', ' ')} named {value!r}")
         out[field] = value
     return out
 

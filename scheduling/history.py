@@ -19,18 +19,13 @@ from django.db.models import Count, Min, Q, Sum
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
+from cluster.fields import FieldError
 from cluster.models import ChipType
 from scheduling.choices import EventKind, JobState
 from scheduling.models import Job, JobEvent, Queue, UsageDay
 
 MAX_WINDOW = timedelta(days=400)
 CONTENDED_WAIT_S = 900.0  # a chip type whose p90 wait passes this is under contention
-
-
-class HistoryQueryError(ValueError):
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field, self.message = field, message
 
 
 def _when(text: str | None, field: str) -> datetime | None:
@@ -43,12 +38,12 @@ def _when(text: str | None, field: str) -> datetime | None:
     except ValueError:
         at = None
     if at is None:
-        raise HistoryQueryError(field, f"must be a time such as 2026-12-01T08:00:00Z or a date, not {text!r}")
+        raise FieldError(field, f"must be a time such as 2026-12-01T08:00:00Z or a date, not {text!r}")
     return timezone.make_aware(at, UTC) if timezone.is_naive(at) else at
 
 
 def window(params, now: datetime | None = None) -> dict:
-    """The query's window and settings, each checked: HistoryQueryError names the field."""
+    """The query's window and settings, each checked: FieldError names the field."""
     now = now or timezone.now()
     first = JobEvent.objects.aggregate(at=Min("at"))["at"] or now
     until = _when(params.get("until"), "until") or now
@@ -56,25 +51,25 @@ def window(params, now: datetime | None = None) -> dict:
         until - timedelta(seconds=1), max(first, until - timedelta(days=7))
     )
     if until <= since:
-        raise HistoryQueryError("until", f"{until.isoformat()} is not after since ({since.isoformat()})")
+        raise FieldError("until", f"{until.isoformat()} is not after since ({since.isoformat()})")
     if until > now + timedelta(minutes=1):
-        raise HistoryQueryError("until", f"{until.isoformat()} is in the future")
+        raise FieldError("until", f"{until.isoformat()} is in the future")
     if until - since > MAX_WINDOW:
-        raise HistoryQueryError("since", f"the window is longer than {MAX_WINDOW.days} days")
+        raise FieldError("since", f"the window is longer than {MAX_WINDOW.days} days")
     if since < first - timedelta(days=1):
-        raise HistoryQueryError(
+        raise FieldError(
             "since", f"{since.isoformat()} is before the job history, which starts at {first.isoformat()}"
         )
     queue = params.get("queue") or None
     if queue and not Queue.objects.filter(name=queue).exists():
-        raise HistoryQueryError("queue", f"no queue named {queue!r}")
+        raise FieldError("queue", f"no queue named {queue!r}")
     raw = params.get("starving_after_s") or settings.QUEUE_STARVING_AFTER_S
     try:
         starving_after_s = float(raw)
     except (TypeError, ValueError):
-        raise HistoryQueryError("starving_after_s", f"must be a number of seconds, not {raw!r}") from None
+        raise FieldError("starving_after_s", f"must be a number of seconds, not {raw!r}") from None
     if not 60 <= starving_after_s <= 30 * 86400:
-        raise HistoryQueryError("starving_after_s", "must be between 60 s and 30 days")
+        raise FieldError("starving_after_s", "must be between 60 s and 30 days")
     return {"since": since, "until": until, "queue": queue, "starving_after_s": starving_after_s}
 
 

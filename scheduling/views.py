@@ -14,6 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
 from cluster.audit import changes
+from cluster.fields import FieldError
 from cluster.models import AuditRecord, ChipType
 from cluster.pages import flat_errors, operator_page, viewer_page
 from cluster.roles import is_operator
@@ -207,7 +208,7 @@ def usage_page(request):
     try:
         query = chargeback.window(request.GET)
         data = chargeback.report(**query)
-    except chargeback.UsageQueryError as exc:
+    except FieldError as exc:
         errors = [f"{exc.field}: {exc.message}"]
         query = chargeback.window({})
         data = chargeback.report(**query)
@@ -241,7 +242,7 @@ def queue_history_page(request):
     errors: list[str] = []
     try:
         query = history.window(request.GET)
-    except history.HistoryQueryError as exc:
+    except FieldError as exc:
         errors = [f"{exc.field}: {exc.message}"]
         query = history.window({})
     return render(

@@ -120,7 +120,7 @@ def enqueue(now: datetime | None = None) -> int:
     queue's), newer than the newest event already announced and than MAX_AGE_S."""
     now = now or timezone.now()
     after = WebhookDelivery.objects.aggregate(m=Max("event_id"))["m"] or 0
-    events = (
+    events = list(
         JobEvent.objects.filter(
             id__gt=after, at__gte=now - timedelta(seconds=MAX_AGE_S), kind__in=list(EVENTS)
         )
@@ -148,17 +148,19 @@ def enqueue(now: datetime | None = None) -> int:
                 created_at=now,
             )
         )
-        ensure_secret(job.queue)
+    for queue in {e.job.queue_id: e.job.queue for e in events}.values():
+        ensure_secret(queue)
     WebhookDelivery.objects.bulk_create(rows, ignore_conflicts=True)  # one per event, whoever ran first
     return len(rows)
 
 
-def _opener():
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args, **kwargs):
-            return None  # a redirect could point inside: it is the receiver's error
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # a redirect could point inside: it is the receiver's error
 
-    return urllib.request.build_opener(NoRedirect, urllib.request.ProxyHandler({}))
+
+def _opener():
+    return urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler({}))
 
 
 def _post(url: str, body: bytes, headers: dict) -> tuple[int | None, str]:

@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from cluster.audit import record
+from cluster.fields import FieldError
 from cluster.models import NicPort, Node
 from cluster.snapshot import topology_cache
 from engine.frames import FRAME_METRICS, decode_frame
@@ -305,7 +306,7 @@ class EfficiencyView(APIView):
             rows = efficiency.ranking(
                 state=params.get("state", "running"), queue=params.get("queue") or None, limit=int(raw)
             )
-        except efficiency.RankingError as exc:
+        except FieldError as exc:
             return Response({exc.field: [exc.message]}, status=400)
         return Response(
             {

@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from cluster.models import Datacenter, Node, NodeCredential
 from cluster.outages import best_effort
-from engine.faults import TREE_XIDS, XID_TABLE, Action, xid_meaning
+from engine.faults import CATALOGUE_XIDS, Action, xid_meaning
 from monitoring.models import FaultEvent
 from monitoring.telemetry import efficiency
 from scheduling.choices import JobState
@@ -94,7 +94,6 @@ def paging_families():
     yield budget
 
 
-CATALOGUE_XIDS = tuple(sorted({*XID_TABLE, *TREE_XIDS, *range(144, 151)}))
 DOWN_ACTIONS = (Action.RESET_GPU.value, Action.REBOOT_NODE.value, Action.REPAIR_NODE.value)
 ETTR_MIN_WALL_S = 3600.0  # a job's ETTR is judged once it has run this long: a restart early on is noise
 

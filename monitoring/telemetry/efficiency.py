@@ -26,6 +26,7 @@ import numpy as np
 from django.conf import settings
 from django.utils import timezone
 
+from cluster.fields import FieldError
 from cluster.snapshot import topology_cache
 from engine import efficiency as eff
 from monitoring.models import JobEfficiency
@@ -205,23 +206,17 @@ def efficiency_of(job_ids: list[int], store=None) -> dict[int, dict]:
 RANK_STATES = ("running", "all")
 
 
-class RankingError(ValueError):
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field, self.message = field, message
-
-
 def ranking(*, state: str = "running", queue: str | None = None, limit: int = 100) -> list[dict]:
     """Jobs by idle GPU-hours (most first), with their owners: the running ones, or every job with
-    figures (``all``). RankingError names the field of a bad argument."""
+    figures (``all``). FieldError names the field of a bad argument."""
     if state not in RANK_STATES:
-        raise RankingError("state", f"must be one of {', '.join(RANK_STATES)}, not {state!r}")
+        raise FieldError("state", f"must be one of {', '.join(RANK_STATES)}, not {state!r}")
     if not 1 <= limit <= 1000:
-        raise RankingError("limit", f"must be between 1 and 1000, not {limit}")
+        raise FieldError("limit", f"must be between 1 and 1000, not {limit}")
     jobs = Job.objects.all()
     if queue:
         if not Queue.objects.filter(name=queue).exists():
-            raise RankingError("queue", f"no queue named {queue!r}")
+            raise FieldError("queue", f"no queue named {queue!r}")
         jobs = jobs.filter(queue__name=queue)
     running = list(jobs.filter(state=JobState.RUNNING).values_list("id", flat=True))
     ids = set(running)

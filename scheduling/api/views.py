@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 
 from cluster.api.throttling import SubmitThrottle
 from cluster.audit import record
+from cluster.fields import FieldError
 from cluster.permissions import RolePermission, node_of
 from scheduling import chargeback, filtersets, history, webhooks
 from scheduling.api import serializers as s
@@ -265,7 +266,7 @@ class UsageView(APIView):
     def get(self, request):
         try:
             data = chargeback.report(**chargeback.window(request.query_params))
-        except chargeback.UsageQueryError as exc:
+        except FieldError as exc:
             return Response({exc.field: [exc.message]}, status=status.HTTP_400_BAD_REQUEST)
         if not self.csv:
             return Response(data)
@@ -300,7 +301,7 @@ class QueueHistoryView(APIView):
     def get(self, request):
         try:
             return Response(history.queue_history(**history.window(request.query_params)))
-        except history.HistoryQueryError as exc:
+        except FieldError as exc:
             return Response({exc.field: [exc.message]}, status=status.HTTP_400_BAD_REQUEST)
 
 
