@@ -265,7 +265,17 @@ WEBHOOK_INTERVAL_S = env_int("MYRIAD_WEBHOOK_INTERVAL_S", 10, minimum=1)
 WEBHOOK_TIMEOUT_S = env_float("MYRIAD_WEBHOOK_TIMEOUT_S", 5.0, minimum=0.1)
 WEBHOOK_MAX_ATTEMPTS = env_int("MYRIAD_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
 WEBHOOK_BACKOFF_S = env_float("MYRIAD_WEBHOOK_BACKOFF_S", 30.0, minimum=0.0)
+# --- Expected starts (scheduling.forecast): how often every pending job's start is played again,
+# the window of past submissions that sets the arrivals to come, and how far ahead the play looks
+FORECAST_INTERVAL_S = env_int("MYRIAD_FORECAST_INTERVAL_S", 60, minimum=5)
+FORECAST_WINDOW_S = env_int("MYRIAD_FORECAST_WINDOW_S", 6 * 3600, minimum=60)
+FORECAST_HORIZON_S = env_int("MYRIAD_FORECAST_HORIZON_S", 7 * 86400, minimum=3600)
 CELERY_BEAT_SCHEDULE = {
+    "forecast-starts": {
+        "task": "scheduling.tasks.forecast_starts",
+        "schedule": float(FORECAST_INTERVAL_S),
+        "options": {"expires": float(FORECAST_INTERVAL_S)},  # a late refresh is dropped, not queued
+    },
     "scheduling-cycle": {
         "task": "scheduling.tasks.run_scheduling_cycle",
         "schedule": float(SCHEDULING_CYCLE_INTERVAL_S),

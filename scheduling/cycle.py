@@ -29,7 +29,7 @@ from scheduling.trigger import assignments_changed, request_cycle
 
 log = logging.getLogger("myriad.scheduling")
 
-__all__ = ["CycleSummary", "apply_decisions", "cycle_ran", "reset_caches", "run_cycle"]
+__all__ = ["CycleSummary", "apply_decisions", "cycle_ran", "reset_caches", "run_cycle", "surroundings"]
 
 cycle_ran = Signal()  # after a cycle that ran: seconds (with the commit), summary; monitoring keeps metrics
 
@@ -77,18 +77,7 @@ def run_cycle(
         # 2. decide
         if config is None:
             config = sites.config()
-        links = sites.site_links(snapshot)
-        result = schedule(
-            layout,
-            queues,
-            running,
-            pending,
-            now.timestamp(),
-            config,
-            congested_pods(snapshot),
-            links,
-            unreachable=_asked(partitions_asked, snapshot),
-        )
+        result = schedule(layout, queues, running, pending, now.timestamp(), config, **surroundings(snapshot))
         t2 = time.perf_counter()
         timings["engine"] = (t2 - t1) * 1000
         # 3. apply
@@ -137,6 +126,17 @@ def _publish(summary: CycleSummary) -> None:
     layer = get_channel_layer()
     if layer is not None:
         async_to_sync(layer.group_send)("scheduling", {"type": "cycle.summary", "summary": summary.as_dict()})
+
+
+def surroundings(snapshot) -> dict:
+    """What the engine is given besides the jobs: congested pods, the datacenter links with the
+    loads of the jobs crossing them, and the datacenters a partition cuts off (the forecast plays
+    the queue with the same)."""
+    return {
+        "congested_pods": congested_pods(snapshot),
+        "links": sites.site_links(snapshot),
+        "unreachable": _asked(partitions_asked, snapshot),
+    }
 
 
 def congested_pods(snapshot):

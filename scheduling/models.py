@@ -26,6 +26,7 @@ from scheduling.choices import (
     TopologyConstraint,
     WithinQueuePolicy,
 )
+from scheduling.forecast_models import JobForecast  # noqa: F401 - each pending job's expected start
 from scheduling.notify_models import WebhookDelivery  # noqa: F401 - the app's models are all here
 from scheduling.service_models import InferenceService, ServiceScale  # noqa: F401 - both live here too
 from scheduling.usage_models import UsageDay  # noqa: F401 - the app's models are all here

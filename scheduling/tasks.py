@@ -8,7 +8,7 @@ from django.conf import settings
 
 from cluster.outages import best_effort, redis_errors
 from cluster.snapshot import topology_cache
-from scheduling import webhooks
+from scheduling import forecast, webhooks
 from scheduling.cycle import run_cycle
 from scheduling.inference import autoscale_all
 from scheduling.store import allocations, layouts
@@ -107,3 +107,11 @@ def deliver_webhooks() -> dict:
     default queue: a slow receiver never holds a cycle)."""
 
     return {"queued": webhooks.enqueue(), **webhooks.deliver_due()}
+
+
+@shared_task(ignore_result=True, time_limit=120, soft_time_limit=100)
+def forecast_starts() -> dict:
+    """Every pending job's expected start, played again (Celery beat runs this, on the default
+    queue: the play never holds a cycle)."""
+
+    return forecast.refresh().as_dict()

@@ -29,6 +29,7 @@ from scheduling.checkpoints import REFERENCE_JOBS, default_mtbf, recommend_for
 from scheduling.choices import ACTIVE_STATES, JobKind, JobState
 from scheduling.ettr import BUCKETS as ETTR_BUCKETS
 from scheduling.ettr import job_ettr
+from scheduling.forecast_models import expected_start
 from scheduling.forms import JobActionForm, queue_payload
 from scheduling.inference import replicas_of
 from scheduling.models import (
@@ -61,7 +62,7 @@ def jobs(request):
     state = request.GET.get("state", "active")
     queue = request.GET.get("queue", "")
     kind = request.GET.get("kind", "")
-    qs = Job.objects.select_related("queue", "chip").order_by("-submitted_at", "-id")
+    qs = Job.objects.select_related("queue", "chip", "forecast").order_by("-submitted_at", "-id")
     if kind in JobKind.values:
         qs = qs.filter(kind=kind)
     if state == "active":
@@ -88,7 +89,7 @@ def jobs(request):
 
 @viewer_page
 def job_detail(request, pk: int):
-    job = get_object_or_404(Job.objects.select_related("queue", "chip"), pk=pk)
+    job = get_object_or_404(Job.objects.select_related("queue", "chip", "forecast"), pk=pk)
     if request.method == "POST":
         form = JobActionForm(request.POST)
         action = request.POST.get("action", "")
@@ -129,6 +130,7 @@ def job_detail(request, pk: int):
             "ettr": ettr,
             "losses": losses,
             "actions": actions,
+            "expected": expected_start(job),
         },
     )
 

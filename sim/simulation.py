@@ -78,6 +78,24 @@ class _Job:
         return len(self.held) if self.held is not None else 0
 
 
+def as_pending(job: _Job) -> PendingJob:
+    """The job as the scheduler sees it pending: asking for what it still has to do."""
+    spec = job.spec
+    return PendingJob(
+        spec.id,
+        spec.queue,
+        spec.gpus,
+        spec.priority,
+        (spec.chip,),
+        spec.topology,
+        spec.arrival,
+        job.remaining / spec.gpus,
+        spec.min_gpus,
+        spec.size_step,
+        model=model_for(spec.parameters) if spec.topology in SPANNING and spec.parameters else None,
+    )
+
+
 class Simulation:
     def __init__(
         self,
@@ -117,18 +135,15 @@ class Simulation:
         self.events: list[tuple[float, int, str, tuple]] = []
         self._seq = 0
         self.luck = np.random.default_rng([self.cfg.seed, 3])
-        self.now = 0.0
-        self.dirty = True
+        self.now, self.dirty = 0.0, True
         self.fault_history: dict[int, list[tuple[float, str, int | None]]] = {}  # (t, source, xid)
         self.quarantined: set[int] = set()  # lemon nodes: out until an operator clears them
         self.faults: Counter = Counter()
         self.fault_log: list[tuple[float, str, str]] = []  # (time, cause, action)
         self.recoveries: list[tuple[float, str, float]] = []  # (time, outcome, seconds)
         self.samples: list[dict] = []
-        self.cycles = 0
         self._views: dict[int, tuple[tuple, RunningJob]] = {}
-        self.checked = 0
-        self.processed = 0
+        self.cycles = self.checked = self.processed = 0
 
     # --- the event loop -----------------------------------------------------------------------
     def _push(self, t: float, kind: str, *payload) -> None:
@@ -162,21 +177,7 @@ class Simulation:
 
     # --- arrivals and cycles --------------------------------------------------------------------
     def _queue(self, job: _Job) -> None:
-        """Put the job in the pending set, asking for what it still has to do."""
-        spec = job.spec
-        self.pending[spec.id] = PendingJob(
-            spec.id,
-            spec.queue,
-            spec.gpus,
-            spec.priority,
-            (spec.chip,),
-            spec.topology,
-            spec.arrival,
-            job.remaining / spec.gpus,
-            spec.min_gpus,
-            spec.size_step,
-            model=model_for(spec.parameters) if spec.topology in SPANNING and spec.parameters else None,
-        )
+        self.pending[job.spec.id] = as_pending(job)
 
     def new_job_id(self) -> int:
         self._next_id += 1

@@ -13,6 +13,7 @@ from engine.steptime import ModelSpec
 from scheduling.checkpoints import recommendation
 from scheduling.choices import STATE_COLOURS, JobKind, PendingKind, TopologyConstraint
 from scheduling.ettr import job_ettr
+from scheduling.forecast_models import expected_start
 from scheduling.launch import env_problem
 from scheduling.models import (
     QUEUE_SETTINGS,
@@ -217,6 +218,9 @@ class JobSerializer(serializers.ModelSerializer):
     topology = serializers.ChoiceField(choices=TopologyConstraint.choices, default="datacenter")
     kind = serializers.ChoiceField(choices=JobKind.choices, default=JobKind.TRAINING)
     state_colour = serializers.SerializerMethodField()
+    expected_start = serializers.SerializerMethodField(
+        help_text="A pending job's expected start: p50, p90 (empty: beyond the horizon), when it was played"
+    )
     pending_kind = serializers.ChoiceField(choices=PendingKind.choices, allow_blank=True, read_only=True)
     gpus = serializers.IntegerField(min_value=1, max_value=1_000_000)
     min_gpus = serializers.IntegerField(min_value=1, required=False, allow_null=True)
@@ -275,6 +279,7 @@ class JobSerializer(serializers.ModelSerializer):
             "state_colour",
             "pending_reason",
             "pending_kind",
+            "expected_start",
             "submitted_at",
             "started_at",
             "finished_at",
@@ -312,6 +317,9 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_state_colour(self, job: Job) -> str:
         return STATE_COLOURS.get(job.state, "#999999")
+
+    def get_expected_start(self, job: Job) -> dict | None:
+        return expected_start(job)
 
     _field_cache: dict = {}
 

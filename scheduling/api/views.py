@@ -127,7 +127,7 @@ class JobViewSet(
 ):
     """Submit jobs and follow them; a job changes only through its actions."""
 
-    queryset = Job.objects.select_related("queue", "chip").order_by("-id")
+    queryset = Job.objects.select_related("queue", "chip", "forecast").order_by("-id")
     filterset_class = filtersets.JobFilterSet
     ordering_fields = ["id", "submitted_at", "priority", "gpus", "state"]
     search_fields = ["name"]

@@ -1,0 +1,256 @@
+"""When will a pending job start: the queue played forward with the scheduler itself (pure).
+
+From now on, the running jobs end, new jobs arrive, and every step of the play is one cycle of
+engine.scheduler.schedule over what is then running and pending: quotas, borrowing, priorities,
+fair share, preemption, reservations and backfill act as they will in production. In the play:
+
+- a job runs its estimate times ``run_time_scale`` (the median ratio of actual to estimated run
+  time that finished jobs showed; ``run_time_scale``); the scheduler in the play still sees the
+  estimates, as the real one will. A job without an estimate runs ``default_duration_s``;
+- jobs keep arriving at the rate of the last hours, evenly spaced, each a copy of one of the jobs
+  submitted in that window (``Arrivals``, drawn with a fixed seed).
+
+The play's start is the expected start (p50). The p90 widens it by how far past forecasts missed
+(``Calibration``): of the jobs that started since they were forecast, the 0.9 quantile of the ratio
+of the wait they had to the wait forecast; with too few such jobs yet, ``default_widening``.
+
+Steps follow the events (a job ends, a job arrives), merged into windows that widen with the time
+played (``first_step_s`` at first, then ``step_growth`` of the time played), so a week ahead costs
+tens of cycles, not thousands; a job started in a window is said to start midway between the
+first and the last job that ended in it (at the end where only one did).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from engine.placement import Layout
+from engine.scheduler import SchedulerConfig, schedule
+from engine.workload import MILLI, PendingJob, QueueSpec, RunningJob
+
+DAY = 86_400.0
+
+
+@dataclass(frozen=True)
+class ForecastConfig:
+    horizon_s: float = 7 * DAY  # a job not started this far ahead: no estimate (None)
+    first_step_s: float = 60.0
+    step_growth: float = 0.3  # events are merged over this share of the time played so far
+    default_duration_s: float = 4 * 3600.0  # a job without an estimate runs this long
+    run_time_scale: float = 1.0  # actual / estimated run time (RunTimes.scale)
+    quantile: float = 0.9
+    default_widening: float = 2.0  # p90 / p50 of the wait while too few forecasts have been checked
+    min_checked: int = 30
+    max_arrivals_pending: int = 2000  # the play stops adding arrivals while this many of them wait
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("horizon_s", "first_step_s", "default_duration_s", "run_time_scale"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be above zero")
+        if not 0 <= self.step_growth <= 1:
+            raise ValueError("step_growth must be between 0 and 1")
+        if not 0.5 <= self.quantile < 1:
+            raise ValueError("quantile must be at least 0.5 and below 1")
+        if self.default_widening < 1:
+            raise ValueError("default_widening must be at least 1")
+
+
+def run_time_scale(actual, estimated) -> float:
+    """The median ratio of finished jobs' run times to their estimates (1 without two such jobs)."""
+    a, e = np.asarray(actual, dtype=float), np.asarray(estimated, dtype=float)
+    ok = (a > 0) & (e > 0)
+    if ok.sum() < 2:
+        return 1.0
+    return float(np.exp(np.median(np.log(a[ok] / e[ok]))))
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """The jobs submitted over the last ``window_s`` seconds: the arrival rate and the shapes of
+    the jobs to come (each a copy of one of them). ``busy_gpus``: the GPUs the cluster keeps busy
+    now; a stream that would bring more work than that (a window with two week-long gangs in it,
+    played forward for a week) is thinned to it, as no cluster keeps up with more for long."""
+
+    recent: tuple[PendingJob, ...] = ()
+    window_s: float = 0.0
+    busy_gpus: float | None = None
+    default_duration_s: float = ForecastConfig.default_duration_s
+
+    @property
+    def rate(self) -> float:
+        if self.window_s <= 0 or not self.recent:
+            return 0.0
+        rate = len(self.recent) / self.window_s
+        if self.busy_gpus is None:
+            return rate
+        work = sum(j.gpus * j.share / MILLI * self._duration(j) for j in self.recent) / self.window_s
+        return rate * min(1.0, self.busy_gpus / work) if work > 0 else rate
+
+    def _duration(self, job: PendingJob) -> float:
+        return self.default_duration_s if job.estimated_duration_s is None else job.estimated_duration_s
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Past forecasts against what happened: for each job forecast at ``at`` to start at ``p50``
+    that has started since, (wait it had + step) / (wait forecast + step)."""
+
+    ratios: np.ndarray
+
+    @staticmethod
+    def ratio(at, p50, started, step: float = 60.0):
+        return (np.asarray(started, dtype=float) - at + step) / (np.asarray(p50, dtype=float) - at + step)
+
+    @classmethod
+    def of(cls, at, p50, started, step: float = 60.0) -> Calibration:
+        return cls(np.asarray(cls.ratio(at, p50, started, step), dtype=float).ravel())
+
+    def widening(self, fc: ForecastConfig) -> float:
+        """The factor from the forecast wait to its p90 (at least 1)."""
+        ok = self.ratios[np.isfinite(self.ratios)]
+        if len(ok) < fc.min_checked:
+            return fc.default_widening
+        return max(1.0, float(np.quantile(ok, fc.quantile)))
+
+
+@dataclass(frozen=True)
+class ExpectedStart:
+    p50: float | None  # seconds on the clock the forecast was given; None: beyond the horizon
+    p90: float | None
+
+
+def expected_starts(
+    layout: Layout,
+    queues: list[QueueSpec],
+    running: list[RunningJob],
+    pending: list[PendingJob],
+    now: float,
+    config: SchedulerConfig | None = None,
+    forecast: ForecastConfig | None = None,
+    arrivals: Arrivals | None = None,
+    calibration: Calibration | None = None,
+    **sites,
+) -> dict[int, ExpectedStart]:
+    """The expected start of every job in ``pending`` (``sites``: what the cycle is given, e.g.
+    links and unreachable)."""
+    fc = forecast or ForecastConfig()
+    if not pending:
+        return {}
+    play = _Play(layout, queues, running, pending, now, config or SchedulerConfig(), fc, sites)
+    starts = play.run(arrivals or Arrivals())
+    widen = (calibration or Calibration(np.empty(0))).widening(fc)
+    step = fc.first_step_s
+    out = {}
+    for job in pending:
+        t = starts.get(job.id)
+        if t is None:
+            out[job.id] = ExpectedStart(None, None)
+            continue
+        p90 = now + widen * (t - now + step) - step
+        out[job.id] = ExpectedStart(t, p90 if p90 <= now + fc.horizon_s else None)
+    return out
+
+
+class _Play:
+    """One play of the queue from now; ``run`` returns the start of each job pending at first."""
+
+    def __init__(self, layout, queues, running, pending, now, config, fc: ForecastConfig, sites):
+        self.layout, self.queues, self.config, self.fc, self.sites = layout, queues, config, fc, sites
+        self.now = now
+        self.running = {j.id: j for j in running if len(j.held)}
+        self.pending = {j.id: j for j in pending}
+        self.specs: dict[int, PendingJob] = dict(self.pending)  # what a preempted job asks again
+        self.ends: list[tuple[float, int]] = []  # (the time it really ends, job id), a heap
+        self.end_of: dict[int, float] = {}
+
+    def run(self, arrivals: Arrivals) -> dict[int, float]:
+        fc, now = self.fc, self.now
+        for job in self.running.values():
+            estimated = job.estimated_end if job.estimated_end is not None else now + fc.default_duration_s
+            left = max(fc.first_step_s, estimated - now)  # a job past its estimate ends soon
+            self._ends_at(job.id, now + left * fc.run_time_scale)
+        targets, starts = set(self.pending), {}
+        rng = np.random.default_rng([fc.seed, 17])
+        gap = 1 / arrivals.rate if arrivals.rate > 0 else math.inf
+        next_arrival, new_id = now + gap / 2, -1
+        t, freed = now, None  # freed: the first and the last end in the window before this cycle
+        while len(starts) < len(targets) and t <= now + fc.horizon_s:
+            for job_id in self._cycle(t):
+                if job_id in targets and job_id not in starts:
+                    starts[job_id] = t if freed is None else sum(freed) / 2
+            first = min(self._next_end(), next_arrival)
+            if first == math.inf:
+                break  # nothing ends and nothing arrives: what is pending stays pending
+            upto = max(first, t + max(fc.first_step_s, fc.step_growth * (t - now)))
+            last, freed = t, None
+            while self.ends and self.ends[0][0] <= upto:
+                end, job_id = heapq.heappop(self.ends)
+                if self.end_of.get(job_id) == end and self.running.pop(job_id, None) is not None:
+                    last = max(last, end)
+                    freed = (freed[0] if freed else end, end)
+            while next_arrival <= upto:
+                if len(self.pending) < len(targets) + fc.max_arrivals_pending:
+                    template = arrivals.recent[int(rng.integers(len(arrivals.recent)))]
+                    job = replace(template, id=new_id, submitted_at=next_arrival)
+                    self.pending[new_id] = self.specs[new_id] = job
+                    new_id -= 1
+                last = max(last, next_arrival)
+                next_arrival += gap
+            t = max(last, t + fc.first_step_s)
+        return starts
+
+    def _ends_at(self, job_id: int, end: float) -> None:
+        self.end_of[job_id] = end
+        heapq.heappush(self.ends, (end, job_id))
+
+    def _next_end(self) -> float:
+        while self.ends and self.end_of.get(self.ends[0][1]) != self.ends[0][0]:
+            heapq.heappop(self.ends)  # an end of an earlier run of a preempted job
+        return self.ends[0][0] if self.ends else math.inf
+
+    def _cycle(self, t: float) -> list[int]:
+        """One scheduling cycle at ``t``, applied to the play; returns the jobs it started."""
+        running, pending = list(self.running.values()), list(self.pending.values())
+        result = schedule(self.layout, self.queues, running, pending, t, self.config, **self.sites)
+        for p in result.preemptions:
+            job = self.running.pop(p.job_id)
+            self.pending[job.id] = self._requeued(job, t)
+            self.end_of.pop(job.id, None)
+        for r in result.resizes:
+            if r.job_id in self.running:
+                self.running[r.job_id] = replace(self.running[r.job_id], held=r.held)
+        for a in result.admissions:
+            job = self.pending.pop(a.job_id)
+            duration = job.estimated_duration_s
+            duration = self.fc.default_duration_s if duration is None else max(duration, 1.0)
+            duration *= job.gpus / max(1, len(a.held))  # an elastic job admitted smaller runs longer
+            self.running[job.id] = replace(
+                job.started(a.held, a.chip, t, a.parts), estimated_end=t + duration
+            )
+            self._ends_at(job.id, t + duration * self.fc.run_time_scale)
+        return [a.job_id for a in result.admissions]
+
+    def _requeued(self, job: RunningJob, t: float) -> PendingJob:
+        """A job the play preempted, pending again for what it had left."""
+        left = max(self.fc.first_step_s, self.end_of.get(job.id, t) - t)
+        spec = self.specs.get(job.id)
+        if spec is not None:
+            return replace(spec, estimated_duration_s=left)
+        return PendingJob(
+            job.id,
+            job.queue,
+            job.max_gpus or len(job.held),
+            job.priority,
+            (job.chip,),
+            job.topology,
+            job.started_at,
+            left,
+            job.min_gpus,
+            job.size_step,
+            job.share,
+        )
