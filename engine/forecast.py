@@ -10,9 +10,12 @@ fair share, preemption, reservations and backfill act as they will in production
 - jobs keep arriving at the rate of the last hours, evenly spaced, each a copy of one of the jobs
   submitted in that window (``Arrivals``, drawn with a fixed seed).
 
-The play's start is the expected start (p50). The p90 widens it by how far past forecasts missed
-(``Calibration``): of the jobs that started since they were forecast, the 0.9 quantile of the ratio
-of the wait they had to the wait forecast; with too few such jobs yet, ``default_widening``.
+The play gives each job a wait; what the play does not know (faults that send a gang back to the
+queue and let smaller jobs in, estimates users give, the arrivals that will really come) is
+corrected by how the plays already checked against real starts did (``Calibration``): the ratio of
+the wait a job had to the wait its play gave, whose median scales the wait to the p50 and whose
+0.9 quantile scales it to the p90 (1 and ``default_widening`` while fewer than ``min_checked``
+jobs have been checked).
 
 Steps follow the events (a job ends, a job arrives), merged into windows that widen with the time
 played (``first_step_s`` at first, then ``step_growth`` of the time played), so a week ahead costs
@@ -43,7 +46,7 @@ class ForecastConfig:
     default_duration_s: float = 4 * 3600.0  # a job without an estimate runs this long
     run_time_scale: float = 1.0  # actual / estimated run time (RunTimes.scale)
     quantile: float = 0.9
-    default_widening: float = 2.0  # p90 / p50 of the wait while too few forecasts have been checked
+    default_widening: float = 2.0  # the p90's factor on the played wait while too few are checked
     min_checked: int = 30
     max_arrivals_pending: int = 2000  # the play stops adding arrivals while this many of them wait
     seed: int = 0
@@ -95,33 +98,62 @@ class Arrivals:
         return self.default_duration_s if job.estimated_duration_s is None else job.estimated_duration_s
 
 
+def group_of(job: PendingJob) -> tuple[str, str]:
+    """The jobs a calibration is kept for together: the same queue and first chip type."""
+    return job.queue, job.chip_types[0] if job.chip_types else ""
+
+
 @dataclass(frozen=True)
 class Calibration:
-    """Past forecasts against what happened: for each job forecast at ``at`` to start at ``p50``
-    that has started since, (wait it had + step) / (wait forecast + step)."""
+    """Past plays against what happened: for each job the play said at ``at`` would start at
+    ``played`` and that has started since, (wait it had + step) / (wait played + step), with the
+    job's group (``group_of``; None: not known)."""
 
     ratios: np.ndarray
-
-    @staticmethod
-    def ratio(at, p50, started, step: float = 60.0):
-        return (np.asarray(started, dtype=float) - at + step) / (np.asarray(p50, dtype=float) - at + step)
+    groups: tuple | None = None
 
     @classmethod
-    def of(cls, at, p50, started, step: float = 60.0) -> Calibration:
-        return cls(np.asarray(cls.ratio(at, p50, started, step), dtype=float).ravel())
+    def of(cls, at, played, started, step: float = 60.0, groups=None) -> Calibration:
+        at, played, started = (np.asarray(x, dtype=float).ravel() for x in (at, played, started))
+        return cls(
+            (started - at + step) / (played - at + step), tuple(groups) if groups is not None else None
+        )
 
-    def widening(self, fc: ForecastConfig) -> float:
-        """The factor from the forecast wait to its p90 (at least 1)."""
-        ok = self.ratios[np.isfinite(self.ratios)]
-        if len(ok) < fc.min_checked:
-            return fc.default_widening
-        return max(1.0, float(np.quantile(ok, fc.quantile)))
+    def factors(self, fc: ForecastConfig) -> tuple[float, float]:
+        """What the played wait is multiplied by for the p50 and for the p90: the median and the
+        ``fc.quantile`` of the ratios (1 and ``fc.default_widening`` while too few are checked)."""
+        return self.table(fc)[None]
+
+    def table(self, fc: ForecastConfig) -> dict:
+        """The factors of every group with at least ``fc.min_checked`` checked jobs, and of all of
+        them together (key None): a queue whose jobs the plays keep getting wrong one way is
+        corrected by its own record, not by everyone's."""
+        ok = np.isfinite(self.ratios) & (self.ratios > 0)
+        out = {None: _factors(self.ratios[ok], fc) or (1.0, fc.default_widening)}
+        if self.groups is None:
+            return out
+        by_group: dict = {}
+        for ratio, group, good in zip(self.ratios, self.groups, ok, strict=True):
+            if good:
+                by_group.setdefault(group, []).append(ratio)
+        for group, ratios in by_group.items():
+            found = _factors(np.asarray(ratios), fc)
+            if found is not None:
+                out[group] = found
+        return out
+
+
+def _factors(ratios: np.ndarray, fc: ForecastConfig) -> tuple[float, float] | None:
+    if len(ratios) < fc.min_checked:
+        return None
+    return float(np.median(ratios)), float(np.quantile(ratios, fc.quantile))
 
 
 @dataclass(frozen=True)
 class ExpectedStart:
     p50: float | None  # seconds on the clock the forecast was given; None: beyond the horizon
     p90: float | None
+    played: float | None = None  # the start in the play, before the calibration (what it checks)
 
 
 def expected_starts(
@@ -143,16 +175,19 @@ def expected_starts(
         return {}
     play = _Play(layout, queues, running, pending, now, config or SchedulerConfig(), fc, sites)
     starts = play.run(arrivals or Arrivals())
-    widen = (calibration or Calibration(np.empty(0))).widening(fc)
-    step = fc.first_step_s
+    table = (calibration or Calibration(np.empty(0))).table(fc)
+    step, end = fc.first_step_s, now + fc.horizon_s
     out = {}
     for job in pending:
         t = starts.get(job.id)
         if t is None:
             out[job.id] = ExpectedStart(None, None)
             continue
-        p90 = now + widen * (t - now + step) - step
-        out[job.id] = ExpectedStart(t, p90 if p90 <= now + fc.horizon_s else None)
+        middle, high = table.get(group_of(job), table[None])
+        wait = t - now + step
+        p50 = max(now, now + middle * wait - step)
+        p90 = max(p50, now + high * wait - step)
+        out[job.id] = ExpectedStart(p50 if p50 <= end else None, p90 if p90 <= end else None, t)
     return out
 
 

@@ -43,7 +43,8 @@ STEP_S = ForecastConfig().first_step_s
 class Refresh:
     pending: int
     seconds: float
-    widening: float
+    p50_factor: float  # the played waits were multiplied by these (the checked plays' ratios)
+    p90_factor: float
     run_time_scale: float
 
     def as_dict(self) -> dict:
@@ -78,7 +79,8 @@ def refresh(now: datetime | None = None) -> Refresh:
         **surroundings(snapshot),
     )
     _write(estimates, now)
-    done = Refresh(len(pending), time.perf_counter() - t0, calibration.widening(fc), fc.run_time_scale)
+    seconds = time.perf_counter() - t0
+    done = Refresh(len(pending), seconds, *calibration.factors(fc), fc.run_time_scale)
     log.info("forecast: %s", done.as_dict())
     return done
 
@@ -114,16 +116,18 @@ def _run_time_scale(now: datetime, window: float) -> float:
 
 
 def checked(now: datetime) -> Calibration:
-    """The first forecasts of the jobs that started over the last CHECKED_DAYS, against their starts."""
+    """The first plays of the jobs that started over the last CHECKED_DAYS, against their starts,
+    with their groups (engine.forecast.group_of: queue and first chip type)."""
     rows = JobForecast.objects.filter(
         started_at__isnull=False,
-        first_p50__isnull=False,
+        first_played__isnull=False,
         first_at__gt=now - timedelta(days=CHECKED_DAYS),
-    ).values_list("first_at", "first_p50", "started_at")[:20_000]
+    ).values_list("first_at", "first_played", "started_at", "job__queue__name", "job__chip_types")[:20_000]
     if not rows:
         return Calibration(np.empty(0))
-    at, p50, started = (np.array([r[i].timestamp() for r in rows]) for i in range(3))
-    return Calibration.of(at, p50, started, STEP_S)
+    at, played, started = (np.array([r[i].timestamp() for r in rows]) for i in range(3))
+    groups = [(queue, chips[0] if chips else "") for *_, queue, chips in rows]
+    return Calibration.of(at, played, started, STEP_S, groups)
 
 
 def _when(seconds: float | None) -> datetime | None:
@@ -133,9 +137,17 @@ def _when(seconds: float | None) -> datetime | None:
 def _write(estimates, now: datetime) -> None:
     rows = []
     for job_id, e in estimates.items():
-        p50, p90 = _when(e.p50), _when(e.p90)
+        p50, p90, played = _when(e.p50), _when(e.p90), _when(e.played)
         rows.append(
-            JobForecast(job_id=job_id, p50=p50, p90=p90, computed_at=now, first_at=now, first_p50=p50)
+            JobForecast(
+                job_id=job_id,
+                p50=p50,
+                p90=p90,
+                computed_at=now,
+                first_at=now,
+                first_p50=p50,
+                first_played=played,
+            )
         )
     with transaction.atomic():
         JobForecast.objects.bulk_create(

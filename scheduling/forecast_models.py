@@ -18,6 +18,9 @@ class JobForecast(models.Model):
     computed_at = models.DateTimeField(help_text="The refresh that played it")
     first_at = models.DateTimeField(help_text="The first refresh that saw the job pending")
     first_p50 = models.DateTimeField(null=True, blank=True, help_text="What that refresh expected")
+    first_played = models.DateTimeField(
+        null=True, blank=True, help_text="The start in that refresh's play, before the calibration"
+    )
     started_at = models.DateTimeField(
         null=True, blank=True, help_text="When it first started, once a refresh saw it running"
     )

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from engine.forecast import Arrivals, Calibration, ForecastConfig, expected_starts, run_time_scale
+from engine.forecast import Arrivals, Calibration, ForecastConfig, expected_starts, group_of, run_time_scale
 from sim.simulation import Simulation, as_pending
 
 
@@ -27,16 +27,29 @@ class Backtest(Simulation):
         self.forecast = forecast or ForecastConfig()
         self.refresh_s: list[float] = []
         self.pending_at_refresh: list[int] = []
-        # job id -> (submitted, forecast at, p50, p90): its first forecast
-        self.first: dict[int, tuple[float, float, float | None, float | None]] = {}
+        # job id -> (submitted, forecast at, p50, p90, played): its first forecast
+        self.first: dict[int, tuple[float, float, float | None, float | None, float | None]] = {}
+        self.last_cycle = -1.0  # the last cycle that ran: the jobs submitted before it were tried
 
     def run(self, progress=None) -> dict:
-        self._push(self.every_s, "forecast")
+        # a second after a cycle: as in production, where a submit asks for a cycle at once, a job
+        # is forecast once a cycle has tried it, never while it waits for its first
+        self._push(self.every_s + 1.0, "forecast")
         return super().run(progress)
+
+    def _on_cycle(self) -> None:
+        ran = self.dirty and bool(self.pending)
+        super()._on_cycle()
+        if ran:
+            self.last_cycle = self.now
 
     def _on_forecast(self) -> None:
         self._push(self.now + self.every_s, "forecast")
-        new = [p.id for p in self.pending.values() if p.submitted_at > self.now - self.every_s]
+        new = [
+            p.id
+            for p in self.pending.values()
+            if self.now - self.every_s < p.submitted_at <= self.last_cycle  # waiting, a cycle has tried it
+        ]
         if not new:
             return
         fc = replace(self.forecast, run_time_scale=self._run_time_scale())
@@ -57,7 +70,7 @@ class Backtest(Simulation):
         self.pending_at_refresh.append(len(self.pending))
         for job_id in new:
             e = estimates[job_id]
-            self.first.setdefault(job_id, (self.jobs[job_id].spec.arrival, self.now, e.p50, e.p90))
+            self.first.setdefault(job_id, (self.jobs[job_id].spec.arrival, self.now, e.p50, e.p90, e.played))
 
     def _arrivals(self) -> Arrivals:
         since = self.now - self.window_s
@@ -71,15 +84,16 @@ class Backtest(Simulation):
 
     def _calibration(self) -> Calibration:
         """The forecasts of jobs that have started since, as production checks its own."""
-        rows = [
-            (at, p50, self.jobs[i].first_admit)
-            for i, (_, at, p50, _) in self.first.items()
-            if p50 is not None and self.jobs[i].first_admit is not None
-        ]
+        rows, groups = [], []
+        for i, (_, at, _, _, played) in self.first.items():
+            started = self.jobs[i].first_admit
+            if played is not None and started is not None:
+                rows.append((at, played, started))
+                groups.append(group_of(as_pending(self.jobs[i])))
         if not rows:
             return Calibration(np.empty(0))
-        at, p50, started = np.asarray(rows, dtype=float).T
-        return Calibration.of(at, p50, started, self.forecast.first_step_s)
+        at, played, started = np.asarray(rows, dtype=float).T
+        return Calibration.of(at, played, started, self.forecast.first_step_s, groups)
 
     def _run_time_scale(self) -> float:
         """Run time against the estimate given at the start, of the jobs that ended in the window."""
@@ -92,7 +106,7 @@ class Backtest(Simulation):
         """Each scored job's first forecast against its real start (jobs still waiting at the end
         count as late where their p90 has passed, and are left out otherwise)."""
         errors, waits, covered, beyond = [], [], [], 0
-        for job_id, (submitted, _, p50, p90) in self.first.items():
+        for job_id, (submitted, _, p50, p90, _) in self.first.items():
             started = self.jobs[job_id].first_admit
             if p50 is None:
                 beyond += 1

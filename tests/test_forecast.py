@@ -75,20 +75,39 @@ def test_jobs_that_run_shorter_than_their_estimates_free_their_gpus_sooner():
     ].p50 == pytest.approx(3600.0)
 
 
-def test_the_p90_widens_by_how_far_past_forecasts_missed():
+def test_the_plays_already_checked_scale_the_wait_to_the_p50_and_the_p90():
     fc = ForecastConfig()
-    assert Calibration(np.empty(0)).widening(fc) == fc.default_widening  # too few checked yet
-    # forty jobs forecast to wait an hour: 37 started within 1.5 hours, three waited five
+    assert Calibration(np.empty(0)).factors(fc) == (1.0, fc.default_widening)  # too few checked yet
+    # forty jobs the play said would wait an hour: 37 started within 0.5-1.5 hours, three waited five
     at = np.zeros(40)
-    p50 = np.full(40, 3600.0)
+    played = np.full(40, 3600.0)
     started = np.concatenate([np.linspace(1800, 1.5 * 3600, 37), np.full(3, 5.0 * 3600)])
-    widening = Calibration.of(at, p50, started, fc.first_step_s).widening(fc)
-    assert 1.4 < widening < 1.6
+    calibration = Calibration.of(at, played, started, fc.first_step_s)
+    middle, high = calibration.factors(fc)
+    assert 0.9 < middle < 1.1 and 1.4 < high < 1.6
     layout, queues = _cluster()
     busy = [running(layout, 1, "q", nodes=[0, 1], end=3600.0)]
-    calibration = Calibration.of(at, p50, started, fc.first_step_s)
     e = expected_starts(layout, queues, busy, [_job(10, 8, 60.0)], 0.0, calibration=calibration)[10]
-    assert e.p90 == pytest.approx(widening * (3600.0 + 60.0) - 60.0)
+    assert e.played == pytest.approx(3600.0)
+    assert e.p50 == pytest.approx(middle * 3660.0 - 60.0) and e.p90 == pytest.approx(high * 3660.0 - 60.0)
+    # a queue whose plays were twice too slow has its p50 halved, while another queue's stays
+    groups = [("q", H100)] * 40 + [("other", H100)] * 40
+    both = Calibration.of(
+        np.zeros(80),
+        np.full(80, 3600.0),
+        np.concatenate([np.full(40, 1770.0), np.full(40, 3600.0)]),
+        60.0,
+        groups,
+    )
+    table = both.table(fc)
+    assert table[("q", H100)][0] == pytest.approx(0.5) and table[("other", H100)][0] == pytest.approx(1.0)
+    e = expected_starts(layout, queues, busy, [_job(10, 8, 60.0)], 0.0, calibration=both)[10]
+    assert e.p50 == pytest.approx(1770.0)
+    # plays that were twice too slow, everyone's: the p50 halves the played wait
+    halved = Calibration.of(at, played, np.full(40, 1800.0 - 30.0), fc.first_step_s)
+    assert expected_starts(layout, queues, busy, [_job(10, 8, 60.0)], 0.0, calibration=halved)[
+        10
+    ].p50 == pytest.approx(1770.0)
 
 
 @pytest.mark.parametrize(
@@ -104,6 +123,32 @@ def test_the_p90_widens_by_how_far_past_forecasts_missed():
 def test_a_bad_setting_names_itself(field, value):
     with pytest.raises(ValueError, match=field):
         ForecastConfig(**{field: value})
+
+
+def test_in_the_simulator_a_forecast_made_while_waiting_holds_against_the_real_start():
+    """A 16-GPU cluster busy for two hours; two 8-GPU jobs arrive behind it and are forecast ten
+    minutes later, with the running job's end as the simulator gives it: both start when it ends
+    (its restart and checkpoint overheads aside), well inside their p90."""
+    from sim.config import SimConfig
+    from sim.forecast import Backtest
+    from sim.workload import SimJob
+
+    layout, queues = _cluster()
+    jobs = [
+        SimJob(1, "q", 16, 0.0, 7200.0, H100),
+        SimJob(2, "q", 8, 100.0, 3600.0, H100),
+        SimJob(3, "q", 8, 200.0, 3600.0, H100),
+    ]
+    sim = Backtest(layout.topo, jobs, SimConfig(days=0.5, seed=1), queues=queues, every_s=600.0)
+    sim.run()
+    report = sim.report()
+    assert set(sim.first) == {2, 3} and report["scored"] == 2
+    first_end = sim.jobs[2].first_admit
+    assert first_end > 7200.0 and sim.jobs[3].first_admit == first_end
+    for job_id in (2, 3):
+        _, at, p50, p90, _ = sim.first[job_id]
+        assert at == pytest.approx(601.0) and abs(p50 - first_end) < 300 and first_end <= p90
+    assert report["p90_coverage"] == 1.0 and report["median_wait_s"] > 7000
 
 
 # --- production: the refresh, the API, the pages ---------------------------------------------------
@@ -167,6 +212,7 @@ def test_a_pending_job_is_told_when_it_will_start_and_the_forecast_is_checked(
     forecast.refresh()
     row = JobForecast.objects.get(pk=waiting)
     assert row.started_at == Job.objects.get(pk=waiting).started_at and row.first_p50 == p50
+    assert row.first_played == p50  # nothing checked yet: the p50 is the play's start
     checked = forecast.checked(timezone.now())
     assert len(checked.ratios) == 1 and checked.ratios[0] < 0.1  # it waited far less than forecast
     assert viewer_client.get(f"/api/v1/jobs/{waiting}/").json()["expected_start"] is None
