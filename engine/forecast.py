@@ -18,9 +18,13 @@ the wait a job had to the wait its play gave, whose median scales the wait to th
 jobs have been checked).
 
 Steps follow the events (a job ends, a job arrives), merged into windows that widen with the time
-played (``first_step_s`` at first, then ``step_growth`` of the time played), so a week ahead costs
-tens of cycles, not thousands; a job started in a window is said to start midway between the
-first and the last job that ended in it (at the end where only one did).
+played (``first_step_s`` at first, then a share of the time played), so a week ahead costs tens to
+hundreds of cycles, not thousands. The share is set by a budget (``cycle_budget``, pending jobs
+times cycles, within ``min_cycles`` and ``max_cycles``): a short queue is played in fine windows
+(2% of the time played), 10,000 pending jobs in coarse ones (30%), because merged windows blur
+the order of starts (a large job sees a whole window's free GPUs at once). A job started in a
+window is said to start midway between the first and the last job that ended in it (at the end
+where only one did), and its run counts from then.
 """
 
 from __future__ import annotations
@@ -42,9 +46,12 @@ DAY = 86_400.0
 class ForecastConfig:
     horizon_s: float = 7 * DAY  # a job not started this far ahead: no estimate (None)
     first_step_s: float = 60.0
-    step_growth: float = 0.3  # events are merged over this share of the time played so far
+    step_growth: float | None = None  # events are merged over this share of the time played so far
+    cycle_budget: int = 350_000  # ... set so that pending jobs x cycles stays within this
+    min_cycles: int = 30
+    max_cycles: int = 300
     default_duration_s: float = 4 * 3600.0  # a job without an estimate runs this long
-    run_time_scale: float = 1.0  # actual / estimated run time (RunTimes.scale)
+    run_time_scale: float = 1.0  # actual / estimated run time (run_time_scale())
     quantile: float = 0.9
     default_widening: float = 2.0  # the p90's factor on the played wait while too few are checked
     min_checked: int = 30
@@ -55,12 +62,27 @@ class ForecastConfig:
         for name in ("horizon_s", "first_step_s", "default_duration_s", "run_time_scale"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be above zero")
-        if not 0 <= self.step_growth <= 1:
-            raise ValueError("step_growth must be between 0 and 1")
+        if self.step_growth is not None and not 0 < self.step_growth <= 1:
+            raise ValueError("step_growth must be above 0 and at most 1")
+        if not 1 <= self.min_cycles <= self.max_cycles:
+            raise ValueError("min_cycles must be at least 1 and at most max_cycles")
         if not 0.5 <= self.quantile < 1:
             raise ValueError("quantile must be at least 0.5 and below 1")
         if self.default_widening < 1:
             raise ValueError("default_widening must be at least 1")
+
+    def growth(self, pending: int) -> float:
+        """The windows' share of the time played, for a play of ``pending`` jobs: the finest whose
+        cycles over the horizon stay within the budget."""
+        if self.step_growth is not None:
+            return self.step_growth
+        cycles = min(self.max_cycles, max(self.min_cycles, self.cycle_budget // max(1, pending)))
+        lo, hi = 1e-3, 1.0  # cycles(g): 1/g of first steps, then geometric to the horizon
+        for _ in range(40):
+            g = (lo + hi) / 2
+            n = 1 / g + math.log(max(1.0, self.horizon_s * g / self.first_step_s)) / math.log1p(g)
+            lo, hi = (g, hi) if n > cycles else (lo, g)
+        return hi
 
 
 def run_time_scale(actual, estimated) -> float:
@@ -210,18 +232,19 @@ class _Play:
             left = max(fc.first_step_s, estimated - now)  # a job past its estimate ends soon
             self._ends_at(job.id, now + left * fc.run_time_scale)
         targets, starts = set(self.pending), {}
+        growth = fc.growth(len(targets))
         rng = np.random.default_rng([fc.seed, 17])
         gap = 1 / arrivals.rate if arrivals.rate > 0 else math.inf
         next_arrival, new_id = now + gap / 2, -1
         t, freed = now, None  # freed: the first and the last end in the window before this cycle
         while len(starts) < len(targets) and t <= now + fc.horizon_s:
-            for job_id in self._cycle(t):
+            for job_id, began in self._cycle(t, t if freed is None else sum(freed) / 2):
                 if job_id in targets and job_id not in starts:
-                    starts[job_id] = t if freed is None else sum(freed) / 2
+                    starts[job_id] = began
             first = min(self._next_end(), next_arrival)
             if first == math.inf:
                 break  # nothing ends and nothing arrives: what is pending stays pending
-            upto = max(first, t + max(fc.first_step_s, fc.step_growth * (t - now)))
+            upto = max(first, t + max(fc.first_step_s, growth * (t - now)))
             last, freed = t, None
             while self.ends and self.ends[0][0] <= upto:
                 end, job_id = heapq.heappop(self.ends)
@@ -248,8 +271,11 @@ class _Play:
             heapq.heappop(self.ends)  # an end of an earlier run of a preempted job
         return self.ends[0][0] if self.ends else math.inf
 
-    def _cycle(self, t: float) -> list[int]:
-        """One scheduling cycle at ``t``, applied to the play; returns the jobs it started."""
+    def _cycle(self, t: float, began: float) -> list[tuple[int, float]]:
+        """One scheduling cycle at ``t``, applied to the play; returns the jobs it started, each
+        with when it is said to start: ``began`` (inside the window the cycle closes) or its
+        submission if later. Its run counts from then, so the play's clock does not fall behind
+        by a window at each start."""
         running, pending = list(self.running.values()), list(self.pending.values())
         result = schedule(self.layout, self.queues, running, pending, t, self.config, **self.sites)
         for p in result.preemptions:
@@ -259,16 +285,19 @@ class _Play:
         for r in result.resizes:
             if r.job_id in self.running:
                 self.running[r.job_id] = replace(self.running[r.job_id], held=r.held)
+        started = []
         for a in result.admissions:
             job = self.pending.pop(a.job_id)
             duration = job.estimated_duration_s
             duration = self.fc.default_duration_s if duration is None else max(duration, 1.0)
             duration *= job.gpus / max(1, len(a.held))  # an elastic job admitted smaller runs longer
+            start = min(t, max(began, job.submitted_at))
             self.running[job.id] = replace(
-                job.started(a.held, a.chip, t, a.parts), estimated_end=t + duration
+                job.started(a.held, a.chip, start, a.parts), estimated_end=start + duration
             )
-            self._ends_at(job.id, t + duration * self.fc.run_time_scale)
-        return [a.job_id for a in result.admissions]
+            self._ends_at(job.id, start + duration * self.fc.run_time_scale)
+            started.append((job.id, start))
+        return started
 
     def _requeued(self, job: RunningJob, t: float) -> PendingJob:
         """A job the play preempted, pending again for what it had left."""
