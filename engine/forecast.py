@@ -21,7 +21,7 @@ Steps follow the events (a job ends, a job arrives), merged into windows that wi
 played (``first_step_s`` at first, then a share of the time played), so a week ahead costs tens to
 hundreds of cycles, not thousands. The share is set by a budget (``cycle_budget``, pending jobs
 times cycles, within ``min_cycles`` and ``max_cycles``): a short queue is played in fine windows
-(2% of the time played), 10,000 pending jobs in coarse ones (30%), because merged windows blur
+(2% of the time played), 10,000 pending jobs in coarse ones (45%), because merged windows blur
 the order of starts (a large job sees a whole window's free GPUs at once). A job started in a
 window is said to start midway between the first and the last job that ended in it (at the end
 where only one did), and its run counts from then.
@@ -47,15 +47,15 @@ class ForecastConfig:
     horizon_s: float = 7 * DAY  # a job not started this far ahead: no estimate (None)
     first_step_s: float = 60.0
     step_growth: float | None = None  # events are merged over this share of the time played so far
-    cycle_budget: int = 350_000  # ... set so that pending jobs x cycles stays within this
-    min_cycles: int = 30
+    cycle_budget: int = 250_000  # ... set so that pending jobs x cycles stays within this
+    min_cycles: int = 25
     max_cycles: int = 300
     default_duration_s: float = 4 * 3600.0  # a job without an estimate runs this long
     run_time_scale: float = 1.0  # actual / estimated run time (run_time_scale())
     quantile: float = 0.9
     default_widening: float = 2.0  # the p90's factor on the played wait while too few are checked
     min_checked: int = 30
-    max_arrivals_pending: int = 2000  # the play stops adding arrivals while this many of them wait
+    max_arrivals_pending: int = 500  # the play stops adding arrivals while this many of them wait
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -232,7 +232,6 @@ class _Play:
             left = max(fc.first_step_s, estimated - now)  # a job past its estimate ends soon
             self._ends_at(job.id, now + left * fc.run_time_scale)
         targets, starts = set(self.pending), {}
-        growth = fc.growth(len(targets))
         rng = np.random.default_rng([fc.seed, 17])
         gap = 1 / arrivals.rate if arrivals.rate > 0 else math.inf
         next_arrival, new_id = now + gap / 2, -1
@@ -244,6 +243,7 @@ class _Play:
             first = min(self._next_end(), next_arrival)
             if first == math.inf:
                 break  # nothing ends and nothing arrives: what is pending stays pending
+            growth = fc.growth(len(self.pending))  # what is pending now: arrivals widen the windows
             upto = max(first, t + max(fc.first_step_s, growth * (t - now)))
             last, freed = t, None
             while self.ends and self.ends[0][0] <= upto:
