@@ -6,8 +6,8 @@ Per size: the preset's cluster, a trace-calibrated week at ``--load`` (sim.workl
 in the what-if simulator with production's engine; every ``every`` of simulated time (30 minutes at
 10k, an hour at 100k: the production default is a minute, the backtest thins it for time) every
 pending job is forecast as production's refresh does (sim.forecast.Backtest), and each job
-submitted since the last refresh, tried by a cycle and still waiting keeps its first forecast. Scored against its
-real start: ``median_abs_error_s`` (|p50 - start|), ``median_wait_s`` (submit to start),
+submitted since the last refresh, tried by a cycle and still waiting keeps its first forecast.
+Scored against its real start: ``median_abs_error_s`` (|p50 - start|), ``median_wait_s`` (submit to start),
 ``p90_coverage`` (the share that started before their p90), ``beyond_horizon``. Then ``refresh_s``:
 one refresh of 10,000 pending jobs of 1 to 2,048 GPUs on the same cluster after three cycles of
 filling it (bench.workloads.mixed_workload), with the arrivals of the last six hours to come.
