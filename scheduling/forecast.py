@@ -159,7 +159,8 @@ def _write(estimates, now: datetime) -> None:
         )
         # jobs that left the queue: their first start, once (for the check of their first forecast)
         started = Job.objects.filter(pk=OuterRef("job_id")).values("started_at")[:1]
-        JobForecast.objects.filter(started_at__isnull=True, computed_at__lt=now).exclude(
-            job__state=JobState.PENDING
-        ).update(started_at=Subquery(started))
+        # (a job cancelled before it started has no start: its row is left as it is, and goes)
+        JobForecast.objects.filter(
+            started_at__isnull=True, computed_at__lt=now, job__started_at__isnull=False
+        ).exclude(job__state=JobState.PENDING).update(started_at=Subquery(started))
         JobForecast.objects.filter(computed_at__lt=now - timedelta(days=CHECKED_DAYS)).delete()

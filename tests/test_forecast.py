@@ -210,7 +210,9 @@ def test_a_pending_job_is_told_when_it_will_start_and_the_forecast_is_checked(
     listing = page.get("/jobs/", {"state": "pending"}).content.decode()
     assert "in 59\xa0minutes / 2\xa0hours" in listing  # the hour left, and twice it until checked
 
-    # the hour ends early: the job starts; the next refresh notes when, to check the forecast by it
+    # the hour ends early: the job starts; the next refresh notes when, to check the forecast by it;
+    # the job behind it is cancelled before it starts, and is never checked
+    change_state(after, "cancel", actor="test")
     change_state(first, "cancel", actor="test")
     run_cycle()
     assert Job.objects.get(pk=waiting).state == "running"
@@ -220,4 +222,5 @@ def test_a_pending_job_is_told_when_it_will_start_and_the_forecast_is_checked(
     assert row.first_played == p50  # nothing checked yet: the p50 is the play's start
     checked = forecast.checked(timezone.now())
     assert len(checked.ratios) == 1 and checked.ratios[0] < 0.1  # it waited far less than forecast
+    assert JobForecast.objects.get(pk=after).started_at is None
     assert viewer_client.get(f"/api/v1/jobs/{waiting}/").json()["expected_start"] is None
