@@ -108,12 +108,18 @@ class Arrivals:
 
     @property
     def rate(self) -> float:
+        return self.rate_at()
+
+    def rate_at(self, run_time_scale: float = 1.0) -> float:
+        """Jobs per second to come, for jobs that run their estimates times ``run_time_scale``
+        (no thinning while nothing is busy: there is no measure of what the cluster keeps up with)."""
         if self.window_s <= 0 or not self.recent:
             return 0.0
         rate = len(self.recent) / self.window_s
-        if self.busy_gpus is None:
+        if not self.busy_gpus:
             return rate
-        work = sum(j.gpus * j.share / MILLI * self._duration(j) for j in self.recent) / self.window_s
+        work = sum(j.gpus * j.share / MILLI * self._duration(j) for j in self.recent)
+        work *= run_time_scale / self.window_s
         return rate * min(1.0, self.busy_gpus / work) if work > 0 else rate
 
     def _duration(self, job: PendingJob) -> float:
@@ -233,7 +239,8 @@ class _Play:
             self._ends_at(job.id, now + left * fc.run_time_scale)
         targets, starts = set(self.pending), {}
         rng = np.random.default_rng([fc.seed, 17])
-        gap = 1 / arrivals.rate if arrivals.rate > 0 else math.inf
+        rate = arrivals.rate_at(fc.run_time_scale)
+        gap = 1 / rate if rate > 0 else math.inf
         next_arrival, new_id = now + gap / 2, -1
         t, freed = now, None  # freed: the first and the last end in the window before this cycle
         while len(starts) < len(targets) and t <= now + fc.horizon_s:

@@ -56,6 +56,16 @@ def test_priority_and_arrivals_push_a_start_later():
     assert starved[10].p50 is None
 
 
+def test_arrivals_bring_no_more_work_than_the_cluster_keeps_busy():
+    recent = tuple(_job(100 + i, 16, 3600.0) for i in range(6))  # 16 GPUs' worth of work an hour
+    per_hour = 3600.0
+    assert Arrivals(recent, 6 * 3600.0).rate * per_hour == pytest.approx(1.0)
+    assert Arrivals(recent, 6 * 3600.0, busy_gpus=8).rate * per_hour == pytest.approx(0.5)  # thinned to 8
+    # jobs that run half their estimates bring half the work: 8 busy GPUs keep up with all of them
+    assert Arrivals(recent, 6 * 3600.0, busy_gpus=8).rate_at(0.5) * per_hour == pytest.approx(1.0)
+    assert Arrivals(recent, 6 * 3600.0, busy_gpus=0).rate * per_hour == pytest.approx(1.0)  # nothing to go by
+
+
 def test_a_job_no_datacenter_can_hold_has_no_start_and_a_stopped_queue_never_starts():
     layout, queues = _cluster()
     out = expected_starts(layout, queues, [], [_job(10, 32, 60.0)], 0.0)
