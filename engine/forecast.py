@@ -104,26 +104,31 @@ class Arrivals:
     recent: tuple[PendingJob, ...] = ()
     window_s: float = 0.0
     busy_gpus: float | None = None
-    default_duration_s: float = ForecastConfig.default_duration_s
 
     @property
     def rate(self) -> float:
-        return self.rate_at()
+        return self.rate_at(ForecastConfig())
 
-    def rate_at(self, run_time_scale: float = 1.0) -> float:
-        """Jobs per second to come, for jobs that run their estimates times ``run_time_scale``
-        (no thinning while nothing is busy: there is no measure of what the cluster keeps up with)."""
+    def rate_at(self, fc: ForecastConfig) -> float:
+        """Jobs per second to come, for jobs that run as the play runs them (``played_duration``;
+        no thinning while nothing is busy: there is no measure of what the cluster keeps up with)."""
         if self.window_s <= 0 or not self.recent:
             return 0.0
         rate = len(self.recent) / self.window_s
         if not self.busy_gpus:
             return rate
-        work = sum(j.gpus * j.share / MILLI * self._duration(j) for j in self.recent)
-        work *= run_time_scale / self.window_s
+        work = sum(j.gpus * j.share / MILLI * played_duration(j, fc) for j in self.recent) / self.window_s
         return rate * min(1.0, self.busy_gpus / work) if work > 0 else rate
 
-    def _duration(self, job: PendingJob) -> float:
-        return self.default_duration_s if job.estimated_duration_s is None else job.estimated_duration_s
+
+def played_duration(job: PendingJob, fc: ForecastConfig, gpus: int | None = None) -> float:
+    """How long ``job`` runs in the play on ``gpus`` GPUs (its request when None): its estimate (or
+    ``fc.default_duration_s``) times ``fc.run_time_scale``, longer for an elastic job admitted
+    smaller."""
+    estimate = (
+        fc.default_duration_s if job.estimated_duration_s is None else max(job.estimated_duration_s, 1.0)
+    )
+    return estimate * job.gpus / max(1, gpus or job.gpus) * fc.run_time_scale
 
 
 def group_of(job: PendingJob) -> tuple[str, str]:
@@ -239,7 +244,7 @@ class _Play:
             self._ends_at(job.id, now + left * fc.run_time_scale)
         targets, starts = set(self.pending), {}
         rng = np.random.default_rng([fc.seed, 17])
-        rate = arrivals.rate_at(fc.run_time_scale)
+        rate = arrivals.rate_at(fc)
         gap = 1 / rate if rate > 0 else math.inf
         next_arrival, new_id = now + gap / 2, -1
         t, freed = now, None  # freed: the first and the last end in the window before this cycle
@@ -295,14 +300,13 @@ class _Play:
         started = []
         for a in result.admissions:
             job = self.pending.pop(a.job_id)
-            duration = job.estimated_duration_s
-            duration = self.fc.default_duration_s if duration is None else max(duration, 1.0)
-            duration *= job.gpus / max(1, len(a.held))  # an elastic job admitted smaller runs longer
+            runs = played_duration(job, self.fc, len(a.held))
             start = min(t, max(began, job.submitted_at))
+            estimated_end = start + runs / self.fc.run_time_scale  # what the play's scheduler sees
             self.running[job.id] = replace(
-                job.started(a.held, a.chip, start, a.parts), estimated_end=start + duration
+                job.started(a.held, a.chip, start, a.parts), estimated_end=estimated_end
             )
-            self._ends_at(job.id, start + duration * self.fc.run_time_scale)
+            self._ends_at(job.id, start + runs)
             started.append((job.id, start))
         return started
 

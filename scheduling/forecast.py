@@ -51,10 +51,6 @@ class Refresh:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
 
 
-def config() -> ForecastConfig:
-    return ForecastConfig(horizon_s=float(settings.FORECAST_HORIZON_S))
-
-
 def refresh(now: datetime | None = None) -> Refresh:
     """Forecast every pending job now and store it."""
     now = now or timezone.now()
@@ -64,7 +60,9 @@ def refresh(now: datetime | None = None) -> Refresh:
     queues, running = store.load_queues(), store.load_running()
     pending, _, _ = store.load_pending(now)
     window = float(settings.FORECAST_WINDOW_S)
-    fc = ForecastConfig(horizon_s=config().horizon_s, run_time_scale=_run_time_scale(now, window))
+    fc = ForecastConfig(
+        horizon_s=float(settings.FORECAST_HORIZON_S), run_time_scale=_run_time_scale(now, window)
+    )
     calibration = checked(now)
     estimates = expected_starts(
         layout,

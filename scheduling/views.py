@@ -72,6 +72,8 @@ def jobs(request):
     if queue:
         qs = qs.filter(queue__name=queue)
     page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
+    for job in page:
+        job.expected = expected_start(job)  # the API's rule: a pending job's, once played
     return render(
         request,
         "scheduling/jobs.html",

@@ -29,6 +29,7 @@ class Backtest(Simulation):
         self.pending_at_refresh: list[int] = []
         # job id -> (submitted, forecast at, p50, p90, played): its first forecast
         self.first: dict[int, tuple[float, float, float | None, float | None, float | None]] = {}
+        self.groups: dict[int, tuple[str, str]] = {}  # job id -> its calibration group
         self.last_cycle = -1.0  # the last cycle that ran: the jobs submitted before it were tried
 
     def run(self, progress=None) -> dict:
@@ -38,15 +39,15 @@ class Backtest(Simulation):
         return super().run(progress)
 
     def _on_cycle(self) -> None:
-        ran = self.dirty and bool(self.pending)
+        ran = self.cycles
         super()._on_cycle()
-        if ran:
+        if self.cycles != ran:
             self.last_cycle = self.now
 
     def _on_forecast(self) -> None:
         self._push(self.now + self.every_s, "forecast")
         new = [
-            p.id
+            p
             for p in self.pending.values()
             if self.now - self.every_s < p.submitted_at <= self.last_cycle  # waiting, a cycle has tried it
         ]
@@ -68,9 +69,10 @@ class Backtest(Simulation):
         )
         self.refresh_s.append(time.perf_counter() - t0)
         self.pending_at_refresh.append(len(self.pending))
-        for job_id in new:
-            e = estimates[job_id]
-            self.first.setdefault(job_id, (self.jobs[job_id].spec.arrival, self.now, e.p50, e.p90, e.played))
+        for p in new:
+            e = estimates[p.id]
+            self.first.setdefault(p.id, (p.submitted_at, self.now, e.p50, e.p90, e.played))
+            self.groups.setdefault(p.id, group_of(p))
 
     def _arrivals(self) -> Arrivals:
         since = self.now - self.window_s
@@ -89,7 +91,7 @@ class Backtest(Simulation):
             started = self.jobs[i].first_admit
             if played is not None and started is not None:
                 rows.append((at, played, started))
-                groups.append(group_of(as_pending(self.jobs[i])))
+                groups.append(self.groups[i])
         if not rows:
             return Calibration(np.empty(0))
         at, played, started = np.asarray(rows, dtype=float).T

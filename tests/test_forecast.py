@@ -62,7 +62,9 @@ def test_arrivals_bring_no_more_work_than_the_cluster_keeps_busy():
     assert Arrivals(recent, 6 * 3600.0).rate * per_hour == pytest.approx(1.0)
     assert Arrivals(recent, 6 * 3600.0, busy_gpus=8).rate * per_hour == pytest.approx(0.5)  # thinned to 8
     # jobs that run half their estimates bring half the work: 8 busy GPUs keep up with all of them
-    assert Arrivals(recent, 6 * 3600.0, busy_gpus=8).rate_at(0.5) * per_hour == pytest.approx(1.0)
+    assert Arrivals(recent, 6 * 3600.0, busy_gpus=8).rate_at(
+        ForecastConfig(run_time_scale=0.5)
+    ) * per_hour == pytest.approx(1.0)
     assert Arrivals(recent, 6 * 3600.0, busy_gpus=0).rate * per_hour == pytest.approx(1.0)  # nothing to go by
 
 
