@@ -270,6 +270,8 @@ WEBHOOK_BACKOFF_S = env_float("MYRIAD_WEBHOOK_BACKOFF_S", 30.0, minimum=0.0)
 FORECAST_INTERVAL_S = env_int("MYRIAD_FORECAST_INTERVAL_S", 60, minimum=5)
 FORECAST_WINDOW_S = env_int("MYRIAD_FORECAST_WINDOW_S", 6 * 3600, minimum=60)
 FORECAST_HORIZON_S = env_int("MYRIAD_FORECAST_HORIZON_S", 7 * 86400, minimum=3600)
+# --- Job arrays (scheduling.arrays): the most jobs one array submit may create
+ARRAY_MAX_SIZE = env_int("MYRIAD_ARRAY_MAX_SIZE", 100_000, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "forecast-starts": {
         "task": "scheduling.tasks.forecast_starts",

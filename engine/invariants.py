@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from engine.arrays import running_counts
 from engine.placement import Layout, level_limit
 from engine.quota import build_quota_book
 from engine.reasons import PENDING_KINDS
@@ -98,9 +99,23 @@ def check_cycle(
     before_violations = set(build_quota_book(queues, topo.chip_names, running).violations())
     new_violations = set(build_quota_book(queues, topo.chip_names, after).violations()) - before_violations
     problems.extend(sorted(new_violations))
+    problems += _array_problems(running, pending, after, by_id, result)
     if problems:
         raise InvariantViolation("; ".join(problems))
     return after
+
+
+def _array_problems(running, pending, after, by_id, result: CycleResult) -> list[str]:
+    """No admission takes an array past its running limit (an array already past it, after its
+    limit was lowered, may stay there but gains nothing)."""
+    limits = {j.array: j.array_limit for j in pending if j.array is not None and j.array_limit is not None}
+    before, now = running_counts(running), running_counts(after)
+    grew = {by_id[a.job_id].array for a in result.admissions if a.job_id in by_id}
+    return [
+        f"array {array} runs {now.get(array, 0)} jobs, over its limit of {limit}"
+        for array, limit in sorted(limits.items())
+        if array in grew and now.get(array, 0) > max(limit, before.get(array, 0))
+    ]
 
 
 def _decision_problems(running, pending, result: CycleResult) -> list[str]:

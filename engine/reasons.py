@@ -9,13 +9,14 @@ The kinds: ``stopped`` (its queue is stopped), ``quota`` (no quota it may use, n
 ``topology`` (enough free GPUs, but not in one node, rack or pod as the job asks), ``capacity``
 (no datacenter or region with room, or preemption deferred), ``reservation`` (GPUs are held for it
 and expected free, or the only free ones are held for a larger job), ``ordering`` (held behind an
-earlier job of its queue), ``other`` (no such queue, the cycle's start limit). Reasons joined from
+earlier job of its queue), ``array`` (its array runs as many jobs as its ``%N`` limit allows),
+``other`` (no such queue, the cycle's start limit). Reasons joined from
 several chip types ("; ") take the kind and facts of the first: the job's preferred chip type.
 """
 
 from __future__ import annotations
 
-PENDING_KINDS = ("stopped", "quota", "topology", "capacity", "reservation", "ordering", "other")
+PENDING_KINDS = ("stopped", "quota", "topology", "capacity", "reservation", "ordering", "array", "other")
 TOPOLOGY_LEVELS = ("node", "rack", "pod")  # a gang that fits the fleet but not one of these
 _KINDS = frozenset(PENDING_KINDS)
 

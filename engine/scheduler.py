@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from engine import arrays
 from engine.placement import Layout, level_limit
 from engine.reasons import Reason, joined
 from engine.scheduler_config import SchedulerConfig
@@ -48,9 +49,9 @@ __all__ = ["SchedulerConfig", "schedule"]  # SchedulerConfig: where callers find
 
 
 def run(s: CycleState) -> CycleResult:
-    """0. drains; 1. queue heads in order, each held behind its queue's blocked job or
-    scheduled (admission, placement, mixed chips, sharing, shrinking, preemption, reservation);
-    2. growth of elastic jobs into what nobody else could use."""
+    """0. drains; 1. queue heads in order, each held by its array's running limit, behind its
+    queue's blocked job, or scheduled (admission, placement, mixed chips, sharing, shrinking,
+    preemption, reservation); 2. growth of elastic jobs into what nobody else could use."""
     drain(s)
     limit, started = s.config.max_start_gpus, 0
     for qi, job in ordered(s):
@@ -63,7 +64,7 @@ def run(s: CycleState) -> CycleResult:
                 {"started_gpus": started, "limit_gpus": limit},
             )
             continue
-        behind = held_behind(s, qi, job)
+        behind = arrays.limited(s.array_running, s.array_reasons, job) or held_behind(s, qi, job)
         if behind:
             s.result.pending[job.id] = behind
             continue
@@ -71,6 +72,8 @@ def run(s: CycleState) -> CycleResult:
         reason = schedule_job(s, qi, job)
         if reason:
             s.result.pending[job.id] = hold(s, qi, job, reason)
+        elif job.array is not None:
+            s.array_running[job.array] = s.array_running.get(job.array, 0) + 1
         started += sum(len(a.held) for a in s.result.admissions[admitted:])
     if not s.result.start_limited:  # growth takes only what no pending job could use
         grow(s)

@@ -100,6 +100,8 @@ class PendingJob:
     share: int = MILLI  # thousandths of each GPU; below 1000 (with gpus == 1): a shared GPU
     mixed: bool = False  # may be split over several of its allowed chip types
     model: ModelSpec | None = None  # what it trains, for the cost of spanning datacenters
+    array: int | None = None  # the job array it belongs to (engine.arrays)
+    array_limit: int | None = None  # at most this many of the array's jobs run at once
 
     @property
     def fractional(self) -> bool:
@@ -128,6 +130,7 @@ class PendingJob:
             topology=self.topology,
             share=self.share,
             parts=tuple(parts),
+            array=self.array,
         )
 
     @property
@@ -157,6 +160,7 @@ class RunningJob:
     topology: str = "datacenter"
     share: int = MILLI  # thousandths of each of its GPUs it uses (below 1000: a shared GPU)
     parts: tuple[tuple[str, int], ...] = ()  # a mixed-chip job: (chip, GPUs) per chip type
+    array: int | None = None  # the job array it belongs to (counted against the array's limit)
 
     @property
     def fractional(self) -> bool:

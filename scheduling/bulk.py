@@ -133,3 +133,30 @@ def _linked_insert_statement(parent_model, child_model, link: str) -> tuple[str,
     )
     cached = _insert_statements[key] = (sql, parent_fields, others)
     return cached
+
+
+def insert_copies(instance, field: str, values: Sequence[int]) -> None:
+    """Insert one row per value: copies of the unsaved ``instance`` with the integer ``field`` set
+    to each value, in one statement whatever their number (the values travel as one JSON array,
+    the rest of the row once). A 10,000-job array and its submitted events are two statements."""
+    if not len(values):
+        return
+    meta = type(instance)._meta
+    qn = connection.ops.quote_name
+    _, fields = _insert_statement(type(instance))
+    varying = meta.get_field(field)
+    params, selected = [], []
+    pg = connection.vendor == "postgresql"
+    for f, value in zip(fields, _params(instance, fields), strict=True):
+        # PostgreSQL infers no type for a parameter in a SELECT list: each gets its column's
+        kind = f.rel_db_type(connection) if f.is_relation else f.db_type(connection)
+        if f is varying:
+            selected.append(f"(v.value)::{kind}" if pg else "v.value")
+            continue
+        selected.append(f"%s::{kind}" if pg else "%s")
+        params.append(value)
+    source = "jsonb_array_elements_text(%s::jsonb) AS v(value)" if pg else "json_each(%s) AS v"
+    columns = ", ".join(qn(f.column) for f in fields)
+    sql = f"INSERT INTO {qn(meta.db_table)} ({columns}) SELECT {', '.join(selected)} FROM {source}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, json.dumps([int(v) for v in values])])

@@ -10,10 +10,12 @@ class JobFilterSet(filters.FilterSet):
     kind = filters.MultipleChoiceFilter(choices=JobKind.choices)
     min_gpus = filters.NumberFilter(field_name="gpus", lookup_expr="gte")
     max_gpus = filters.NumberFilter(field_name="gpus", lookup_expr="lte")
+    array = filters.NumberFilter(field_name="array_id")
+    array_index = filters.NumberFilter(field_name="array_index")
 
     class Meta:
         model = Job
-        fields = ["queue", "state", "kind", "min_gpus", "max_gpus"]
+        fields = ["queue", "state", "kind", "min_gpus", "max_gpus", "array", "array_index"]
 
 
 class QueueFilterSet(filters.FilterSet):

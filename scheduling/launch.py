@@ -55,6 +55,8 @@ LAUNCH_VARIABLES = frozenset(
         "LOCAL_WORLD_SIZE",
         "CUDA_VISIBLE_DEVICES",
         "MYRIAD_JOB_ID",
+        "MYRIAD_ARRAY_ID",
+        "MYRIAD_ARRAY_INDEX",
         "MYRIAD_GENERATION",
         "MYRIAD_CHECKPOINT_DIR",
         "MYRIAD_CHECKPOINT_REPORT",
@@ -161,6 +163,8 @@ def assignments(node: Node) -> list[dict]:
             MYRIAD_JOB_ID=str(job.pk),
             MYRIAD_GENERATION=p.generation,
         )
+        if job.array_id is not None:  # one job of an array: which one (Slurm's SLURM_ARRAY_TASK_ID)
+            env.update(MYRIAD_ARRAY_ID=str(job.array_id), MYRIAD_ARRAY_INDEX=str(job.array_index))
         requested = job.checkpoint_requested_at
         out.append(
             {

@@ -13,6 +13,7 @@ from django.db.models import Q
 from cluster.models import GPU, ChipType, Node
 from engine import policy as checkpoint_policy
 from engine.workload import DEFAULT_HEAD_WAIT_S
+from scheduling.array_models import JobArray
 from scheduling.choices import (
     CheckpointKind,
     EventKind,
@@ -304,6 +305,11 @@ class Job(models.Model):
     checkpoint_requested_at = models.DateTimeField(
         null=True, blank=True, help_text="An operator asked for a checkpoint now; agents signal the job"
     )
+    # one job of a job array (scheduling.arrays); the unique (array, index) below is its index
+    array = models.ForeignKey(
+        JobArray, null=True, blank=True, on_delete=models.CASCADE, related_name="jobs", db_index=False
+    )
+    array_index = models.PositiveIntegerField(null=True, blank=True, help_text="Its index in its array")
 
     class Meta:
         ordering = ["-id"]
@@ -326,6 +332,16 @@ class Job(models.Model):
                 name="job_mixed_chips_rigid_and_whole",
             ),
             models.CheckConstraint(condition=Q(state__in=JobState.values), name="job_state_valid"),
+            models.UniqueConstraint(
+                fields=["array", "array_index"],
+                condition=Q(array__isnull=False),
+                name="job_one_per_array_index",
+            ),
+            models.CheckConstraint(
+                condition=Q(array__isnull=True, array_index__isnull=True)
+                | Q(array__isnull=False, array_index__isnull=False),
+                name="job_array_has_index",
+            ),
         ]
 
     def __str__(self) -> str:

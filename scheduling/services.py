@@ -84,10 +84,10 @@ def submit_problem(fields: dict) -> tuple[str, str] | None:
     return problem
 
 
-def submit_job(*, now=None, **fields) -> Job:
-    """Submit a job: every caller (API, autoscaler, simulated fleet, management commands) goes
-    through the same checks; a bad field raises SubmitError and writes nothing. ``now``: the
-    clock (default: the wall clock)."""
+def new_job(now=None, **fields) -> Job:
+    """The unsaved pending job that a submit of ``fields`` writes, after the checks every submit
+    path makes (a bad field raises SubmitError): its model's parameters, and its chip types
+    ranked by modelled cost-performance."""
     problem = submit_problem(fields)
     if problem:
         raise SubmitError(*problem)
@@ -103,26 +103,39 @@ def submit_job(*, now=None, **fields) -> Job:
             ranking = ranking_for(fields["model"], fields["gpus"], chips)
             fields["chip_ranking"] = ranking
             fields["chip_types"] = [r["chip"] for r in ranking if r["feasible"]] or chips
-    # The submit path is hot (pipelines submit thousands of jobs): the job and its submitted event
-    # are written by statements built once (one statement on PostgreSQL), not by the ORM anew.
-    job = Job(
+    return Job(
         state=JobState.PENDING,
         submitted_at=now or timezone.now(),
         pending_reason="waiting for the next scheduling cycle",
         **fields,
     )
-    event = JobEvent(
+
+
+def submitted_event(job: Job, reason: str, **data) -> JobEvent:
+    """The (unsaved) event of a job's submit."""
+    return JobEvent(
         kind=EventKind.SUBMITTED,
         at=job.submitted_at,
-        reason=f"submitted to queue {job.queue.name}",
+        reason=reason,
         data={
             "gpus": job.gpus,
             "min_gpus": job.min_gpus,
             "chip_types": job.chip_types,
             "topology": job.topology,
             **({"chip_ranking": job.chip_ranking} if job.chip_ranking else {}),
+            **data,
         },
     )
+
+
+def submit_job(*, now=None, **fields) -> Job:
+    """Submit a job: every caller (API, autoscaler, simulated fleet, management commands) goes
+    through the same checks; a bad field raises SubmitError and writes nothing. ``now``: the
+    clock (default: the wall clock)."""
+    job = new_job(now, **fields)
+    # The submit path is hot (pipelines submit thousands of jobs): the job and its submitted event
+    # are written by statements built once (one statement on PostgreSQL), not by the ORM anew.
+    event = submitted_event(job, f"submitted to queue {job.queue.name}")
     insert_with_child(job, event, "job")  # both rows or neither
     request_cycle()
     return job

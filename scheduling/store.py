@@ -20,7 +20,7 @@ from engine.placement import Layout
 from engine.steptime import ModelSpec, describe_ranking
 from engine.workload import PendingJob, QueueSpec, RunningJob
 from scheduling.choices import JobState
-from scheduling.models import Allocation, Job, Queue
+from scheduling.models import Allocation, Job, JobArray, Queue
 
 
 def _ts(value: datetime | None) -> float | None:
@@ -320,6 +320,7 @@ def load_running() -> list[RunningJob]:
             "topology",
             "share",
             "mixed_chips",
+            "array_id",
         )
     )
     pairs = allocations.active_pairs()  # also with nothing running: the cycle then carries it over
@@ -333,7 +334,7 @@ def load_running() -> list[RunningJob]:
     running = []
     for row, lo, hi in zip(jobs, bounds, ends, strict=True):
         job_id, queue, chip, priority, started, duration, checkpoint = row[:7]
-        low, high, step, topology, share, mixed = row[7:]
+        low, high, step, topology, share, mixed, array = row[7:]
         gpus = gpu_index[lo:hi]
         parts = _parts(snapshot_chips, gpus) if mixed else ()
         start = _ts(started) or 0.0
@@ -353,6 +354,7 @@ def load_running() -> list[RunningJob]:
                 topology=topology,
                 share=share,
                 parts=parts,
+                array=array,
             )
         )
     return running
@@ -374,7 +376,7 @@ def load_pending(now: datetime | None = None) -> tuple[list[PendingJob], dict[in
     """Pending jobs in one plain query (10,000 of them are normal on a busy cluster); submit times
     come back as epoch seconds so no row needs a datetime object. Returns the jobs, their current
     reasons, and the chip ranking to show in the reason of jobs whose chip types were ranked."""
-    job, queue = Job._meta.db_table, Queue._meta.db_table
+    job, queue, array = Job._meta.db_table, Queue._meta.db_table, JobArray._meta.db_table
     if connection.vendor == "postgresql":
         epoch = "EXTRACT(EPOCH FROM j.submitted_at)::float8"
         as_text = "::text"  # JSON as text: most jobs share a handful of chip lists, parsed once each
@@ -385,8 +387,9 @@ def load_pending(now: datetime | None = None) -> tuple[list[PendingJob], dict[in
         cursor.execute(
             f"SELECT j.id, q.name, j.gpus, j.priority, j.chip_types{as_text}, j.topology, {epoch}, "
             f"j.estimated_duration_s, j.pending_reason, j.min_gpus, j.size_step, j.share, j.mixed_chips, "
-            f"j.chip_ranking{as_text}, CASE WHEN j.topology IN ('region', 'any') THEN j.model{as_text} END "
-            f"FROM {job} j JOIN {queue} q ON q.id = j.queue_id "
+            f"j.chip_ranking{as_text}, CASE WHEN j.topology IN ('region', 'any') THEN j.model{as_text} END, "
+            f"j.array_id, a.max_running "
+            f"FROM {job} j JOIN {queue} q ON q.id = j.queue_id LEFT JOIN {array} a ON a.id = j.array_id "
             f"WHERE j.state = %s AND (j.requeue_at IS NULL OR j.requeue_at <= %s)",
             [JobState.PENDING.value, connection.ops.adapt_datetimefield_value(now or timezone.now())],
         )
@@ -396,7 +399,7 @@ def load_pending(now: datetime | None = None) -> tuple[list[PendingJob], dict[in
     models: dict[str, ModelSpec | None] = {}  # of jobs that may span datacenters: the cost of doing so
     for row in rows:
         job_id, queue_name, gpus, priority, chips_text, topology, submitted, duration, reason = row[:9]
-        low, step, share, mixed, ranking, model_text = row[9:]
+        low, step, share, mixed, ranking, model_text, array_id, array_limit = row[9:]
         chips = chip_lists.get(chips_text)
         if chips is None:
             chips = chip_lists[chips_text] = tuple(json.loads(chips_text) or ())
@@ -419,6 +422,8 @@ def load_pending(now: datetime | None = None) -> tuple[list[PendingJob], dict[in
                 share,
                 bool(mixed),
                 _model(models, model_text) if model_text else None,
+                array_id,
+                array_limit,
             )
         )
         reasons[job_id] = reason

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine import arrays
 from engine.placement import FreePool, Layout
 from engine.pools import Pools
 from engine.quota import build_quota_book
@@ -92,6 +93,8 @@ class CycleState:
         self.started: list[RunningJob] = []  # admitted this cycle, as running jobs
         # queue index -> the job its later jobs wait behind (engine.steps.ordering.QueueHold)
         self.queue_holds: dict = {}
+        self.array_running = arrays.running_counts(self.running)  # array id -> its jobs running
+        self.array_reasons: dict = {}  # array id -> why its jobs past the limit wait (engine.arrays)
         self.first_blocked: set[int] = set()  # queues whose first blocked job was seen
         self.quota_blocked = False  # the last job scheduled was refused by quota on every chip
         self.borrow_blocked: Reason | None = (

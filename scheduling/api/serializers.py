@@ -252,6 +252,12 @@ class JobSerializer(serializers.ModelSerializer):
         default=dict,
         help_text="Extra environment variables for the command",
     )
+    array = serializers.CharField(
+        write_only=True,
+        required=False,
+        max_length=4096,
+        help_text='Submit a job array: one job per index, e.g. "0-9999%500" (at most 500 running at once)',
+    )
 
     class Meta:
         model = Job
@@ -293,6 +299,9 @@ class JobSerializer(serializers.ModelSerializer):
             "start_failures",
             "requeue_at",
             "webhook_url",
+            "array",
+            "array_id",
+            "array_index",
         ]
         read_only_fields = [
             "launched_generation",
@@ -310,7 +319,11 @@ class JobSerializer(serializers.ModelSerializer):
             "allocated_gpus",
             "plan",
             "chip_ranking",
+            "array_id",
+            "array_index",
         ]
+        # (array, array_index) is unique, but arrays are numbered by the server, never by a body
+        validators: list = []
 
     def validate_webhook_url(self, value):
         return validate_webhook_url(value)

@@ -2,13 +2,14 @@
 
 from django.urls import path
 
-from scheduling.api import views
+from scheduling.api import array_views, views
 
 routes = [
     ("checkpoint-policies", views.CheckpointPolicyViewSet),
     ("cohorts", views.CohortViewSet),
     ("queues", views.QueueViewSet),
     ("jobs", views.JobViewSet),
+    ("arrays", array_views.JobArrayViewSet),
     ("services", views.InferenceServiceViewSet),
 ]
 urlpatterns = [

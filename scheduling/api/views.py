@@ -20,7 +20,9 @@ from cluster.fields import FieldError
 from cluster.permissions import RolePermission, node_of
 from scheduling import chargeback, filtersets, history, webhooks
 from scheduling.api import serializers as s
+from scheduling.api.array_views import JobArraySerializer
 from scheduling.api.service_serializers import InferenceServiceSerializer
+from scheduling.arrays import submit_array
 from scheduling.choices import ACTIVE_STATES
 from scheduling.ettr import cluster_ettr
 from scheduling.inference import autoscale, save_service, stop_service
@@ -144,12 +146,22 @@ class JobViewSet(
             qs = qs.prefetch_related("events")
         return qs
 
-    def perform_create(self, serializer):
+    def create(self, request, *args, **kwargs):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        fields = dict(serializer.validated_data)
+        spec = fields.pop("array", None)
         # the rules every submit path follows are submit_job's: a broken one is a 400 naming the field
         try:
-            serializer.instance = submit_job(owner=self.request.user, **serializer.validated_data)
+            if spec is not None:  # a job array: one job per index, answered with the array
+                array = submit_array(spec, owner=request.user, **fields)
+                data = JobArraySerializer(array, context=self.get_serializer_context()).data
+                where = {"Location": f"/api/v1/arrays/{array.pk}/"}
+                return Response(data, status=status.HTTP_201_CREATED, headers=where)
+            serializer.instance = submit_job(owner=request.user, **fields)
         except SubmitError as exc:
             raise ValidationError({exc.field: [exc.message]}) from exc
+        return Response(serializer.data, status=status.HTTP_201_CREATED)
 
     def _act(self, request, name: str):
         job = self.get_object()
