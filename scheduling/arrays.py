@@ -14,9 +14,9 @@ from django.utils import timezone
 from engine import arrays
 from engine.lifecycle import JOB_ACTIONS
 from scheduling.bulk import insert_copies, update_rows
-from scheduling.choices import EventKind, JobState
+from scheduling.choices import JobState
 from scheduling.models import Allocation, Job, JobArray, JobEvent
-from scheduling.services import SubmitError, new_job, submitted_event
+from scheduling.services import ACTION_EVENTS, SubmitError, new_job, reason_after, submitted_event
 from scheduling.trigger import assignments_changed, request_cycle
 
 # array action -> (the job action it takes, the states it takes it from)
@@ -25,7 +25,6 @@ ACTIONS = {
     "hold": ("suspend", frozenset({JobState.PENDING.value})),  # running jobs keep running (Slurm's hold)
     "release": ("resume", JOB_ACTIONS["resume"][0]),
 }
-_EVENTS = {"cancel": EventKind.CANCELLED, "suspend": EventKind.SUSPENDED, "resume": EventKind.RESUMED}
 _CHUNK = 10_000  # ids per IN (...) list
 
 
@@ -98,15 +97,11 @@ def act(array: JobArray, name: str, *, indices: str | None = None, actor="", rea
             freed += Allocation.objects.filter(job_id__in=chunk, active=True).update(
                 active=False, released_at=now
             )
-    pending_reason = {
-        "cancel": "",
-        "suspend": f"held by {actor}" if actor else "held",
-        "resume": "waiting for the next scheduling cycle",
-    }[action]
+    pending_reason = reason_after(target, actor)
     finished = connection.ops.adapt_datetimefield_value(now) if target == JobState.CANCELLED else None
     fields = ["state", "pending_reason", "pending_kind", "finished_at", "started_at", "allocated_gpus"]
     update_rows(Job, fields, [(i, target, pending_reason, "", finished, None, 0) for i in ids])
-    event = JobEvent(kind=_EVENTS[action], at=now, reason=text, data={"array": array.pk, "by": actor})
+    event = JobEvent(kind=ACTION_EVENTS[action], at=now, reason=text, data={"array": array.pk, "by": actor})
     insert_copies(event, "job", ids)
     if freed or action == "resume":
         request_cycle()

@@ -192,6 +192,23 @@ def durable_checkpoint(job: Job, at, kind) -> Checkpoint:
     return Checkpoint(job=job, at=at, progress_s=job.progress_s, kind=kind, durable=True, size_bytes=size)
 
 
+# a job action -> the event it writes
+ACTION_EVENTS = {
+    "cancel": EventKind.CANCELLED,
+    "suspend": EventKind.SUSPENDED,
+    "resume": EventKind.RESUMED,
+    "finish": EventKind.FINISHED,
+    "fail": EventKind.FAILED,
+}
+
+
+def reason_after(state: str, actor: str = "") -> str:
+    """A job's pending reason once an action has moved it to ``state``."""
+    if state == JobState.SUSPENDED:
+        return f"suspended by {actor}" if actor else "suspended"
+    return "waiting for the next scheduling cycle" if state == JobState.PENDING else ""
+
+
 @transaction.atomic
 def change_state(job_id: int, action: str, *, actor: str = "", reason: str = "", now=None) -> Job:
     """An operator's or a node's action on a job (engine.lifecycle.JOB_ACTIONS), with its event;
@@ -202,21 +219,10 @@ def change_state(job_id: int, action: str, *, actor: str = "", reason: str = "",
     text = reason or f"{action} by {actor}" if actor else reason
     freed = Allocation.objects.filter(job=job, active=True).update(active=False, released_at=now)
     data = {"gpus_released": freed, "by": actor} if actor else {"gpus_released": freed}
-    kind = {
-        "cancel": EventKind.CANCELLED,
-        "suspend": EventKind.SUSPENDED,
-        "resume": EventKind.RESUMED,
-        "finish": EventKind.FINISHED,
-        "fail": EventKind.FAILED,
-    }[action]
+    kind = ACTION_EVENTS[action]
     if job.state in (JobState.CANCELLED, JobState.FINISHED, JobState.FAILED):
         job.finished_at = now
-    if job.state == JobState.SUSPENDED:
-        job.pending_reason = f"suspended by {actor}" if actor else "suspended"
-    elif job.state == JobState.PENDING:
-        job.pending_reason = "waiting for the next scheduling cycle"
-    else:
-        job.pending_reason = ""
+    job.pending_reason = reason_after(job.state, actor)
     job.pending_kind = ""  # the next cycle says what a pending job waits for
     job.started_at = job.started_at if action in ("finish", "fail") else None
     job.allocated_gpus = 0
