@@ -40,6 +40,7 @@ from scheduling.models import (
     Cohort,
     InferenceService,
     Job,
+    JobArray,
     Queue,
 )
 from scheduling.services import (
@@ -71,6 +72,10 @@ def jobs(request):
         qs = qs.filter(state=state)
     if queue:
         qs = qs.filter(queue__name=queue)
+    asked = request.GET.get("array", "").strip()
+    array = _array_of(asked)
+    if asked:  # an array that does not exist has no jobs
+        qs = qs.filter(array=array) if array is not None else qs.none()
     page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
     for job in page:
         job.expected = expected_start(job)  # the API's rule: a pending job's, once played
@@ -82,6 +87,7 @@ def jobs(request):
             "state": state,
             "queue": queue,
             "kind": kind,
+            "array": array,
             "kinds": JobKind.values,
             "states": ["active", *JobState.values, "all"],
             "queues": Queue.objects.values_list("name", flat=True),
@@ -89,9 +95,16 @@ def jobs(request):
     )
 
 
+def _array_of(text: str) -> JobArray | None:
+    """The job array an ``array`` filter names; none when it is empty or names no array."""
+    if not text.isdigit():
+        return None
+    return JobArray.objects.select_related("queue").filter(pk=int(text)).first()
+
+
 @viewer_page
 def job_detail(request, pk: int):
-    job = get_object_or_404(Job.objects.select_related("queue", "chip", "forecast"), pk=pk)
+    job = get_object_or_404(Job.objects.select_related("queue", "chip", "forecast", "array"), pk=pk)
     if request.method == "POST":
         form = JobActionForm(request.POST)
         action = request.POST.get("action", "")

@@ -4,6 +4,7 @@ and the array cancelled, held and released as one or an index at a time."""
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth.models import User
 
 from engine import arrays
 from engine.workload import PendingJob, QueueSpec
@@ -98,6 +99,13 @@ def test_one_submit_makes_an_array_whose_limit_the_cycle_keeps(
     assert detail["states"]["running"] == 3 and detail["states"]["pending"] == 7
     page = operator_client.get("/api/v1/arrays/").json()
     assert page["results"][0]["states"] == detail["states"]
+    # the pages: the jobs list of one array, and the array on a job's page
+    operator_client.force_login(User.objects.get(username="otto-operator"))
+    html = operator_client.get("/jobs/", {"array": array["id"], "state": "all"}).content.decode()
+    assert "10 jobs · page 1" in html and "0-9%3: 10 jobs, at most 3 running at once" in html
+    assert "0 jobs · page 1" in operator_client.get("/jobs/", {"array": 99999}).content.decode()
+    html = operator_client.get(f"/jobs/{waiting.pk}/").content.decode()
+    assert f"Index {waiting.array_index} of job array" in html and "sweep" in html
 
 
 def test_cancelling_one_running_index_frees_its_gpus_and_the_next_index_starts(

@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,8 @@ LAUNCH_VARIABLES = (
     "CUDA_VISIBLE_DEVICES",
     "MYRIAD_JOB_ID",
     "MYRIAD_CHECKPOINT_DIR",
+    "MYRIAD_ARRAY_ID",
+    "MYRIAD_ARRAY_INDEX",
 )
 # a job: prints its launch environment, writes its pid, then sleeps SLEEP seconds and exits CODE
 JOB = (
@@ -286,6 +289,45 @@ def test_a_failing_command_fails_the_job_with_its_exit_code(cluster):
     assert detail["state"] == "failed"
     reason = next(e["reason"] for e in detail["events"] if e["kind"] == "failed")
     assert "exit code 7" in reason and "bye" in reason
+
+
+def test_an_arrays_jobs_run_at_most_its_limit_at_once_and_each_reads_its_index(cluster):
+    _, api, _ = cluster
+    status, array = api.call(
+        "POST",
+        "/api/v1/jobs/",
+        {
+            "queue": "pretrain",
+            "gpus": GPUS_PER_NODE,
+            "chip_types": ["H100-SXM"],
+            "topology": "node",
+            "command": JOB,
+            "env": {"SLEEP": "2", "CODE": "0"},
+            "array": "0-3%2",
+        },
+    )
+    assert status == 201 and array["size"] == 4 and array["max_running"] == 2, array
+
+    def all_ended():
+        jobs = api.get(f"/api/v1/jobs/?array={array['id']}&ordering=id")["results"]
+        return jobs if len(jobs) == 4 and all(j["state"] in ("finished", "failed") for j in jobs) else None
+
+    jobs = wait_for("every job of the array to end", all_ended, timeout=120)
+    assert [j["array_index"] for j in jobs] == [0, 1, 2, 3]
+    spans = []
+    for job in jobs:
+        detail = api.get(f"/api/v1/jobs/{job['id']}/")
+        assert detail["state"] == "finished", detail["pending_reason"]
+        printed = dict(kv.split("=", 1) for kv in detail["processes"][0]["log_tail"].splitlines()[0].split())
+        assert printed["MYRIAD_ARRAY_ID"] == str(array["id"])
+        assert printed["MYRIAD_ARRAY_INDEX"] == str(job["array_index"])
+        spans.append(
+            (datetime.fromisoformat(detail["started_at"]), datetime.fromisoformat(detail["finished_at"]))
+        )
+    # four nodes were free, but never more than two of the array's jobs ran at once (its %2)
+    at_once = max(sum(1 for s, f in spans if s <= t < f) for t, _ in spans)
+    assert at_once == 2
+    assert api.get(f"/api/v1/arrays/{array['id']}/")["states"]["finished"] == 4
 
 
 def test_cancel_and_preemption_kill_the_real_processes(cluster):

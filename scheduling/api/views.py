@@ -6,7 +6,7 @@ from django.db import transaction
 from django.http import HttpResponse
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
@@ -146,6 +146,16 @@ class JobViewSet(
             qs = qs.prefetch_related("events")
         return qs
 
+    @extend_schema(
+        request=s.JobSerializer,
+        responses={
+            201: PolymorphicProxySerializer(
+                component_name="SubmittedJobOrArray",
+                serializers=[s.JobSerializer, JobArraySerializer],
+                resource_type_field_name=None,  # a job, or with ``array`` the array of its jobs
+            )
+        },
+    )
     def create(self, request, *args, **kwargs):
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
