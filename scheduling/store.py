@@ -7,7 +7,6 @@ through ``allocations`` (one object, cached across cycles) and the placement lay
 
 from __future__ import annotations
 
-import itertools
 import json
 from datetime import datetime
 
@@ -166,23 +165,20 @@ class AllocationStore:
                 ):
                     copy.write(block)
             else:
-                # one timestamp, adapted once as the ORM would (not 100,000 datetime conversions),
-                # and the id columns from numpy (no Python tuple built per GPU)
+                # one statement per share (whole GPUs: one): the GPU ids travel as one JSON object
+                # of job id -> GPU ids that SQLite unpacks itself, three times faster than an
+                # executemany of one tuple per GPU. The timestamp is adapted once, as the ORM would.
                 stamp = connection.ops.adapt_datetimefield_value(now)
-                pairs = rows.pairs()
-                share = np.repeat([shares.get(j, 1000) for j in rows.jobs], [len(g) for g in rows.gpus])
-                cursor.executemany(
-                    f"INSERT INTO {table} {columns} VALUES (%s, %s, %s, %s, %s)",
-                    list(  # a list: Django's debug cursor counts the rows
-                        zip(
-                            pairs[:, 0].tolist(),
-                            pairs[:, 1].tolist(),
-                            itertools.repeat(True),
-                            share.tolist(),
-                            itertools.repeat(stamp),
-                        )
-                    ),
-                )
+                by_share: dict[int, dict[str, list[int]]] = {}
+                for j, gpus in zip(rows.jobs, rows.gpus, strict=True):
+                    doc = by_share.setdefault(shares.get(j, 1000), {})
+                    doc.setdefault(str(j), []).extend(gpus.tolist())
+                for share, doc in by_share.items():
+                    cursor.execute(
+                        f"INSERT INTO {table} {columns} SELECT CAST(j.key AS INTEGER), g.value, 1, %s, %s "
+                        "FROM json_each(%s) AS j, json_each(j.value) AS g",
+                        [share, stamp, json.dumps(doc)],
+                    )
 
     def release(self, now: datetime, *, jobs=None, job=None, gpu_ids=None) -> int:
         """Release the active allocations of ``jobs`` (ids), or of ``job`` (optionally only on
