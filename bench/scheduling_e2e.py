@@ -68,6 +68,69 @@ def _start_worker(tmp: Path) -> subprocess.Popen:
     return worker
 
 
+def _cycle_times(log: Path) -> list[float]:
+    """Each cycle's whole time, commit included, as the worker logged it (ms)."""
+    return [float(m) for m in re.findall(r"; ([\d.]+) ms in all", log.read_text())]
+
+
+def _arrays_phase(client, chips, tmp: Path, total: int) -> dict:
+    """Everything ended, then 100,000 one-GPU jobs submitted as 10 arrays of 10,000 (any chip
+    type) with the worker running: time from the first submit until all of them run, the array
+    submits' times and the cycles' times meanwhile."""
+    from django.utils import timezone
+
+    from scheduling.models import Allocation, Job, Queue, QueueQuota
+
+    now = timezone.now()
+    Allocation.objects.filter(active=True).update(active=False, released_at=now)
+    Job.objects.exclude(state__in=["finished", "cancelled"]).update(state="cancelled", finished_at=now)
+    queue = Queue.objects.create(name="sweeps", may_use_spares=True)  # every GPU, the spares too
+    QueueQuota.objects.bulk_create(
+        QueueQuota(queue=queue, chip_type=c, nominal=total) for c in chips.values()
+    )
+    log = tmp / "worker.log"
+    log.unlink(missing_ok=True)
+    worker = _start_worker(tmp)
+    figures: dict = {}
+    try:
+        t0 = time.perf_counter()
+        submits = []
+        for i in range(10):
+            s0 = time.perf_counter()
+            body = {
+                "queue": "sweeps",
+                "gpus": 1,
+                "chip_types": list(chips),
+                "array": "0-9999",
+                "name": f"sweep-{i}",
+            }
+            response = client.post("/api/v1/jobs/", body, format="json")
+            submits.append(time.perf_counter() - s0)
+            if response.status_code != 201:
+                raise SystemExit(f"array submit failed: {response.status_code} {response.content[:300]}")
+        running = 0
+        while time.perf_counter() - t0 < 300:
+            running = Job.objects.filter(state="running", queue=queue).count()
+            if running >= 100_000:
+                break
+            time.sleep(0.1)
+        elapsed = time.perf_counter() - t0
+        figures["array_100k_all_running_s"] = round(elapsed, 2) if running >= 100_000 else None
+        figures["array_100k_running"] = running
+        figures["array_starts_per_s"] = round(running / elapsed, 1)
+        figures["array_10k_submit_s"] = round(float(np.median(submits)), 3)
+        figures["array_10k_submit_max_s"] = round(max(submits), 3)
+        time.sleep(1.0)
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    cycles = [ms for ms in _cycle_times(log) if ms > 0] or [0.0]
+    figures["array_cycles"] = len(cycles)
+    figures["array_cycle_p50_ms"] = round(float(np.percentile(cycles, 50)), 1)
+    figures["array_cycle_p99_ms"] = round(float(np.percentile(cycles, 99)), 1)
+    return figures
+
+
 def child() -> dict:
     setup_django()
     from django.core.management import call_command
@@ -130,8 +193,7 @@ def child() -> dict:
         worker.terminate()
         worker.wait(30)
     # the worker logs each cycle's whole time, commit included
-    fill_cycles = [float(m) for m in re.findall(r"; ([\d.]+) ms in all", (tmp / "worker.log").read_text())]
-    fill_cycles = [ms for ms in fill_cycles if ms > 0] or [0.0]
+    fill_cycles = [ms for ms in _cycle_times(tmp / "worker.log") if ms > 0] or [0.0]
     figures["fill_cycles"] = len(fill_cycles)
     figures["fill_cycle_p50_ms"] = round(float(np.percentile(fill_cycles, 50)), 1)
     figures["fill_cycle_p99_ms"] = round(float(np.percentile(fill_cycles, 99)), 1)
@@ -201,6 +263,7 @@ def child() -> dict:
     finally:
         worker.terminate()
         worker.wait(30)
+    figures.update(_arrays_phase(client, chips, tmp, total))
     events = dict(JobEvent.objects.values_list("kind").annotate(n=Count("id")))
     figures["events_recorded"] = sum(events.values())
     return figures

@@ -16,6 +16,8 @@ served it (``tests/test_machine_api.py`` sends the same requests both ways).
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qsl, urlencode
 
@@ -23,6 +25,7 @@ from django.conf import settings
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.base import BaseHandler
+from django.http import HttpResponse
 from django.urls import set_script_prefix
 
 from scheduling.trigger import assignments_version
@@ -41,13 +44,21 @@ BROWSER_MIDDLEWARE = frozenset(
 SCHEMES = (b"token ", b"node ")
 
 
+def _scheme(scope) -> bytes | None:
+    """The request's authorization scheme, lowercased with its space (b"token "), or None."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            for scheme in SCHEMES:
+                if value[: len(scheme)].lower() == scheme:
+                    return scheme
+            return None
+    return None
+
+
 def machine_request(scope) -> bool:
     if scope["type"] != "http" or not scope["path"].startswith("/api/"):
         return False
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            return value[:5].lower() in SCHEMES or value[:6].lower() in SCHEMES
-    return False
+    return _scheme(scope) is not None
 
 
 POLL_PATH = "/api/v1/agent/assignments/"
@@ -137,14 +148,45 @@ class _Handler(ASGIHandler):
         return response, content
 
 
+RETRY_AFTER_S = 1
+
+
+def busy(why: str) -> HttpResponse:
+    """The answer to a request the server sheds: 503 with Retry-After, and nothing done."""
+    body = json.dumps(
+        {"detail": f"the server is busy ({why}); nothing was done: retry after {RETRY_AFTER_S} s"}
+    )
+    response = HttpResponse(body, status=503, content_type="application/json")
+    response["Retry-After"] = str(RETRY_AFTER_S)
+    return response
+
+
 class MachineApi:
-    """ASGI middleware: machine clients' API requests on the short path, the rest to ``app``."""
+    """ASGI middleware: machine clients' API requests on the short path, the rest to ``app``.
+
+    Overload sheds instead of queueing: a tenant's request (``Token``) that finds
+    ``MYRIAD_API_MAX_IN_FLIGHT`` of them already waiting or running in this process, or that
+    waited ``MYRIAD_API_QUEUE_TIMEOUT_S`` for a thread, is answered 503 with ``Retry-After`` at
+    once and changes nothing, so the requests the server does take keep their latency. The node
+    agents' calls (``Node``) are never shed: their number is bounded by the nodes, and the agents'
+    reports are the control plane's own data."""
 
     def __init__(self, app):
         self.app = app
         self.handler = _Handler()
         self.pool = ThreadPoolExecutor(settings.API_THREADS, thread_name_prefix="machine-api")
         self.watch = _VersionWatch(self.pool)
+        self.in_flight = 0  # tenants' requests waiting for or on a pool thread (event loop only)
+        self.shed = {"in_flight": 0, "queue_timeout": 0}  # requests shed since start, by rule
+
+    def _serve_in_time(self, scope, body_file, queued_at: float | None):
+        """Serve on a pool thread, unless the request waited past the queue timeout for it."""
+        if queued_at is not None and time.monotonic() - queued_at > settings.API_QUEUE_TIMEOUT_S:
+            self.shed["queue_timeout"] += 1
+            body_file.close()
+            response = busy(f"waited over {settings.API_QUEUE_TIMEOUT_S:g} s for a thread")
+            return response, response.content
+        return self.handler.serve(scope, body_file)
 
     async def __call__(self, scope, receive, send):
         if not machine_request(scope):
@@ -159,7 +201,24 @@ class MachineApi:
             await self.watch.wait(*poll)
             query = dict(parse_qsl(scope["query_string"].decode("latin-1")))
             scope = {**scope, "query_string": urlencode({**query, "wait": "0"}).encode()}
-        response, content = await loop.run_in_executor(self.pool, self.handler.serve, scope, body_file)
+        sheddable = poll is None and _scheme(scope) == b"token "
+        if not sheddable:
+            response, content = await loop.run_in_executor(
+                self.pool, self._serve_in_time, scope, body_file, None
+            )
+        elif self.in_flight >= settings.API_MAX_IN_FLIGHT:
+            self.shed["in_flight"] += 1
+            body_file.close()
+            response = busy(f"{self.in_flight} requests ahead in this server process")
+            content = response.content
+        else:
+            self.in_flight += 1
+            try:
+                response, content = await loop.run_in_executor(
+                    self.pool, self._serve_in_time, scope, body_file, time.monotonic()
+                )
+            finally:
+                self.in_flight -= 1
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
         cookies = response.cookies.values()
         headers += [(b"Set-Cookie", c.output(header="").encode("ascii").strip()) for c in cookies]

@@ -213,6 +213,9 @@ CYCLE_BUDGET_S = env_float("MYRIAD_CYCLE_BUDGET_S", 2.0, minimum=0.01)
 # worst cycle at 100k GPUs near half a second and fills an empty 100k cluster in two cycles
 # (README, Benchmarks).
 CYCLE_MAX_START_GPUS = env_int("MYRIAD_CYCLE_MAX_START_GPUS", 50_000, minimum=0)
+# jobs one scheduling cycle may start (0: no limit); each cycle also reads no more than this many
+# pending jobs of one job array, so a 100,000-job array costs a cycle what its first jobs do
+CYCLE_MAX_STARTS = env_int("MYRIAD_CYCLE_MAX_STARTS", 1_000, minimum=0)
 # gangs that may span datacenters (topology region or any) do so "never", "whenever" one datacenter
 # does not hold them, or when it "pays": the wait saved beats the modelled slowdown x duration by
 # this margin (engine.sites); placements take a datacenter link up to this share of its capacity
@@ -254,6 +257,10 @@ AGENT_INGEST_THREADS = env_int("MYRIAD_AGENT_INGEST_THREADS", 8, minimum=1)
 # threads per server process that serve machine clients' API calls (config.machine_api; each keeps its
 # database connection)
 API_THREADS = env_int("MYRIAD_API_THREADS", 4, minimum=1)
+# past capacity a tenant's API call is shed (503 + Retry-After) rather than queued: when this many
+# wait or run in one server process, or when it waited this long for a thread (config.machine_api)
+API_MAX_IN_FLIGHT = env_int("MYRIAD_API_MAX_IN_FLIGHT", 64, minimum=1)
+API_QUEUE_TIMEOUT_S = env_float("MYRIAD_API_QUEUE_TIMEOUT_S", 0.5, minimum=0.01)
 LAUNCH_READY_TIMEOUT_S = env_int("MYRIAD_LAUNCH_READY_TIMEOUT_S", 300, minimum=5)
 LAUNCH_FAILURE_LIMIT = env_int("MYRIAD_LAUNCH_FAILURE_LIMIT", 5, minimum=1)
 SIMULATION_LEASE_S = env_int("MYRIAD_SIMULATION_LEASE_S", 120, minimum=2)

@@ -54,16 +54,22 @@ def run(s: CycleState) -> CycleResult:
     preemption, reservation); 2. growth of elastic jobs into what nobody else could use."""
     drain(s)
     limit, started = s.config.max_start_gpus, 0
+    most = s.config.max_starts
     for qi, job in ordered(s):
         s.result.considered += 1
-        if limit is not None and started >= limit:
+        if (limit is not None and started >= limit) or (
+            most is not None and len(s.result.admissions) >= most
+        ):
+            # every job not yet decided waits for the next cycle, whatever its order: say so
+            # without ordering the rest
             s.result.start_limited = True
-            s.result.pending[job.id] = Reason(
-                f"waiting for the next cycle: this one started {started} GPUs, its limit is {limit}",
-                "other",
-                {"started_gpus": started, "limit_gpus": limit},
-            )
-            continue
+            reason = start_limit_reason(started, limit, len(s.result.admissions), most)
+            starting = {a.job_id for a in s.result.admissions}
+            for other in s.pending:
+                if other.id not in starting and other.id not in s.result.pending:
+                    s.result.pending[other.id] = reason
+                    s.result.considered += other.id != job.id
+            break
         behind = arrays.limited(s.array_running, s.array_reasons, job) or held_behind(s, qi, job)
         if behind:
             s.result.pending[job.id] = behind
@@ -78,6 +84,15 @@ def run(s: CycleState) -> CycleResult:
     if not s.result.start_limited:  # growth takes only what no pending job could use
         grow(s)
     return s.result
+
+
+def start_limit_reason(started: int, limit: int | None, jobs: int, most: int | None) -> Reason:
+    if most is not None and jobs >= most:
+        text = f"waiting for the next cycle: this one started {jobs} jobs, its limit is {most}"
+    else:
+        text = f"waiting for the next cycle: this one started {started} GPUs, its limit is {limit}"
+    facts = {"started_gpus": started, "limit_gpus": limit, "started_jobs": jobs, "limit_jobs": most}
+    return Reason(text, "other", facts)
 
 
 def schedule_job(s: CycleState, qi: int, job: PendingJob) -> Reason | None:

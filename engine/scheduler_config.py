@@ -13,6 +13,10 @@ class SchedulerConfig:
     # GPUs one cycle may start (None: no limit); the jobs after it wait for the next cycle, which
     # the caller runs at once. It bounds a cycle's writes (like Slurm's sched_max_job_start).
     max_start_gpus: int | None = None
+    # jobs one cycle may start (None: no limit): a stream of small jobs (arrays) keeps each cycle
+    # short and the next one follows at once; the caller reads no more than this many pending jobs
+    # of one array per cycle (scheduling.store.load_pending's window)
+    max_starts: int | None = None
     # gangs allowed to span datacenters (topology region or any): "never", "whenever" no single
     # datacenter holds them, or when it "pays" (engine.sites); the margin the wait saved must
     # beat the time lost by (the share of a link placements may take is the links' own setting)

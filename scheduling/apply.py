@@ -16,7 +16,7 @@ from cluster.services import mark_drained
 from engine.reasons import Reason
 from engine.workload import CycleResult
 from scheduling import sites
-from scheduling.bulk import update_rows
+from scheduling.bulk import insert_plain, update_rows
 from scheduling.checkpoints import job_policy
 from scheduling.choices import EventKind, JobState
 from scheduling.models import Checkpoint, Job, JobEvent
@@ -105,7 +105,7 @@ def apply_decisions(
         if job_id in result.pending:
             result.pending[job_id] = result.pending[job_id].but(f" ({ranking})", ranked=ranking)
     update_rows(Job, ["pending_reason", "pending_kind"], reasons.changed(result.pending, old_reasons))
-    JobEvent.objects.bulk_create(events, batch_size=1000)
+    insert_plain(events)
 
     # 5. draining nodes left empty are drained
     if result.drained:

@@ -52,6 +52,12 @@ def submit_array(spec: str, *, now=None, **fields) -> JobArray:
         submitted_at=job.submitted_at,
     )
     job.array, job.array_index = array, 0
+    if settings.CYCLE_MAX_STARTS:  # until the cycle's window reaches them (scheduling.store)
+        job.pending_reason = (
+            f"waiting behind the earlier jobs of array {array.pk}: a cycle considers its first "
+            f"{settings.CYCLE_MAX_STARTS} pending jobs"
+        )
+        job.pending_kind = "array"
     insert_copies(job, "array_index", parsed.indices)
     ids = list(Job.objects.filter(array=array).order_by("id").values_list("id", flat=True))
     reason = f"submitted to queue {job.queue.name} in array {array.pk} ({parsed.text})"

@@ -160,3 +160,47 @@ def insert_copies(instance, field: str, values: Sequence[int]) -> None:
     sql = f"INSERT INTO {qn(meta.db_table)} ({columns}) SELECT {', '.join(selected)} FROM {source}"
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, json.dumps([int(v) for v in values])])
+
+
+def insert_plain(objects: Sequence) -> None:
+    """Insert new instances of one model whose fields hold plain values (numbers, text, dates,
+    JSON of plain values), in one statement: the rows travel as one JSON document that the
+    database unpacks itself. Thousands of a cycle's events cost a few milliseconds, where
+    ``bulk_create`` prepares every field of every row in Python. No ids are set on the objects."""
+    if not objects:
+        return
+    model = type(objects[0])
+    meta = model._meta
+    qn = connection.ops.quote_name
+    _, fields = _insert_statement(model)
+    pg = connection.vendor == "postgresql"
+    stamps: dict = {}  # a cycle's objects share a handful of timestamps: adapt each once
+
+    def stamp(value):
+        if value is None:
+            return None
+        if value not in stamps:
+            stamps[value] = value.isoformat() if pg else connection.ops.adapt_datetimefield_value(value)
+        return stamps[value]
+
+    getters = []
+    for f in fields:
+        if f.get_internal_type() == "DateTimeField":
+            getters.append(lambda o, a=f.attname: stamp(getattr(o, a)))
+        else:
+            getters.append(lambda o, a=f.attname: getattr(o, a))
+    rows = [[get(o) for get in getters] for o in objects]
+    selected = []
+    for i, f in enumerate(fields):
+        if f.get_internal_type() == "JSONField":
+            selected.append(f"x->{i}" if pg else f"x.value->'$[{i}]'")  # the JSON itself
+        elif pg:
+            kind = f.rel_db_type(connection) if f.is_relation else f.db_type(connection)
+            selected.append(f"(x->>{i})::{kind}")
+        else:
+            selected.append(f"x.value->>{i}")
+    source = "jsonb_array_elements(%s::jsonb) x" if pg else "json_each(%s) AS x"
+    columns = ", ".join(qn(f.column) for f in fields)
+    sql = f"INSERT INTO {qn(meta.db_table)} ({columns}) SELECT {', '.join(selected)} FROM {source}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [json.dumps(rows)])

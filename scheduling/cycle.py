@@ -71,12 +71,12 @@ def run_cycle(
         layout = store.layouts.layout(snapshot)
         queues = store.load_queues()
         running = store.load_running()
-        pending, old_reasons, ranked = store.load_pending(now)
+        if config is None:
+            config = sites.config()
+        pending, old_reasons, ranked = store.load_pending(now, array_window=config.max_starts)
         t1 = time.perf_counter()
         timings["load"] = (t1 - t0) * 1000
         # 2. decide
-        if config is None:
-            config = sites.config()
         result = schedule(layout, queues, running, pending, now.timestamp(), config, **surroundings(snapshot))
         t2 = time.perf_counter()
         timings["engine"] = (t2 - t1) * 1000

@@ -315,7 +315,11 @@ class Job(models.Model):
         ordering = ["-id"]
         # A plain index on state (db_index on a CharField would add a second, LIKE-pattern index
         # on PostgreSQL that no query uses); every index here is paid again by each admission.
-        indexes = [models.Index(fields=["queue", "state"]), models.Index(fields=["state"], name="job_state")]
+        # (state, array, id): jobs by state, and a cycle's window on each array's pending jobs
+        indexes = [
+            models.Index(fields=["queue", "state"]),
+            models.Index(fields=["state", "array", "id"], name="job_state_array"),
+        ]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_positive"),
             models.CheckConstraint(

@@ -17,6 +17,7 @@ def config(**kw) -> SchedulerConfig:
     """The scheduler's configuration from settings (the start limit, the span policy)."""
     return SchedulerConfig(
         max_start_gpus=settings.CYCLE_MAX_START_GPUS or None,
+        max_starts=settings.CYCLE_MAX_STARTS or None,
         span_policy=settings.SPAN_POLICY,
         span_margin=settings.SPAN_MARGIN,
         **kw,

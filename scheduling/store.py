@@ -368,10 +368,20 @@ def _model(cache: dict, text) -> ModelSpec | None:
     return cache[key]
 
 
-def load_pending(now: datetime | None = None) -> tuple[list[PendingJob], dict[int, str], dict[int, str]]:
-    """Pending jobs in one plain query (10,000 of them are normal on a busy cluster); submit times
+_ARRAYS_PER_STATEMENT = 200  # UNION ALL terms per statement (SQLite allows 500)
+
+
+def load_pending(
+    now: datetime | None = None, array_window: int | None = None
+) -> tuple[list[PendingJob], dict[int, str], dict[int, str]]:
+    """Pending jobs in plain queries (10,000 of them are normal on a busy cluster); submit times
     come back as epoch seconds so no row needs a datetime object. Returns the jobs, their current
-    reasons, and the chip ranking to show in the reason of jobs whose chip types were ranked."""
+    reasons, and the chip ranking to show in the reason of jobs whose chip types were ranked.
+
+    ``array_window``: of each job array only its first that many pending jobs (by id). An array's
+    jobs are alike and queue behind one another, so a cycle that may start no more jobs than that
+    decides the same with the window as with the whole array, and the rest are neither read nor
+    given a reason (job_state_array: state, array, id)."""
     job, queue, array = Job._meta.db_table, Queue._meta.db_table, JobArray._meta.db_table
     if connection.vendor == "postgresql":
         epoch = "EXTRACT(EPOCH FROM j.submitted_at)::float8"
@@ -379,17 +389,36 @@ def load_pending(now: datetime | None = None) -> tuple[list[PendingJob], dict[in
     else:
         epoch = "(julianday(j.submitted_at) - 2440587.5) * 86400.0"
         as_text = ""
+    select = (
+        f"SELECT j.id, q.name, j.gpus, j.priority, j.chip_types{as_text}, j.topology, {epoch}, "
+        f"j.estimated_duration_s, j.pending_reason, j.min_gpus, j.size_step, j.share, j.mixed_chips, "
+        f"j.chip_ranking{as_text}, CASE WHEN j.topology IN ('region', 'any') THEN j.model{as_text} END, "
+        f"j.array_id, a.max_running "
+        f"FROM {job} j JOIN {queue} q ON q.id = j.queue_id LEFT JOIN {array} a ON a.id = j.array_id "
+        f"WHERE j.state = %s AND (j.requeue_at IS NULL OR j.requeue_at <= %s)"
+    )
+    due = [JobState.PENDING.value, connection.ops.adapt_datetimefield_value(now or timezone.now())]
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT j.id, q.name, j.gpus, j.priority, j.chip_types{as_text}, j.topology, {epoch}, "
-            f"j.estimated_duration_s, j.pending_reason, j.min_gpus, j.size_step, j.share, j.mixed_chips, "
-            f"j.chip_ranking{as_text}, CASE WHEN j.topology IN ('region', 'any') THEN j.model{as_text} END, "
-            f"j.array_id, a.max_running "
-            f"FROM {job} j JOIN {queue} q ON q.id = j.queue_id LEFT JOIN {array} a ON a.id = j.array_id "
-            f"WHERE j.state = %s AND (j.requeue_at IS NULL OR j.requeue_at <= %s)",
-            [JobState.PENDING.value, connection.ops.adapt_datetimefield_value(now or timezone.now())],
-        )
-        rows = cursor.fetchall()
+        if array_window is None:
+            cursor.execute(select, due)
+            rows = cursor.fetchall()
+        else:
+            cursor.execute(select + " AND j.array_id IS NULL", due)
+            rows = cursor.fetchall()
+            cursor.execute(
+                f"SELECT a.id FROM {array} a WHERE EXISTS "
+                f"(SELECT 1 FROM {job} j WHERE j.state = %s AND j.array_id = a.id) ORDER BY a.id",
+                due[:1],
+            )
+            waiting = [r[0] for r in cursor.fetchall()]
+            for i in range(0, len(waiting), _ARRAYS_PER_STATEMENT):
+                chunk = waiting[i : i + _ARRAYS_PER_STATEMENT]
+                part = f"SELECT * FROM ({select} AND j.array_id = %s ORDER BY j.id LIMIT %s) AS w"
+                cursor.execute(
+                    " UNION ALL ".join(f"{part}{n}" for n in range(len(chunk))),
+                    [v for a in chunk for v in (*due, a, array_window)],
+                )
+                rows += cursor.fetchall()
     pending, reasons, ranked = [], {}, {}
     chip_lists: dict[str | None, tuple[str, ...]] = {None: ()}
     models: dict[str, ModelSpec | None] = {}  # of jobs that may span datacenters: the cost of doing so

@@ -182,3 +182,77 @@ def test_an_agents_long_poll_holds_no_thread_and_wakes_on_a_change(apps, queues,
         assert status == 200 and json.loads(body)["version"] != seen
 
     asyncio.run(scenario())
+
+
+def _slowed(short, seconds: float) -> None:
+    """Every request the short path serves takes ``seconds`` longer (a server past capacity)."""
+    serve = short.handler.serve
+
+    def slow(scope, body_file):
+        import time
+
+        time.sleep(seconds)
+        return serve(scope, body_file)
+
+    short.handler.serve = slow
+
+
+@pytest.mark.django_db(transaction=True)
+def test_past_capacity_submits_are_shed_at_once_with_retry_after_and_change_nothing(
+    apps, queues, operator, settings
+):
+    """Two submits may wait or run at once: of eight sent together two are served and six get a
+    503 with Retry-After before the first is done; only the served ones are jobs."""
+    from scheduling.models import Job
+
+    _, short, served = apps
+    settings.API_MAX_IN_FLIGHT = 2
+    _slowed(short, 0.4)
+    token = Token.objects.get_or_create(user=operator)[0].key
+    headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
+    body = json.dumps({"queue": "vision", "gpus": 1, "chip_types": ["H100-SXM"]}).encode()
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        calls = [asyncio.create_task(_acall(short, "POST", "/api/v1/jobs/", headers, body)) for _ in range(8)]
+        shed_after = None
+        for done in asyncio.as_completed(calls):
+            status, answer_headers, answer = await done
+            if status == 503 and shed_after is None:
+                shed_after = loop.time() - sent
+                assert answer_headers["retry-after"] == "1" and "busy" in json.loads(answer)["detail"]
+        return [c.result()[0] for c in calls], shed_after
+
+    statuses, shed_after = asyncio.run(scenario())
+    assert sorted(statuses) == [201, 201] + [503] * 6
+    assert shed_after < 0.3  # refused at once, not after the served ones
+    assert len(served) == 2 and Job.objects.count() == 2
+    assert short.shed["in_flight"] == 6
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_that_waited_too_long_for_a_thread_is_shed_but_agents_never_are(
+    apps, queues, operator, settings
+):
+    """With one thread busy for 0.5 s, a tenant's call queued behind it past the 0.2 s queue
+    timeout is answered 503 without being served; a node agent's call waits its turn and is served."""
+    _, short, served = apps
+    settings.API_QUEUE_TIMEOUT_S = 0.2
+    _slowed(short, 0.5)
+    node = Node.objects.filter(is_spare=False).first()
+    _, secret = create_enrolment_token(actor="test", node=node)
+    _, key = enrol(secret, hostname=node.hostname)
+    token = Token.objects.get_or_create(user=operator)[0].key
+    tenant, agent = {"Authorization": f"Token {token}"}, {"Authorization": f"Node {key}"}
+
+    async def scenario():
+        first = asyncio.create_task(_acall(short, "GET", "/api/v1/queues/", tenant))
+        await asyncio.sleep(0.05)
+        late = asyncio.create_task(_acall(short, "GET", "/api/v1/queues/", tenant))
+        node_call = asyncio.create_task(_acall(short, "GET", "/api/v1/agent/assignments/", agent))
+        return [(await t)[0] for t in (first, late, node_call)]
+
+    assert asyncio.run(scenario()) == [200, 503, 200]
+    assert served == ["/api/v1/queues/", "/api/v1/agent/assignments/"]
+    assert short.shed["queue_timeout"] == 1
