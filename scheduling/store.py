@@ -371,6 +371,32 @@ def _model(cache: dict, text) -> ModelSpec | None:
 _ARRAYS_PER_STATEMENT = 200  # UNION ALL terms per statement (SQLite allows 500)
 
 
+def _pending_rows(cursor, select: str, due: list, array_window: int | None) -> list[tuple]:
+    """The rows of ``select`` (pending jobs due now): all of them, or with ``array_window`` the
+    jobs outside arrays and the first that many of each array that has a pending job."""
+    if array_window is None:
+        cursor.execute(select, due)
+        return cursor.fetchall()
+    job, array = Job._meta.db_table, JobArray._meta.db_table
+    cursor.execute(select + " AND j.array_id IS NULL", due)
+    rows = cursor.fetchall()
+    cursor.execute(
+        f"SELECT a.id FROM {array} a WHERE EXISTS "
+        f"(SELECT 1 FROM {job} j WHERE j.state = %s AND j.array_id = a.id) ORDER BY a.id",
+        due[:1],
+    )
+    waiting = [r[0] for r in cursor.fetchall()]
+    for i in range(0, len(waiting), _ARRAYS_PER_STATEMENT):
+        chunk = waiting[i : i + _ARRAYS_PER_STATEMENT]
+        part = f"SELECT * FROM ({select} AND j.array_id = %s ORDER BY j.id LIMIT %s) AS w"
+        cursor.execute(
+            " UNION ALL ".join(f"{part}{n}" for n in range(len(chunk))),
+            [v for a in chunk for v in (*due, a, array_window)],
+        )
+        rows += cursor.fetchall()
+    return rows
+
+
 def load_pending(
     now: datetime | None = None, array_window: int | None = None
 ) -> tuple[list[PendingJob], dict[int, str], dict[int, str]]:
@@ -399,26 +425,7 @@ def load_pending(
     )
     due = [JobState.PENDING.value, connection.ops.adapt_datetimefield_value(now or timezone.now())]
     with connection.cursor() as cursor:
-        if array_window is None:
-            cursor.execute(select, due)
-            rows = cursor.fetchall()
-        else:
-            cursor.execute(select + " AND j.array_id IS NULL", due)
-            rows = cursor.fetchall()
-            cursor.execute(
-                f"SELECT a.id FROM {array} a WHERE EXISTS "
-                f"(SELECT 1 FROM {job} j WHERE j.state = %s AND j.array_id = a.id) ORDER BY a.id",
-                due[:1],
-            )
-            waiting = [r[0] for r in cursor.fetchall()]
-            for i in range(0, len(waiting), _ARRAYS_PER_STATEMENT):
-                chunk = waiting[i : i + _ARRAYS_PER_STATEMENT]
-                part = f"SELECT * FROM ({select} AND j.array_id = %s ORDER BY j.id LIMIT %s) AS w"
-                cursor.execute(
-                    " UNION ALL ".join(f"{part}{n}" for n in range(len(chunk))),
-                    [v for a in chunk for v in (*due, a, array_window)],
-                )
-                rows += cursor.fetchall()
+        rows = _pending_rows(cursor, select, due, array_window)
     pending, reasons, ranked = [], {}, {}
     chip_lists: dict[str | None, tuple[str, ...]] = {None: ()}
     models: dict[str, ModelSpec | None] = {}  # of jobs that may span datacenters: the cost of doing so
