@@ -234,12 +234,17 @@ def build_quota_book(
                 lending[qi, chips[chip]] = value * unit
     usage = np.zeros(shape, dtype=np.int64)
     queue_index = {q.name: i for i, q in enumerate(queues)}
+    totals: dict[tuple[int, int], int] = {}  # summed in Python ints: one NumPy write per cell
     for job in running:
-        if job.queue not in queue_index:
+        qi = queue_index.get(job.queue)
+        if qi is None:
             continue
         for chip, amount in job.demand_by_chip():
-            if chip in chips:
-                usage[queue_index[job.queue], chips[chip]] += amount * unit // MILLI
+            c = chips.get(chip)
+            if c is not None:
+                totals[qi, c] = totals.get((qi, c), 0) + amount * unit // MILLI
+    for (qi, c), amount in totals.items():
+        usage[qi, c] += amount
     for (queue, chip), gpus in (usage_by or {}).items():
         if queue in queue_index and chip in chips:
             usage[queue_index[queue], chips[chip]] += gpus

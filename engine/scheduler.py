@@ -81,6 +81,10 @@ def run(s: CycleState) -> CycleResult:
         elif job.array is not None:
             s.array_running[job.array] = s.array_running.get(job.array, 0) + 1
         started += sum(len(a.held) for a in s.result.admissions[admitted:])
+    if most is not None and len(s.result.admissions) >= most:
+        # the limit reached with no job left in sight still leaves work: the caller shows a cycle
+        # only each array's first ``most`` pending jobs, and the rest come next
+        s.result.start_limited = True
     if not s.result.start_limited:  # growth takes only what no pending job could use
         grow(s)
     return s.result

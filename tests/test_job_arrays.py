@@ -108,6 +108,18 @@ def test_one_submit_makes_an_array_whose_limit_the_cycle_keeps(
     assert f"Index {waiting.array_index} of job array" in html and "sweep" in html
 
 
+def test_an_array_past_the_cycles_window_starts_whole_without_waiting_for_beat(
+    queues, operator_client, settings, eager_celery, django_capture_on_commit_callbacks
+):
+    """A cycle reads only an array's first MYRIAD_CYCLE_MAX_STARTS pending jobs: one that starts
+    them all sees nothing left, yet the rest of the array is there, so the next cycle follows."""
+    settings.CYCLE_MAX_STARTS = 3
+    response = submit_array(operator_client, django_capture_on_commit_callbacks, "0-6", name="sweep")
+    assert response.status_code == 201, response.json()
+    jobs = Job.objects.filter(array_id=response.json()["id"])
+    assert jobs.filter(state="running").count() == 7 and not jobs.filter(state="pending").exists()
+
+
 def test_cancelling_one_running_index_frees_its_gpus_and_the_next_index_starts(
     queues, operator_client, eager_celery, django_capture_on_commit_callbacks
 ):

@@ -58,7 +58,7 @@ class CycleState:
         # thousandths used on shared GPUs; a shared GPU is never free for whole-GPU jobs
         self.gpu_used = np.zeros(self.topo.num_gpus, dtype=np.int32)
         for job in self.running:
-            if job.fractional:
+            if job.share < MILLI:  # fractional
                 self.gpu_used[job.held] += job.share
         self.shared = np.flatnonzero(self.gpu_used)  # GPUs with fractions on them
         shares = [j.share for j in self.pending if j.fractional]
@@ -71,13 +71,19 @@ class CycleState:
         self.running_by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
         self.lowest_cache: dict[tuple[int, int], tuple[list, float]] = {}  # engine.steps.preemption
         self.running_by_chip: dict[int, list[RunningJob]] = {}
+        by_queue_chip, by_chip = self.running_by_queue_chip, self.running_by_chip
         for job in self.running:
+            q = self.queue_index.get(job.queue, -1)
             for chip in chips_of(job):
                 c = self.chip_index.get(chip, -1)
-                self.running_by_queue_chip.setdefault((self.queue_index.get(job.queue, -1), c), []).append(
-                    job
-                )
-                self.running_by_chip.setdefault(c, []).append(job)
+                jobs = by_queue_chip.get((q, c))
+                if jobs is None:
+                    jobs = by_queue_chip[q, c] = []
+                jobs.append(job)
+                jobs = by_chip.get(c)
+                if jobs is None:
+                    jobs = by_chip[c] = []
+                jobs.append(job)
         self.reserved = np.zeros(self.topo.num_gpus, dtype=bool)
         self.horizon = float("inf")  # earliest reservation start
         self.reservation_attempts = 0
