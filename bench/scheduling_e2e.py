@@ -260,9 +260,12 @@ def child() -> dict:
         job = Job.objects.get(pk=job_id)
         figures["gang_submit_to_running_ms"] = round(latency * 1000, 1) if job.state == "running" else None
         figures["gang_placement"] = job.placement
+        time.sleep(0.5)  # the cycle has logged its time
     finally:
         worker.terminate()
         worker.wait(30)
+    # the cycles in that phase (the one that started the gang among them), commit included
+    figures["gang_cycles_ms"] = _cycle_times(tmp / "worker.log")
     figures.update(_arrays_phase(client, chips, tmp, total))
     events = dict(JobEvent.objects.values_list("kind").annotate(n=Count("id")))
     figures["events_recorded"] = sum(events.values())

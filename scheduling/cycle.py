@@ -24,6 +24,7 @@ from engine.scheduler import SchedulerConfig, schedule
 from scheduling import sites, store
 from scheduling.apply import apply_decisions
 from scheduling.locks import cycle_lock, lock_clock
+from scheduling.running import load_running, running
 from scheduling.signals import congestion_asked, partitions_asked
 from scheduling.trigger import assignments_changed, request_cycle
 
@@ -53,6 +54,7 @@ class CycleSummary:
 def reset_caches() -> None:
     """Forget what earlier cycles read (tests that roll the database back call this)."""
     store.reset()
+    running.reset()
 
 
 def run_cycle(
@@ -70,7 +72,7 @@ def run_cycle(
         snapshot = topology_cache.current()
         layout = store.layouts.layout(snapshot)
         queues = store.load_queues()
-        running = store.load_running()
+        running = load_running()
         if config is None:
             config = sites.config()
         pending, old_reasons, ranked = store.load_pending(now, array_window=config.max_starts)

@@ -32,6 +32,7 @@ from scheduling.choices import JobState
 from scheduling.cycle import surroundings
 from scheduling.forecast_models import JobForecast
 from scheduling.models import Job
+from scheduling.running import load_running
 
 log = logging.getLogger("myriad.scheduling")
 
@@ -57,7 +58,7 @@ def refresh(now: datetime | None = None) -> Refresh:
     t0 = time.perf_counter()
     snapshot = topology_cache.current()
     layout = store.layouts.layout(snapshot)
-    queues, running = store.load_queues(), store.load_running()
+    queues, running = store.load_queues(), load_running()
     pending, _, _ = store.load_pending(now)
     window = float(settings.FORECAST_WINDOW_S)
     fc = ForecastConfig(

@@ -310,6 +310,9 @@ class Job(models.Model):
         JobArray, null=True, blank=True, on_delete=models.CASCADE, related_name="jobs", db_index=False
     )
     array_index = models.PositiveIntegerField(null=True, blank=True, help_text="Its index in its array")
+    # raised by the database itself (a trigger, migration 0026) whenever an UPDATE names a column
+    # the scheduler reads of a running job: the cycle rebuilds only the jobs whose revision moved
+    revision = models.BigIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["-id"]
@@ -319,6 +322,7 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["queue", "state"]),
             models.Index(fields=["state", "array", "id"], name="job_state_array"),
+            models.Index(fields=["state", "id", "revision"], name="job_state_revision"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_positive"),

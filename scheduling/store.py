@@ -14,11 +14,10 @@ import numpy as np
 from django.db import connection, transaction
 from django.utils import timezone
 
-from cluster.models import ChipType
 from cluster.snapshot import topology_cache
 from engine.placement import Layout
 from engine.steptime import ModelSpec, describe_ranking
-from engine.workload import PendingJob, QueueSpec, RunningJob
+from engine.workload import PendingJob, QueueSpec
 from scheduling.choices import JobState
 from scheduling.models import Allocation, Job, JobArray, Queue
 
@@ -291,69 +290,11 @@ def load_queues() -> list[QueueSpec]:
     return specs
 
 
-def _parts(snapshot_chips, gpus) -> tuple[tuple[str, int], ...]:
-    chip_names, gpu_chip = snapshot_chips
-    chips, counts = np.unique(gpu_chip[gpus], return_counts=True)
-    return tuple((chip_names[c], int(n)) for c, n in zip(chips, counts, strict=True))
-
-
-def _epoch(column: str) -> str:
+def epoch(column: str) -> str:
     """SQL for a datetime column as epoch seconds (a float), so that no row needs a datetime."""
     if connection.vendor == "postgresql":
         return f"EXTRACT(EPOCH FROM {column})::float8"
     return f"(julianday({column}) - 2440587.5) * 86400.0"
-
-
-def load_running() -> list[RunningJob]:
-    """Running jobs in one plain query (100,000 of them when a cluster runs one-GPU jobs), times
-    as epoch seconds, with the GPUs each holds from the allocation cache."""
-    job, queue, chip = Job._meta.db_table, Queue._meta.db_table, ChipType._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT j.id, q.name, c.name, j.priority, {_epoch('j.started_at')}, j.estimated_duration_s, "
-            f"{_epoch('j.last_checkpoint_at')}, j.min_gpus, j.gpus, j.size_step, j.topology, j.share, "
-            f"j.mixed_chips, j.array_id FROM {job} j JOIN {queue} q ON q.id = j.queue_id "
-            f"LEFT JOIN {chip} c ON c.id = j.chip_id WHERE j.state = %s ORDER BY j.id",
-            [JobState.RUNNING.value],
-        )
-        jobs = cursor.fetchall()
-    pairs = allocations.active_pairs()  # also with nothing running: the cycle then carries it over
-    if not jobs:
-        return []
-    gpu_index = topology_cache.gpu_indices(pairs[:, 1])
-    snapshot = topology_cache.structure()
-    snapshot_chips = (snapshot.chip_names, snapshot.gpu_chip)
-    ids = [j[0] for j in jobs]
-    # Python ints: slicing with NumPy scalars costs twice as much, 100,000 times
-    bounds = np.searchsorted(pairs[:, 0], ids).tolist()
-    ends = np.searchsorted(pairs[:, 0], ids, side="right").tolist()
-    running = []
-    for row, lo, hi in zip(jobs, bounds, ends, strict=True):
-        job_id, queue, chip, priority, started, duration, checkpoint = row[:7]
-        low, high, step, topology, share, mixed, array = row[7:]
-        gpus = gpu_index[lo:hi]
-        parts = _parts(snapshot_chips, gpus) if mixed else ()
-        start = started or 0.0
-        running.append(  # positional: the fields' order (engine.workload.RunningJob)
-            RunningJob(
-                job_id,
-                queue,
-                gpus,
-                chip or "",
-                priority,
-                start,
-                start + duration if duration is not None else None,
-                checkpoint,
-                low,
-                high if low is not None else None,
-                step,
-                topology,
-                share,
-                parts,
-                array,
-            )
-        )
-    return running
 
 
 def _model(cache: dict, text) -> ModelSpec | None:
@@ -409,11 +350,11 @@ def load_pending(
     decides the same with the window as with the whole array, and the rest are neither read nor
     given a reason (job_state_array: state, array, id)."""
     job, queue, array = Job._meta.db_table, Queue._meta.db_table, JobArray._meta.db_table
-    epoch = _epoch("j.submitted_at")
+    submitted = epoch("j.submitted_at")
     # JSON as text: most jobs share a handful of chip lists, parsed once each
     as_text = "::text" if connection.vendor == "postgresql" else ""
     select = (
-        f"SELECT j.id, q.name, j.gpus, j.priority, j.chip_types{as_text}, j.topology, {epoch}, "
+        f"SELECT j.id, q.name, j.gpus, j.priority, j.chip_types{as_text}, j.topology, {submitted}, "
         f"j.estimated_duration_s, j.pending_reason, j.min_gpus, j.size_step, j.share, j.mixed_chips, "
         f"j.chip_ranking{as_text}, CASE WHEN j.topology IN ('region', 'any') THEN j.model{as_text} END, "
         f"j.array_id, a.max_running "

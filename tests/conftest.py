@@ -107,13 +107,13 @@ def no_cycle_requested():
 def fresh_topology_cache():
     """Each test builds its own cluster: never reuse a snapshot cached by an earlier test."""
     from cluster.snapshot import topology_cache
-    from scheduling import store
+    from scheduling.cycle import reset_caches
 
     topology_cache.reset()
-    store.reset()
+    reset_caches()
     yield
     topology_cache.reset()
-    store.reset()
+    reset_caches()
 
 
 @pytest.fixture

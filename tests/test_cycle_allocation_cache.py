@@ -2,11 +2,21 @@
 preemptions, shrinks) instead of reading every row again, and never trusts it once anyone else
 changed an allocation."""
 
-import numpy as np
+import importlib
+from dataclasses import fields
 
+import numpy as np
+from django.db import connection
+
+from engine.workload import RunningJob
 from scheduling import cycle
-from scheduling.models import Allocation, Job
+from scheduling.bulk import update_rows
+from scheduling.models import Allocation, Job, Queue
+from scheduling.running import COLUMNS, RunningStore, load_running
+from scheduling.services import change_state, submit_job
 from scheduling.store import AllocationStore, allocations
+
+RUNNING_FIELDS = [f.name for f in fields(RunningJob)]
 
 
 def _fresh() -> np.ndarray:
@@ -114,3 +124,63 @@ def test_a_release_during_a_cycle_is_not_hidden_by_the_carried_view(
     read = allocations.active_pairs()
     assert set(read[:, 0].tolist()) == {second.pk} and len(read) == 16
     assert _carried_matches_the_database()  # the read replaced them
+
+
+def _as_read(jobs) -> list[tuple]:
+    return [(*(getattr(j, f) for f in RUNNING_FIELDS if f != "held"), j.held.tolist()) for j in jobs]
+
+
+def _running_matches_a_fresh_read() -> bool:
+    return _as_read(load_running()) == _as_read(RunningStore().load())
+
+
+def test_running_jobs_kept_between_cycles_are_what_a_fresh_read_sees(
+    queues, operator_client, eager_celery, django_capture_on_commit_callbacks
+):
+    """The cycle reuses a running job it read before only while its row, its GPUs, its queue's and
+    chip's names are unchanged: every change made elsewhere shows in the next read."""
+    capture = django_capture_on_commit_callbacks
+    body = {"queue": "vision", "gpus": 8, "chip_types": ["H100-SXM"], "topology": "any"}
+    jobs = [_post(operator_client, capture, body) for _ in range(3)]
+    elastic = _post(operator_client, capture, {**body, "gpus": 16, "min_gpus": 8, "size_step": 8})
+    assert _running_matches_a_fresh_read()
+    first = {j.id: j for j in load_running()}
+    assert _running_matches_a_fresh_read() and all(
+        j is first[j.id] for j in load_running()
+    )  # nothing changed: every job is the one read before
+    Job.objects.filter(pk=jobs[0].pk).update(priority=7, last_checkpoint_at=jobs[0].started_at)
+    gpu = Allocation.objects.filter(job=jobs[1], active=True).order_by("gpu_id").first()
+    Allocation.objects.filter(pk=gpu.pk).update(active=False)  # a GPU taken away by someone else
+    change_state(jobs[2].pk, "finish", actor="test")
+    again = {j.id: j for j in load_running()}
+    assert jobs[2].pk not in again and again[jobs[0].pk].priority == 7
+    assert again[jobs[0].pk].last_checkpoint_at is not None and len(again[jobs[1].pk].held) == 7
+    assert again[elastic.pk] is first[elastic.pk]  # unchanged: kept
+    assert _running_matches_a_fresh_read()
+    Queue.objects.filter(name="vision").update(name="vision-renamed")
+    assert {j.queue for j in load_running()} == {"vision-renamed"}
+    assert _running_matches_a_fresh_read()
+
+
+def test_the_database_raises_a_jobs_revision_on_every_write_the_scheduler_reads(queues):
+    """The trigger behind the running jobs' cache: ORM saves, bulk statements and raw SQL raise the
+    revision when they name a column the engine reads; a pending reason alone does not."""
+    job = submit_job(queue=queues["vision"], gpus=8, chip_types=["H100-SXM"], name="r")
+
+    def revision() -> int:
+        return Job.objects.values_list("revision", flat=True).get(pk=job.pk)
+
+    start = revision()
+    Job.objects.filter(pk=job.pk).update(pending_reason="waiting", pending_kind="other")
+    assert revision() == start
+    Job.objects.filter(pk=job.pk).update(priority=3)
+    update_rows(Job, ["gpus"], [(job.pk, 16)])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Job._meta.db_table} SET last_checkpoint_at = started_at WHERE id = %s", [job.pk]
+        )
+    job.refresh_from_db()
+    job.save()
+    assert revision() == start + 4
+    watched = importlib.import_module("scheduling.migrations.0026_job_revision").WATCHED
+    assert set(COLUMNS) | {"queue_id", "chip_id"} <= {c.strip() for c in watched.split(",")}

@@ -33,6 +33,28 @@ def _reachable(layout: Layout, unreachable) -> np.ndarray:
     return ~np.asarray(unreachable, dtype=bool)[layout.node_domain[3][layout.gpu_node]]
 
 
+def _running_maps(running, queue_index: dict, chip_index: dict):
+    """One pass over the running jobs (100,000 of them on a cluster of one-GPU jobs): quota usage
+    in thousandths per (queue, chip), and the jobs by (queue index, chip index) and by chip index."""
+    usage: dict[tuple[str, str], int] = {}
+    by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
+    by_chip: dict[int, list[RunningJob]] = {}
+    for job in running:
+        q = queue_index.get(job.queue, -1)
+        for chip, amount in job.demand_by_chip():
+            usage[job.queue, chip] = usage.get((job.queue, chip), 0) + amount
+            c = chip_index.get(chip, -1)
+            jobs = by_queue_chip.get((q, c))
+            if jobs is None:
+                jobs = by_queue_chip[q, c] = []
+            jobs.append(job)
+            jobs = by_chip.get(c)
+            if jobs is None:
+                jobs = by_chip[c] = []
+            jobs.append(job)
+    return usage, by_queue_chip, by_chip
+
+
 class CycleState:
     def __init__(
         self, layout: Layout, queues, running, pending, now: float, config: SchedulerConfig, **sites
@@ -49,7 +71,10 @@ class CycleState:
         self.chip_index = {name: i for i, name in enumerate(self.topo.chip_names)}
         self.running = [j for j in running if len(j.held)]
         self.pending = list(pending)
-        self.quota = build_quota_book(self.queues, self.topo.chip_names, self.running)
+        usage, self.running_by_queue_chip, self.running_by_chip = _running_maps(
+            self.running, self.queue_index, self.chip_index
+        )
+        self.quota = build_quota_book(self.queues, self.topo.chip_names, [], usage_by=usage)
         reachable = _reachable(layout, sites.get("unreachable"))
         self.schedulable = self.topo.schedulable() & reachable
         owned = np.zeros(self.topo.num_gpus, dtype=bool)
@@ -68,22 +93,7 @@ class CycleState:
         # free GPUs of spare nodes, for queues allowed to borrow them (built when first asked)
         self.spare_free = self.topo.usable() & self.topo.node_spare[self.topo.gpu_node] & ~owned & reachable
         self.spare_pool: FreePool | None = None
-        self.running_by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
         self.lowest_cache: dict[tuple[int, int], tuple[list, float]] = {}  # engine.steps.preemption
-        self.running_by_chip: dict[int, list[RunningJob]] = {}
-        by_queue_chip, by_chip = self.running_by_queue_chip, self.running_by_chip
-        for job in self.running:
-            q = self.queue_index.get(job.queue, -1)
-            for chip in chips_of(job):
-                c = self.chip_index.get(chip, -1)
-                jobs = by_queue_chip.get((q, c))
-                if jobs is None:
-                    jobs = by_queue_chip[q, c] = []
-                jobs.append(job)
-                jobs = by_chip.get(c)
-                if jobs is None:
-                    jobs = by_chip[c] = []
-                jobs.append(job)
         self.reserved = np.zeros(self.topo.num_gpus, dtype=bool)
         self.horizon = float("inf")  # earliest reservation start
         self.reservation_attempts = 0
