@@ -79,7 +79,7 @@ def _bodies(rng: random.Random, n: int = 256) -> list[bytes]:
 async def _submits(port: int, tokens, bodies, rate: float | None, seconds: float, connections: int) -> dict:
     """Submits at ``rate`` per second (None: as fast as answers come) for ``seconds``."""
     pool = open_connections(port, connections)
-    latencies, statuses, created, samples = [], {}, [], {}
+    latencies, accepted, statuses, created, samples = [], [], {}, [], {}
     turn = iter(range(1 << 62))
 
     async def one(due: float) -> None:
@@ -97,13 +97,19 @@ async def _submits(port: int, tokens, bodies, rate: float | None, seconds: float
             conn.writer, code = None, 0
         pool.put_nowait(conn)
         latencies.append(time.perf_counter() - due)
+        if code == 201:
+            accepted.append(latencies[-1])
         statuses[code] = statuses.get(code, 0) + 1
 
     elapsed = await drive(one, rate, seconds, connections)
+    shed = statuses.get(429, 0) + statuses.get(503, 0)
     return {
         "offered_per_s": rate,
         "submits_per_s": round(statuses.get(201, 0) / elapsed, 1),
         **latency_figures(latencies),
+        # the submits answered 201 alone, and the share refused at once (429, 503 with Retry-After)
+        **{f"accepted_{k}": v for k, v in latency_figures(accepted or [0.0]).items()},
+        "refused_share": round(shed / max(1, len(latencies)), 4),
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "refusals": {str(k): v for k, v in samples.items()},  # one answer of each refused kind
         "created_ids": created,
@@ -279,6 +285,8 @@ def main() -> None:
     print(f"{'submits/s at the offered rate':<44}{steady['submits_per_s']:>12}{f'>= {args.rate:g}':>12}")
     print(f"{'submit latency p50 (ms, from due time)':<44}{steady['p50_ms']:>12}")
     print(f"{'submit latency p99 (ms, from due time)':<44}{steady['p99_ms']:>12}{'< 100':>12}")
+    print(f"{'accepted submits: latency p99 (ms)':<44}{steady['accepted_p99_ms']:>12}{'< 1,000':>12}")
+    print(f"{'share refused at once (429/503)':<44}{steady['refused_share']:>12}")
     print(f"{'submits/s, as fast as answers come':<44}{most['submits_per_s']:>12}")
     print(f"{'answers at the offered rate':<44}{json.dumps(steady['statuses']):>12}")
     stored = f"{figures['created']} / {figures['created_in_database']}"
@@ -304,6 +312,8 @@ def main() -> None:
                 "submits_per_s": steady["submits_per_s"],
                 "p50_ms": steady["p50_ms"],
                 "p99_ms": steady["p99_ms"],
+                "accepted_p99_ms": steady["accepted_p99_ms"],
+                "refused_share": steady["refused_share"],
                 "most_submits_per_s": most["submits_per_s"],
                 **{k: v for k, v in figures.items() if k not in ("steady", "most", "server_error_lines")},
                 "steady": steady,

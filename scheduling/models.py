@@ -311,7 +311,9 @@ class Job(models.Model):
     )
     array_index = models.PositiveIntegerField(null=True, blank=True, help_text="Its index in its array")
     # raised by the database itself (a trigger, migration 0026) whenever an UPDATE names a column
-    # the scheduler reads of a running job: the cycle rebuilds only the jobs whose revision moved
+    # the scheduler reads of a running job: the cycle rebuilds only the jobs whose revision moved.
+    # SQLite drops a table's triggers when a migration remakes it: such a migration creates it again
+    # (tests/test_cycle_allocation_cache.py fails without it)
     revision = models.BigIntegerField(default=0, editable=False)
 
     class Meta:
