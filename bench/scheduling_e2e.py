@@ -15,6 +15,9 @@ For each database, on a freshly built 100k cluster:
   the same service the node agent uses. Admissions per second of cycle time, cycle p50/p99.
 - gang: pending jobs are cancelled and room is made in one datacenter; a 1,024-GPU gang is
   submitted through the API with the worker running; time from submit to running.
+- arrays: everything ended, then 100,000 one-GPU jobs submitted as 10 arrays of 10,000 with the
+  worker running: time until all of them run, starts per second, the cycles' times meanwhile, and
+  the peak resident memory of the worker and of this process (the API's) at the end.
 """
 
 from __future__ import annotations
@@ -66,6 +69,14 @@ def _start_worker(tmp: Path) -> subprocess.Popen:
     while time.monotonic() < deadline and "ready" not in (tmp / "worker.log").read_text():
         time.sleep(0.1)
     return worker
+
+
+def peak_rss_mb(pid: int) -> float:
+    """A process's peak resident memory so far (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
 
 
 def _cycle_times(log: Path) -> list[float]:
@@ -121,6 +132,9 @@ def _arrays_phase(client, chips, tmp: Path, total: int) -> dict:
         figures["array_10k_submit_s"] = round(float(np.median(submits)), 3)
         figures["array_10k_submit_max_s"] = round(max(submits), 3)
         time.sleep(1.0)
+        # peak resident memory with 100,000 jobs running and the earlier phases' history behind them
+        figures["worker_peak_rss_mb"] = peak_rss_mb(worker.pid)
+        figures["api_process_peak_rss_mb"] = peak_rss_mb(os.getpid())
     finally:
         worker.terminate()
         worker.wait(30)
@@ -299,6 +313,8 @@ def main() -> None:
         ("array_100k_all_running_s", "arrays: 100,000 one-GPU jobs all running (s)", "< 40"),
         ("array_starts_per_s", "arrays: job starts per second", ">= 2,500"),
         ("array_cycle_p99_ms", "arrays: cycle p99 meanwhile (ms)", "< 500"),
+        ("worker_peak_rss_mb", "scheduling worker: peak RSS (MB)", "< 300"),
+        ("api_process_peak_rss_mb", "API process (in-process client): peak RSS (MB)", "< 300"),
     ]:
         rows.append((label, *(str(results[db].get(key)) for db in results), target))
     print_table("Scheduling end to end, 100k GPUs", rows, ("figure", *results.keys(), "target"))
