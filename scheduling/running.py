@@ -50,6 +50,8 @@ def _moved(old: np.ndarray | None, new: np.ndarray) -> set[int]:
 
 
 class RunningStore:
+    """The running jobs of the last read, with their revisions and the allocations they held."""
+
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._pairs: np.ndarray | None = None
