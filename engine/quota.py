@@ -206,6 +206,12 @@ class QuotaBook:
         return problems
 
 
+def charge(usage: dict[tuple[str, str], int], job: RunningJob) -> None:
+    """Add what a running job uses, in thousandths of a GPU per (queue, chip type), to ``usage``."""
+    for chip, amount in job.demand_by_chip():
+        usage[job.queue, chip] = usage.get((job.queue, chip), 0) + amount
+
+
 def build_quota_book(
     queues: list[QueueSpec],
     chip_names,
@@ -234,17 +240,12 @@ def build_quota_book(
                 lending[qi, chips[chip]] = value * unit
     usage = np.zeros(shape, dtype=np.int64)
     queue_index = {q.name: i for i, q in enumerate(queues)}
-    totals: dict[tuple[int, int], int] = {}  # summed in Python ints: one NumPy write per cell
+    totals: dict[tuple[str, str], int] = {}  # summed in Python ints: one NumPy write per cell
     for job in running:
-        qi = queue_index.get(job.queue)
-        if qi is None:
-            continue
-        for chip, amount in job.demand_by_chip():
-            c = chips.get(chip)
-            if c is not None:
-                totals[qi, c] = totals.get((qi, c), 0) + amount * unit // MILLI
-    for (qi, c), amount in totals.items():
-        usage[qi, c] += amount
+        charge(totals, job)
+    for (queue, chip), amount in totals.items():
+        if queue in queue_index and chip in chips:
+            usage[queue_index[queue], chips[chip]] += amount * unit // MILLI
     for (queue, chip), gpus in (usage_by or {}).items():
         if queue in queue_index and chip in chips:
             usage[queue_index[queue], chips[chip]] += gpus

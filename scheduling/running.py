@@ -124,9 +124,10 @@ def _read(column: str) -> str:
 
 
 def _running_jobs(rows, pairs, queues, chips) -> dict[int, RunningJob]:
+    ids = [r[0] for r in rows]
+    pairs = pairs[np.isin(pairs[:, 0], ids)]  # only these jobs' GPUs are looked up
     gpu_index = topology_cache.gpu_indices(pairs[:, 1])
     snapshot = topology_cache.structure()
-    ids = [r[0] for r in rows]
     # Python ints: slicing with NumPy scalars costs twice as much, 100,000 times
     bounds = np.searchsorted(pairs[:, 0], ids).tolist()
     ends = np.searchsorted(pairs[:, 0], ids, side="right").tolist()

@@ -15,7 +15,7 @@ import numpy as np
 from engine import arrays
 from engine.placement import FreePool, Layout
 from engine.pools import Pools
-from engine.quota import build_quota_book
+from engine.quota import build_quota_book, charge
 from engine.reasons import Reason
 from engine.scheduler_config import SchedulerConfig
 from engine.workload import MILLI, CycleResult, RunningJob
@@ -40,9 +40,9 @@ def _running_maps(running, queue_index: dict, chip_index: dict):
     by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
     by_chip: dict[int, list[RunningJob]] = {}
     for job in running:
+        charge(usage, job)
         q = queue_index.get(job.queue, -1)
-        for chip, amount in job.demand_by_chip():
-            usage[job.queue, chip] = usage.get((job.queue, chip), 0) + amount
+        for chip in chips_of(job):
             c = chip_index.get(chip, -1)
             jobs = by_queue_chip.get((q, c))
             if jobs is None:
@@ -83,7 +83,7 @@ class CycleState:
         # thousandths used on shared GPUs; a shared GPU is never free for whole-GPU jobs
         self.gpu_used = np.zeros(self.topo.num_gpus, dtype=np.int32)
         for job in self.running:
-            if job.share < MILLI:  # fractional
+            if job.fractional:
                 self.gpu_used[job.held] += job.share
         self.shared = np.flatnonzero(self.gpu_used)  # GPUs with fractions on them
         shares = [j.share for j in self.pending if j.fractional]
