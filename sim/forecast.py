@@ -17,7 +17,8 @@ from dataclasses import replace
 import numpy as np
 
 from engine.forecast import Arrivals, Calibration, ForecastConfig, expected_starts, group_of, run_time_scale
-from sim.simulation import Simulation, as_pending
+from sim.runs import as_pending
+from sim.simulation import Simulation
 
 
 class Backtest(Simulation):

@@ -1,19 +1,13 @@
 """What-if simulation of a whole cluster on a virtual clock (pure, seeded, in memory).
 
 The production controller runs unchanged: every scheduling cycle is engine.scheduler.schedule over
-the cluster's arrays (with its datacenter links and partitions), every fault is classified by
-engine.faults and recovered by engine.recovery.plan_recovery, the invariant checker can run after
-every cycle. Around it a discrete-event loop moves time: job arrivals, periodic scheduling cycles,
-completions, faults drawn by the fleet model (sim.fleet), recovery, repairs and hourly samples.
-
-Training progress is accounted in GPU-seconds of work. A running job checkpoints every tau
-seconds of productive time (its policy: periodic synchronous with a stall of state size over
-storage bandwidth, asynchronous with a short copy to host memory, or triggered with an
-asynchronous fallback; tau fixed or Daly's optimum for the job's fault rate); a fault loses the
-work since the last checkpoint (none when a triggered save succeeds), costs the detection latency
-and a restart (reschedule, process start, communicator initialization, checkpoint load). A
-preempted job keeps what its policy could save, as in production. Each job's time is split into
-productive time and the loss buckets of the ETTR definition.
+the cluster's arrays (with its datacenter links and partitions), every fault is judged by the fault
+verdict (engine.lifecycle.judge) and recovered by engine.recovery.plan_recovery, the invariant
+checker can run after every cycle. Around it a discrete-event loop moves time: job arrivals,
+periodic scheduling cycles, completions, faults drawn by the fleet model, recovery, repairs and
+hourly samples. Its parts: each job's runs and where their time went (sim.runs), the hardware
+(sim.hardware), inference services (sim.autoscale), links and partitions (sim.sites), the report
+(sim.summary).
 """
 
 from __future__ import annotations
@@ -21,79 +15,30 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
 from engine.checkpoint import CheckpointKind
-from engine.ettr import Ettr
-from engine.inference import LoadProfile
 from engine.invariants import check_cycle
-from engine.lifecycle import Verdict, checkpoint_bytes, judge, saves_on_demand, unsaved_s
-from engine.network import Network, model_for
+from engine.lifecycle import Verdict, checkpoint_bytes
+from engine.network import Network
 from engine.placement import Layout
 from engine.recovery import plan_recovery
 from engine.scheduler import schedule
-from engine.sites import SPANNING, SiteLinks
-from engine.states import (
-    NODE_STATE_CODE,
-    InvalidTransition,
-    gpu_event_code,
-    node_event_code,
-)
+from engine.sites import SiteLinks
 from engine.topology import TopologySnapshot
 from engine.workload import PendingJob, QueueSpec, RunningJob
-from sim.autoscale import AUTOSCALE_S, autoscale
-from sim.config import SimConfig, default_queues, job_timing
-from sim.fleet import Fleet
+from sim import runs
+from sim.autoscale import AUTOSCALE_S, Services
+from sim.config import SimConfig, default_queues
+from sim.hardware import Hardware
+from sim.runs import JobRun, as_pending
 from sim.sites import SiteBook
 from sim.summary import summarize, take_sample
 from sim.workload import SimJob, SimService
 
 DAY = 86_400.0
-READY = NODE_STATE_CODE["ready"]
-
-
-@dataclass
-class _Job:
-    spec: SimJob
-    remaining: float  # GPU-seconds of work still to do
-    held: np.ndarray | None = None  # the GPU indices it runs on (None: not running)
-    run_start: float = 0.0  # productive work starts here (after restart overheads)
-    interval: float = 3600.0
-    stall_fraction: float = 0.0
-    overhead: float = 0.0  # share of time given to the replica groups' quorum (degraded)
-    rollback: float = 3600.0  # a fault rolls back to a multiple of this (engine.tiers)
-    step_s: float = 1.0
-    version: int = 0
-    first_admit: float | None = None
-    waiting_since: float | None = None
-    ended: float | None = None
-    ettr: Ettr = field(default_factory=Ettr)  # its loss buckets (the wall time is set at the summary)
-    interruptions: int = 0
-
-    @property
-    def size(self) -> int:
-        return len(self.held) if self.held is not None else 0
-
-
-def as_pending(job: _Job) -> PendingJob:
-    """The job as the scheduler sees it pending: asking for what it still has to do."""
-    spec = job.spec
-    return PendingJob(
-        spec.id,
-        spec.queue,
-        spec.gpus,
-        spec.priority,
-        (spec.chip,),
-        spec.topology,
-        spec.arrival,
-        job.remaining / spec.gpus,
-        spec.min_gpus,
-        spec.size_step,
-        model=model_for(spec.parameters) if spec.topology in SPANNING and spec.parameters else None,
-    )
 
 
 class Simulation:
@@ -112,34 +57,22 @@ class Simulation:
         self.topo = replace(topo, gpu_state=topo.gpu_state.copy(), node_state=topo.node_state.copy())
         self.layout = Layout(self.topo)
         self.ph = self.cfg.physics
-        self.fleet = Fleet(self.topo, self.ph, self.cfg.fleet, seed=self.cfg.seed)
-        self.network = Network(self.topo, datacenter_links=datacenter_links)
-        self.sites = SiteBook(site_links, self.cfg.partitions, self.topo)  # links, partitions, shares
-        self.net_rng = np.random.default_rng([self.cfg.seed, 5])
-        capacity = {c: n for c, n in self.topo.count_by_chip().items() if n}
-        self.services = list(services or [])
-        inference: dict[str, int] = {}
-        for svc in self.services:
-            inference[svc.chip] = inference.get(svc.chip, 0) + svc.max_replicas * svc.replica_gpus
-        self.queues = queues or default_queues(capacity, inference)
-        self.profiles = [LoadProfile.from_dict(svc.load_profile()) for svc in self.services]
-        self.replicas: list[list[int]] = [[] for _ in self.services]  # job ids, oldest first
-        self.low_since: list[float | None] = [None] * len(self.services)
-        self.replica_seconds = [0.0] * len(self.services)
-        self.short_seconds = [0.0] * len(self.services)  # running replicas below what the load needs
-        self._next_id = max((j.id for j in jobs), default=0) + 1
-        self.jobs = {j.id: _Job(j, j.work_s * j.gpus) for j in jobs}
-        self.pending: dict[int, PendingJob] = {}
-        self.running: dict[int, _Job] = {}
-        self.owner = np.full(self.topo.num_gpus, -1, dtype=np.int64)
         self.events: list[tuple[float, int, str, tuple]] = []
         self._seq = 0
+        self.hardware = Hardware(self.topo, self.layout, self.ph, self.cfg.fleet, self.cfg.seed, self._push)
+        self.network = Network(self.topo, datacenter_links=datacenter_links)
+        self.net_rng = np.random.default_rng([self.cfg.seed, 5])
+        self.sites = SiteBook(site_links, self.cfg.partitions, self.topo)  # links, partitions, shares
+        self.services = Services(services)
+        capacity = {c: n for c, n in self.topo.count_by_chip().items() if n}
+        self.queues = queues or default_queues(capacity, self.services.gpus_by_chip())
+        self._next_id = max((j.id for j in jobs), default=0) + 1
+        self.jobs = {j.id: JobRun.of(j) for j in jobs}
+        self.pending: dict[int, PendingJob] = {}
+        self.running: dict[int, JobRun] = {}
+        self.owner = np.full(self.topo.num_gpus, -1, dtype=np.int64)  # the job on each GPU (-1: none)
         self.luck = np.random.default_rng([self.cfg.seed, 3])
         self.now, self.dirty = 0.0, True
-        self.fault_history: dict[int, list[tuple[float, str, int | None]]] = {}  # (t, source, xid)
-        self.quarantined: set[int] = set()  # lemon nodes: out until an operator clears them
-        self.faults: Counter = Counter()
-        self.fault_log: list[tuple[float, str, str]] = []  # (time, cause, action)
         self.recoveries: list[tuple[float, str, float]] = []  # (time, outcome, seconds)
         self.samples: list[dict] = []
         self._views: dict[int, tuple[tuple, RunningJob]] = {}
@@ -160,7 +93,7 @@ class Simulation:
         self._push(0.0, "sample")
         if self.services:
             self._push(0.0, "autoscale")
-        self._next_fault()
+        self.hardware.draw_next(self.now)
         last_report = 0.0
         while self.events and self.events[0][0] <= end:
             t, _, kind, payload = heapq.heappop(self.events)
@@ -176,7 +109,7 @@ class Simulation:
         return summarize(self, time.perf_counter() - started)
 
     # --- arrivals and cycles --------------------------------------------------------------------
-    def _queue(self, job: _Job) -> None:
+    def _queue(self, job: JobRun) -> None:
         self.pending[job.spec.id] = as_pending(job)
 
     def new_job_id(self) -> int:
@@ -185,7 +118,7 @@ class Simulation:
 
     def submit(self, spec: SimJob) -> None:
         """A job submitted now (an inference replica the autoscaler adds): it arrives at once."""
-        self.jobs[spec.id] = _Job(spec, spec.work_s * spec.gpus)
+        self.jobs[spec.id] = JobRun.of(spec)
         self._on_arrive(spec.id)
 
     def retire(self, job_id: int) -> None:
@@ -214,33 +147,11 @@ class Simulation:
         changed (a new run, or a new checkpoint since the last cycle)."""
         view = []
         for job in self.running.values():
-            spec = job.spec
-            elapsed = max(0.0, self.now - job.run_start)
-            checkpoints = math.floor(elapsed / job.interval)
-            key = (job.version, checkpoints)
-            cached = self._views.get(spec.id)
-            if cached is not None and cached[0] == key:
-                view.append(cached[1])
-                continue
-            last = job.run_start + checkpoints * job.interval
-            end = self._finish_time(job)
-            view.append(
-                RunningJob(
-                    spec.id,
-                    spec.queue,
-                    job.held,
-                    spec.chip,
-                    spec.priority,
-                    job.first_admit or self.now,
-                    end,
-                    last if elapsed >= job.interval else None,
-                    min_gpus=spec.min_gpus,
-                    max_gpus=spec.gpus if spec.min_gpus is not None else None,
-                    size_step=spec.size_step,
-                    topology=spec.topology,
-                )
-            )
-            self._views[spec.id] = (key, view[-1])
+            key = (job.version, math.floor(max(0.0, self.now - job.run_start) / job.interval))
+            cached = self._views.get(job.spec.id)
+            if cached is None or cached[0] != key:
+                cached = self._views[job.spec.id] = (key, runs.as_running(job, self.now))
+            view.append(cached[1])
         return view
 
     def _on_cycle(self) -> None:
@@ -271,96 +182,53 @@ class Simulation:
             self._start(job, a.held, resumed=job.first_admit is not None, slowdown=a.span_slowdown)
 
     # --- running, saving, stopping ------------------------------------------------------------
-    def _policy(self, job: _Job) -> None:
-        """Checkpoint interval, stall, rollback and overhead for the job at its size."""
-        t = job_timing(self.cfg.checkpoint, job.spec.parameters, job.size, self.ph)
-        job.interval, job.stall_fraction, job.step_s = t.interval, t.stall_fraction, t.step_s
-        job.rollback, job.overhead = t.rollback, t.overhead
-
-    def _start(self, job: _Job, held: np.ndarray, *, resumed: bool, slowdown: float = 0.0) -> None:
-        size = len(held)
-        job.held = np.asarray(held, dtype=np.int64)
+    def _start(self, job: JobRun, held: np.ndarray, *, resumed: bool, slowdown: float = 0.0) -> None:
+        runs.start(job, held, self.now, self.ph, resumed=resumed)
+        runs.set_policy(job, self.cfg.checkpoint, self.ph, slowdown)
         self.owner[job.held] = job.spec.id
-        self._policy(job)
-        job.overhead += slowdown / (1 + slowdown)  # across datacenters its steps are slower
-        overhead = self.ph.process_start_s + self.ph.comm_init_s(size)
-        if resumed:
-            state = checkpoint_bytes(job.spec.parameters, self.ph)
-            overhead += self.ph.reschedule_s + state / (self.ph.storage_gbps(size) * 1e9)
-        if job.first_admit is None:
-            job.first_admit = self.now
-        if job.waiting_since is not None:
-            job.ettr.add("waiting", self.now - job.waiting_since)
-            job.waiting_since = None
-        job.ettr.add("restart", overhead)
-        job.run_start = self.now + overhead
-        job.version += 1
         self.running[job.spec.id] = job
         self._schedule_end(job)
 
-    def _schedule_end(self, job: _Job) -> None:
+    def _schedule_end(self, job: JobRun) -> None:
         """The job ends when its remaining work is done at its size, less checkpoint stalls; an
         end event of an older run (older version) is ignored."""
-        self._push(self._finish_time(job), "end", job.spec.id, job.version)
+        self._push(job.finish_time(), "end", job.spec.id, job.version)
 
-    @staticmethod
-    def _finish_time(job: _Job) -> float:
-        return job.run_start + job.remaining / job.size / max(1e-9, 1 - job.stall_fraction - job.overhead)
-
-    def _save(self, job: _Job, *, graceful: bool, at: float | None = None) -> float:
+    def _save(self, job: JobRun, *, graceful: bool) -> float:
         """Account the run so far; returns the GPU-seconds lost. Graceful: the policy can save now."""
-        at = self.now if at is None else at
-        elapsed = max(0.0, at - job.run_start)
-        keep = 1 - job.stall_fraction - job.overhead
-        done = elapsed * keep * job.size
-        saves = graceful and saves_on_demand(self.cfg.checkpoint.kind)
-        lost = 0.0 if saves else unsaved_s(at, job.run_start, None, every=job.rollback) * keep * job.size
-        job.ettr.add("checkpoint_stall", elapsed * job.stall_fraction)
-        job.ettr.add("degraded", elapsed * job.overhead)
-        job.ettr.add("lost_work", lost / job.size)
-        job.remaining = max(0.0, job.remaining - (done - lost))
-        job.run_start = at
-        return lost
+        return runs.save(job, self.now, saves=graceful and runs.graceful_saves(self.cfg.checkpoint))
 
-    def _stop(self, job: _Job, *, graceful: bool, requeue: bool) -> None:
-        self._save(job, graceful=graceful)
+    def _release(self, job: JobRun) -> None:
+        """The job's GPUs are free and the scheduler is asked again."""
         self.owner[job.held] = -1
-        job.version += 1
         del self.running[job.spec.id]
         self.sites.stopped(job.spec.id, self.now)
+        self.dirty = True
+
+    def _stop(self, job: JobRun, *, graceful: bool, requeue: bool) -> None:
+        self._save(job, graceful=graceful)
+        self._release(job)
+        job.version += 1
         job.held = None
         if requeue:
             job.waiting_since = self.now
             self._queue(job)
-        self.dirty = True
 
     def _on_end(self, job_id: int, version: int) -> None:
         job = self.running.get(job_id)
         if job is None or job.version != version:
             return  # preempted, resized or recovered since: a newer end event stands
-        elapsed = max(0.0, self.now - job.run_start)
-        job.ettr.add("checkpoint_stall", elapsed * job.stall_fraction)
-        job.ettr.add("degraded", elapsed * job.overhead)
-        job.remaining = 0.0
-        self.owner[job.held] = -1
-        del self.running[job_id]
-        self.sites.stopped(job_id, self.now)
-        job.ended = self.now
-        self.dirty = True
+        self._release(job)
+        runs.finish(job, self.now)
 
     # --- inference services -------------------------------------------------------------------
     def _on_autoscale(self) -> None:
         self._push(self.now + AUTOSCALE_S, "autoscale")
-        autoscale(self)
+        self.services.step(self)
 
     # --- faults and repairs --------------------------------------------------------------------
-    def _next_fault(self) -> None:
-        drawn = self.fleet.next_fault(self.now, self.topo.node_state == READY)
-        if drawn is not None:
-            self._push(drawn[0], "fault", drawn[1], drawn[2])
-
     def _on_fault(self, node: int, cause: str) -> None:
-        self._next_fault()
+        self.hardware.draw_next(self.now)
         self.inject_fault(node, cause)
 
     def inject_fault(self, node: int, cause: str) -> Verdict:
@@ -373,57 +241,21 @@ class Simulation:
         """A fault of ``source`` (and ``xid``) on node index ``node`` now: judged by the fault
         verdict (engine.lifecycle.judge), applied to the hardware through the state tables, and
         every job it interrupts recovered as production recovers it."""
-        history = self.fault_history.setdefault(node, [])
-        v = judge(history, self.now, source, xid)
-        history.append((self.now, source, xid))
-        c = v.classification
-        self.faults[cause or c.cause] += 1
-        self.fault_log.append((self.now, cause or c.cause, c.action.value))
-        lay = self.layout
-        start, count = int(lay.node_gpu_start[node]), int(lay.node_gpu_count[node])
-        node_gpus = np.arange(start, start + count)
-        faulty = self._take_out(node, node_gpus, v)
-        self.fleet.ecc[node_gpus] += 1
+        v, faulty = self.hardware.fault(node, self.now, source, xid, cause)
         self.dirty = True
         if not v.interrupts_job:
             return v
-        hit = {int(j) for j in self.owner[node_gpus] if j >= 0}
+        hit = {int(j) for j in self.owner[self.hardware.node_gpus(node)] if j >= 0}
         if cause == "network":
             # a switch or link fault on the rack's uplink: every job crossing it is interrupted
             rack = int(self.topo.node_rack[node])
             crossing = {i: j.held for i, j in self.running.items()}
             hit |= set(self.network.jobs_crossing_rack(rack, crossing))
         for job_id in sorted(hit):
-            self._recover(self.running[job_id], c, faulty)
+            self._recover(self.running[job_id], v.classification, faulty)
         return v
 
-    def _take_out(self, node: int, node_gpus: np.ndarray, v: Verdict) -> np.ndarray:
-        """Apply the verdict to the node's and GPUs' states (engine.states' tables) and plan when
-        they return; returns the GPU indices that left service."""
-        if v.node_down:
-            try:
-                code = node_event_code(int(self.topo.node_state[node]), "quarantine" if v.lemon else "fault")
-            except InvalidTransition:
-                return node_gpus  # already out of service: its return is planned already
-            self.topo.node_state[node] = code
-            if v.lemon:  # a lemon stays out until an operator clears it
-                self.quarantined.add(node)
-            else:
-                back = self.ph.out_of_service_s(v.returns, self.fleet.rng)
-                self._push(self.now + back, "node_back", node)
-            return node_gpus
-        if v.gpu_down:
-            faulty = node_gpus[[int(self.fleet.rng.integers(len(node_gpus)))]]
-            gpu = int(faulty[0])
-            try:
-                self.topo.gpu_state[gpu] = gpu_event_code(int(self.topo.gpu_state[gpu]), "fault")
-            except InvalidTransition:
-                return faulty  # already down: its reset is planned already
-            self._push(self.now + self.ph.out_of_service_s(v.returns, self.fleet.rng), "gpu_back", gpu)
-            return faulty
-        return node_gpus[:0]
-
-    def _recover(self, job: _Job, c, faulty: np.ndarray) -> None:
+    def _recover(self, job: JobRun, c, faulty: np.ndarray) -> None:
         job.interruptions += 1
         choice = self.cfg.checkpoint
         saved_by_trigger = (
@@ -461,14 +293,9 @@ class Simulation:
                 self._stop(self.running[victim], graceful=True, requeue=True)
         self.owner[job.held] = -1
         held = np.union1d(np.setdiff1d(job.held, plan.lost_gpus), plan.replacement_gpus)
-        job.held = held
+        runs.recovered(job, held, self.now, plan)
+        runs.set_policy(job, choice, self.ph)
         self.owner[held] = spec.id
-        restart = plan.seconds  # detection + reschedule + restart + load, as planned
-        job.ettr.add("restart", restart - detection)
-        job.ettr.add("degraded", plan.degraded_s)  # trained on without a replica group meanwhile
-        job.run_start = self.now + restart + plan.degraded_s
-        job.version += 1
-        self._policy(job)
         self._schedule_end(job)
 
     def _yielding(self) -> np.ndarray | None:
@@ -481,17 +308,11 @@ class Simulation:
         return on_spares & np.isin(self.owner, list(ids))
 
     def _on_gpu_back(self, gpu: int) -> None:
-        self.topo.gpu_state[gpu] = gpu_event_code(int(self.topo.gpu_state[gpu]), "reset")
+        self.hardware.gpu_back(gpu)
         self.dirty = True
 
     def _on_node_back(self, node: int) -> None:
-        """A rebooted or repaired node returns to service (down, repairing, ready: the table's path)."""
-        if node in self.quarantined:
-            return
-        self.topo.node_state[node] = node_event_code(
-            node_event_code(int(self.topo.node_state[node]), "repair"), "return"
-        )
-        self.dirty = True
+        self.dirty = self.hardware.node_back(node) or self.dirty
 
     # --- samples and the summary ----------------------------------------------------------------
     def _on_sample(self) -> None:

@@ -47,9 +47,8 @@ def _training_ettr(started, end: float) -> tuple[list[dict], Ettr]:
         acc = Ettr(span, dict(j.ettr.buckets))
         if j.held is not None and j.ended is None:
             # still running at the end: the work since its last restore point is not yet safe
-            # (what a fault at the end would lose: the simulator's _save, the same rule)
-            keep = 1 - j.stall_fraction - j.overhead
-            acc.add("lost_work", unsaved_s(end, j.run_start, None, every=j.rollback) * keep)
+            # (what a fault at the end would lose: sim.runs.save, the same rule)
+            acc.add("lost_work", unsaved_s(end, j.run_start, None, every=j.rollback) * j.keep)
         if j.waiting_since is not None:
             acc.add("waiting", end - j.waiting_since)
         ettr_jobs.append(
@@ -122,8 +121,8 @@ def summarize(self, wall: float) -> dict:
             "loss_share": {k: round(v, 5) for k, v in total.shares().items()} if total.wall_s else {},
         },
         "faults": {
-            "total": sum(self.faults.values()),
-            "by_cause": dict(self.faults.most_common()),
+            "total": sum(self.hardware.faults.values()),
+            "by_cause": dict(self.hardware.faults.most_common()),
             "interruptions": sum(j.interruptions for j in self.jobs.values()),
         },
         "recoveries": {
@@ -131,15 +130,7 @@ def summarize(self, wall: float) -> dict:
             "by_outcome": dict(Counter(o for _, o, _ in self.recoveries)),
             "median_s": round(float(np.median(rec)), 1) if rec else None,
         },
-        "inference": [
-            {
-                "service": svc.name,
-                "replica_hours": round(self.replica_seconds[k] / 3600, 1),
-                "short_replica_hours": round(self.short_seconds[k] / 3600, 1),
-                "replicas_at_end": len(self.replicas[k]),
-            }
-            for k, svc in enumerate(self.services)
-        ],
+        "inference": self.services.report(),
         "engine": {
             "cycles": self.cycles,
             "invariant_checks": self.checked,
@@ -149,7 +140,7 @@ def summarize(self, wall: float) -> dict:
         },
         "series": {
             "samples": self.samples,
-            "faults": [list(f) for f in self.fault_log],
+            "faults": [list(f) for f in self.hardware.log],
             "recoveries": [list(r) for r in self.recoveries],
             "ettr_jobs": ettr_jobs,
         },
@@ -162,7 +153,7 @@ def take_sample(self) -> None:
     util = np.zeros(self.topo.num_gpus, dtype=np.float32)
     held = self.owner >= 0
     util[held] = self.cfg.fleet.training_util
-    self.fleet.step(self.now, util)
+    self.hardware.fleet.step(self.now, util)
     self.network.load(
         [
             (j.held, *traffic_per_gpu(j.spec.parameters, j.spec.chip, j.size))
@@ -182,14 +173,14 @@ def take_sample(self) -> None:
             "allocated": int(held.sum()),
             "busy": int(busy),
             "running_jobs": len(self.running),
-            "inference_replicas": sum(1 for ids in self.replicas for i in ids if i in self.running),
+            "inference_replicas": self.services.running_replicas(self.running),
             "pending_jobs": len(self.pending),
             "pending_gpus": int(sum(p.gpus for p in self.pending.values())),
             "down_gpus": int(
                 (self.topo.gpu_state != GPU_READY).sum()
                 + (self.topo.node_state[self.topo.gpu_node] != READY).sum()
             ),
-            "mean_temperature_c": round(float(self.fleet.temperature.mean()), 2),
-            "power_mw": round(float(self.fleet.power.sum()) / 1e6, 3),
+            "mean_temperature_c": round(float(self.hardware.fleet.temperature.mean()), 2),
+            "power_mw": round(float(self.hardware.fleet.power.sum()) / 1e6, 3),
         }
     )

@@ -145,7 +145,7 @@ def test_the_three_worlds_judge_a_fault_sequence_alike(production):
     assert prod_verdicts == sim_verdicts == model_verdicts == EXPECTED
     # the hardware: the lemon is quarantined and stays out in every world
     assert node.state == "down" and node.is_lemon
-    assert sim_node in simulation.quarantined and simulation.topo.node_state[sim_node] != 0
+    assert sim_node in simulation.hardware.quarantined and simulation.topo.node_state[sim_node] != 0
     assert run.report.lemons_quarantined == 1
     # a job restart keeps the job where it is (the ETTR model used to swap a node for every one)
     assert prod["kept_its_gpus"] and sim["kept_its_gpus"] and model["kept_its_gpus"]
