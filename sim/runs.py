@@ -43,6 +43,7 @@ class JobRun:
     stall_fraction: float = 0.0
     overhead: float = 0.0  # share of time given to the replica groups' quorum (degraded)
     rollback: float = 3600.0  # a fault rolls back to a multiple of this (engine.tiers)
+    slowdown: float = 0.0  # how much slower its steps run across datacenters (engine.sites)
     step_s: float = 1.0
     version: int = 0  # raised at every start, stop and recovery: older end events are ignored
     first_admit: float | None = None
@@ -109,20 +110,22 @@ def as_running(job: JobRun, now: float) -> RunningJob:
     )
 
 
-def set_policy(job: JobRun, choice: CheckpointPolicy, ph: Physics, slowdown: float = 0.0) -> None:
+def set_policy(job: JobRun, choice: CheckpointPolicy, ph: Physics) -> None:
     """Checkpoint interval, stall, rollback and overhead for the job at its size; across
-    datacenters (``slowdown``, engine.sites) its steps are slower by that much."""
+    datacenters its steps are slower by its ``slowdown`` as well."""
     t = job_timing(choice, job.spec.parameters, job.size, ph)
     job.interval, job.stall_fraction, job.step_s = t.interval, t.stall_fraction, t.step_s
-    job.rollback, job.overhead = t.rollback, t.overhead + slowdown / (1 + slowdown)
+    job.rollback, job.overhead = t.rollback, t.overhead + job.slowdown / (1 + job.slowdown)
 
 
-def start(job: JobRun, held: np.ndarray, now: float, ph: Physics, *, resumed: bool) -> None:
+def start(job: JobRun, held: np.ndarray, now: float, ph: Physics, *, resumed: bool, slowdown: float) -> None:
     """A run begins on ``held`` now: the wait so far and the restart's overheads (process start,
     communicator, and for a resumed job rescheduling and the checkpoint's load) are accounted.
+    ``slowdown``: how much slower its steps are where it is placed (0 inside one datacenter).
     The caller sets the checkpoint policy (set_policy) after this."""
     size = len(held)
     job.held = np.asarray(held, dtype=np.int64)
+    job.slowdown = slowdown
     overhead = ph.process_start_s + ph.comm_init_s(size)
     if resumed:
         state = checkpoint_bytes(job.spec.parameters, ph)

@@ -183,8 +183,8 @@ class Simulation:
 
     # --- running, saving, stopping ------------------------------------------------------------
     def _start(self, job: JobRun, held: np.ndarray, *, resumed: bool, slowdown: float = 0.0) -> None:
-        runs.start(job, held, self.now, self.ph, resumed=resumed)
-        runs.set_policy(job, self.cfg.checkpoint, self.ph, slowdown)
+        runs.start(job, held, self.now, self.ph, resumed=resumed, slowdown=slowdown)
+        runs.set_policy(job, self.cfg.checkpoint, self.ph)
         self.owner[job.held] = job.spec.id
         self.running[job.spec.id] = job
         self._schedule_end(job)

@@ -182,6 +182,25 @@ def test_the_simulator_runs_the_same_rule_over_its_links():
     assert cut["jobs"]["started"] == 0 and cut["jobs"]["pending_at_end"] == 1  # no link: it never runs
 
 
+def test_a_spanning_job_restarted_in_place_after_a_fault_stays_slower_across_the_link():
+    from sim.config import SimConfig
+    from sim.simulation import Simulation
+    from sim.workload import SimJob
+
+    lay = layout_for()  # two datacenters of 64 H100s
+    jobs = [SimJob(1, "a", 96, 0.0, 10 * HOUR, "H100-SXM", topology="region", parameters=8e9)]
+    sim = Simulation(lay.topo, jobs, SimConfig(days=1, seed=1), queues=[queue()], site_links=links())
+    sim.arrive_and_schedule(1)
+    job = sim.jobs[1]
+    assert job.slowdown > 0 and job.overhead >= job.slowdown / (1 + job.slowdown)
+    before = job.overhead
+    sim.now = HOUR
+    node = int(lay.topo.gpu_node[job.held[0]])
+    sim.inject(node, "xid", 43)  # an application fault: the job restarts in place
+    assert sim.recoveries[-1][1] == "restart_in_place" and 1 in sim.running
+    assert job.overhead == pytest.approx(before)  # still across the link, still that much slower
+
+
 def test_a_partitioned_datacenter_takes_nothing_new_and_its_work_keeps_running():
     lay = layout_for()
     inside = running(lay, 100, "a", nodes=(0, 1), end=None)
