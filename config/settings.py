@@ -270,6 +270,7 @@ LAUNCH_LOG_TAIL_CHARS = env_int("MYRIAD_LAUNCH_LOG_TAIL_CHARS", 8000, minimum=10
 WEBHOOK_ALLOW = env_networks("MYRIAD_WEBHOOK_ALLOW")
 WEBHOOK_INTERVAL_S = env_int("MYRIAD_WEBHOOK_INTERVAL_S", 10, minimum=1)
 WEBHOOK_TIMEOUT_S = env_float("MYRIAD_WEBHOOK_TIMEOUT_S", 5.0, minimum=0.1)
+WEBHOOK_RESOLVE_S = env_float("MYRIAD_WEBHOOK_RESOLVE_S", 1.0, minimum=0.01)
 WEBHOOK_MAX_ATTEMPTS = env_int("MYRIAD_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
 WEBHOOK_BACKOFF_S = env_float("MYRIAD_WEBHOOK_BACKOFF_S", 30.0, minimum=0.0)
 # --- Expected starts (scheduling.forecast): how often every pending job's start is played again,

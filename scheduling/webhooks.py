@@ -10,7 +10,11 @@ times in all; redirects are not followed. Each post is signed with its queue's s
 
 The control plane must not become a way into its own network: a URL must be http(s) and every
 address its host resolves to public, or inside MYRIAD_WEBHOOK_ALLOW; checked when the URL is given
-and again before each post (the name may resolve elsewhere by then).
+and again before each post (the name may resolve elsewhere by then). When the URL is given, the
+request waits at most MYRIAD_WEBHOOK_RESOLVE_S for the name: the lookup runs on in the background
+and its answer (addresses or "does not resolve") is kept RESOLVED_TTL_S, so a slow or unreachable
+resolver costs a submit a bounded wait and a burst of submits with one URL one lookup. The check
+before a post always resolves afresh.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import ipaddress
 import json
 import secrets
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -52,8 +57,66 @@ State = WebhookDelivery.State
 UPDATED = ("attempts", "last_status", "last_error", "state", "delivered_at", "next_attempt_at")
 
 
+RESOLVED_TTL_S = 60.0  # a name's answer is kept this long for the checks of given URLs
+RESOLVED_MAX = 4096
+
+
 class WebhookURLError(ValueError):
     pass
+
+
+class _Lookup:
+    def __init__(self):
+        self.done = threading.Event()
+        self.found: list[str] | None = None
+
+
+class _Resolver:
+    """Name lookups for the checks of given URLs: each runs on a thread of its own pool, a caller
+    waits for it at most its bound, and the answer is kept RESOLVED_TTL_S (also after the caller
+    stopped waiting, so the next check of the name finds it)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.answers: dict[tuple[str, int], tuple[float, list[str] | None]] = {}  # -> (until, addresses)
+        self.asked: dict[tuple[str, int], _Lookup] = {}
+        self.pool: ThreadPoolExecutor | None = None
+
+    def addresses(self, host: str, port: int, wait_s: float) -> list[str] | None:
+        """The host's addresses; None when it does not resolve. TimeoutError past ``wait_s``."""
+        key = (host, port)
+        with self.lock:
+            kept = self.answers.get(key)
+            if kept is not None and kept[0] > time.monotonic():
+                return kept[1]
+            lookup = self.asked.get(key)
+            if lookup is None:
+                lookup = self.asked[key] = _Lookup()
+                if self.pool is None:
+                    self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="webhook-resolve")
+                self.pool.submit(self._look_up, key, lookup)
+        if not lookup.done.wait(wait_s):
+            raise TimeoutError
+        return lookup.found
+
+    def _look_up(self, key: tuple[str, int], lookup: _Lookup) -> None:
+        try:
+            lookup.found = [i[4][0] for i in socket.getaddrinfo(key[0], key[1], proto=socket.IPPROTO_TCP)]
+        except (socket.gaierror, UnicodeError, OSError):
+            lookup.found = None
+        with self.lock:
+            if len(self.answers) >= RESOLVED_MAX:
+                self.answers.clear()
+            self.answers[key] = (time.monotonic() + RESOLVED_TTL_S, lookup.found)
+            self.asked.pop(key, None)
+        lookup.done.set()
+
+    def forget(self) -> None:
+        with self.lock:
+            self.answers.clear()
+
+
+RESOLVER = _Resolver()
 
 
 def _internal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
@@ -70,9 +133,10 @@ def _internal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     )
 
 
-def check_url(url: str) -> None:
+def check_url(url: str, *, fresh: bool = False) -> None:
     """WebhookURLError unless ``url`` is http(s) and its host resolves only to public addresses or
-    to addresses MYRIAD_WEBHOOK_ALLOW names."""
+    to addresses MYRIAD_WEBHOOK_ALLOW names. ``fresh``: resolve now, however long it takes (before
+    a post); otherwise the kept answer, or a lookup waited for at most MYRIAD_WEBHOOK_RESOLVE_S."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
         raise WebhookURLError("must be an http:// or https:// URL")
@@ -84,12 +148,23 @@ def check_url(url: str) -> None:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         raise WebhookURLError("has a port that is not a number from 0 to 65535") from None
-    try:
-        infos = socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError):
-        raise WebhookURLError(f"its host {parts.hostname!r} does not resolve") from None
-    for info in infos:
-        ip = ipaddress.ip_address(info[4][0].split("%")[0])
+    if fresh:
+        try:
+            found = [i[4][0] for i in socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)]
+        except (socket.gaierror, UnicodeError):
+            found = None
+    else:
+        wait_s = settings.WEBHOOK_RESOLVE_S
+        try:
+            found = RESOLVER.addresses(parts.hostname, port, wait_s)
+        except TimeoutError:
+            raise WebhookURLError(
+                f"its host {parts.hostname!r} did not resolve within {wait_s:g} s"
+            ) from None
+    if found is None:
+        raise WebhookURLError(f"its host {parts.hostname!r} does not resolve")
+    for address in found:
+        ip = ipaddress.ip_address(address.split("%")[0])
         if _internal(ip) and not any(ip in net for net in settings.WEBHOOK_ALLOW):
             raise WebhookURLError(
                 f"its host {parts.hostname} is {ip}, a loopback, private or link-local address "
@@ -166,7 +241,7 @@ def _opener():
 def _post(url: str, body: bytes, headers: dict) -> tuple[int | None, str]:
     """(HTTP status or None, error text) of one post."""
     try:
-        check_url(url)
+        check_url(url, fresh=True)
     except WebhookURLError as exc:
         return None, f"refused: {exc}"
     request = urllib.request.Request(url, data=body, method="POST", headers=headers)

@@ -222,3 +222,63 @@ def test_a_public_address_passes_and_the_allow_list_opens_a_private_one(queues, 
 def test_only_operators_rotate_a_queues_secret(queues, viewer_client):
     answer = viewer_client.post(f"/api/v1/queues/{queues['vision'].pk}/webhook-secret/")
     assert answer.status_code == 403
+
+
+@pytest.fixture
+def slow_resolver(monkeypatch, settings):
+    """A resolver that answers after ``delay`` seconds and counts the names asked of it."""
+    asked: list[str] = []
+    state = {"delay": 0.5, "address": "93.184.216.34"}
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        asked.append(host)
+        time.sleep(state["delay"])
+        if state["address"] is None:
+            raise socket.gaierror(-2, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (state["address"], port))]
+
+    monkeypatch.setattr(webhooks.socket, "getaddrinfo", getaddrinfo)
+    webhooks.RESOLVER.forget()
+    settings.WEBHOOK_RESOLVE_S = 0.05
+    yield asked, state
+    webhooks.RESOLVER.forget()
+
+
+def test_a_name_the_resolver_is_slow_to_answer_costs_a_submit_a_bounded_wait(
+    queues, operator_client, slow_resolver
+):
+    asked, state = slow_resolver
+    jobs = Job.objects.count()
+    url = "https://hooks.example.org/ci"
+    answer = operator_client.post(
+        "/api/v1/jobs/", {"queue": "vision", "gpus": 8, "webhook_url": url}, format="json"
+    )
+    assert answer.status_code == 400, answer.content
+    assert "did not resolve within 0.05 s" in answer.json()["webhook_url"][0]
+    assert Job.objects.count() == jobs
+    # the lookup ran on: once it answered, the same URL passes without asking again
+    deadline = time.monotonic() + 10
+    while webhooks.RESOLVER.answers.get(("hooks.example.org", 443)) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for _ in range(3):
+        _submit(operator_client, "vision", webhook_url=url)
+    assert asked == ["hooks.example.org"]
+
+
+def test_a_name_that_does_not_resolve_is_refused_and_the_post_time_check_asks_afresh(
+    queues, operator_client, slow_resolver, settings
+):
+    asked, state = slow_resolver
+    state["delay"], state["address"] = 0.0, None
+    settings.WEBHOOK_RESOLVE_S = 5.0
+    url = "https://gone.example.org/ci"
+    for _ in range(2):
+        answer = operator_client.post(
+            "/api/v1/jobs/", {"queue": "vision", "gpus": 8, "webhook_url": url}, format="json"
+        )
+        assert "does not resolve" in answer.json()["webhook_url"][0]
+    assert asked == ["gone.example.org"]  # the answer is kept
+    # before a post the name is resolved again, whatever was kept: it may point elsewhere now
+    state["address"] = "10.0.0.5"
+    status, error = webhooks._post(url, b"{}", {})
+    assert status is None and "10.0.0.5" in error and asked == ["gone.example.org"] * 2
