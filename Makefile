@@ -5,10 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
-# TEST_PROCESSES=2 runs the suite in two processes (pytest-xdist; tests that start whole stacks run
-# one at a time in one of them). The default is one process: on PostgreSQL and Redis the two-process
-# run still fails stack tests (docs/testing.md).
-TEST_PROCESSES ?= 1
+# The suite runs in TEST_PROCESSES processes (pytest-xdist; the tests that start whole stacks run one
+# after another in one of them, tests/conftest.py). TEST_PROCESSES=1 runs it in this process.
+TEST_PROCESSES ?= 2
 CHECK_TESTS ?= tests/test_engine_*.py tests/test_lifecycle_table.py tests/test_glossary.py \
 	tests/test_import_layers.py tests/test_steptime.py tests/test_network.py tests/test_agent_network.py
 
@@ -32,7 +31,7 @@ test: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) manage.py makemigrations --check --dry-run
-	$(PY) -m pytest $(if $(filter-out 1,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadgroup) $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 1,$(TEST_PROCESSES)),-n $(TEST_PROCESSES)) $(PYTEST_ARGS)
 
 check: $(VENV)/.installed
 	$(PY) -m ruff check .

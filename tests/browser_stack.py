@@ -49,11 +49,14 @@ def _postgres_copy(url: str, suffix: str) -> str:
 
 
 def _redis_other_db(url: str) -> str:
+    """A Redis database of the stack's own, emptied: eight below the configured one (the test
+    processes of a parallel run take the databases below the configured one, so each process's
+    stacks get a database no other process uses)."""
     m = re.match(r"^(redis://[^/]+)(?:/(\d+))?$", url)
     if not m:
         return url
     db = int(m.group(2) or 0)
-    other = 13 if db != 13 else 12
+    other = (db + 8) % 16
     import redis
 
     redis.Redis.from_url(f"{m.group(1)}/{other}").flushdb()
