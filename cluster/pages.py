@@ -1,4 +1,4 @@
-"""Shared pieces of the server-rendered pages: role checks and the form-error helper."""
+"""Shared pieces of the server-rendered pages: role checks, the page size and the form-error helper."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from django.core.exceptions import PermissionDenied
 
 from cluster.roles import is_operator, is_viewer
 
+PAGE_SIZE = 50  # rows of a server-rendered list page
 NO_ROLE = "Your account has no role; ask an administrator for viewer or operator."
 NOT_OPERATOR = "Only operators may change this; your role is viewer."
 

@@ -1,5 +1,7 @@
-"""Operator pages: overview, live heatmap, topology drill-down, node page with actions, faults,
-simulations. Every list is scoped and paginated on the server; arrays come from the snapshot."""
+"""The fleet's pages: overview, live heatmap and levels, topology drill-down, node page with
+actions. Every list is scoped and paginated on the server; arrays come from the snapshot. The
+faults page is in monitoring.faults.pages, efficiency in monitoring.telemetry.pages, what-if
+simulations in monitoring.whatif.pages."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import orjson
-from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import Count, Q, Sum
@@ -18,32 +19,24 @@ from django.utils import timezone
 
 from cluster.audit import record
 from cluster.choices import COLOURS, NodeState
-from cluster.fields import FieldError
 from cluster.models import GPU, AuditRecord, Datacenter, NicPort, Node, Pod, Rack
-from cluster.pages import flat_errors, viewer_page
+from cluster.pages import PAGE_SIZE, viewer_page
 from cluster.roles import is_operator
 from cluster.services import apply_node_action, operator_actions
 from cluster.snapshot import topology_cache
-from engine import lifecycle
 from engine.frames import FRAME_METRICS, decode_frame
 from engine.levels import AGGREGATES
-from engine.presets import PRESETS
 from engine.states import InvalidTransition
-from monitoring.api.serializers import SimulationSerializer
 from monitoring.faults.drain_preview import preview
-from monitoring.faults.services import LEMON_WINDOW, node_fault_counts
 from monitoring.forms import DRAIN_GRACE_CHOICES, NodeActionForm
-from monitoring.models import FaultEvent, Simulation
-from monitoring.tasks import run_simulation_task
-from monitoring.telemetry import efficiency, netreports
+from monitoring.models import FaultEvent
+from monitoring.telemetry import netreports
 from monitoring.telemetry.ingest import latest_reports
 from monitoring.telemetry.livestore import live_store, newest_frame
 from monitoring.telemetry.overview import BUCKETS, ettr_last_day, overview
-from scheduling.choices import EventKind
-from scheduling.models import Allocation, Job, JobEvent, Queue
+from scheduling.models import Allocation, Job
 from scheduling.usage import queue_health
 
-PAGE_SIZE = 50
 BUCKET_LABELS = {
     "free": "free",
     "allocated": "allocated and busy",
@@ -330,168 +323,6 @@ def _node_telemetry(node: Node) -> list[dict] | None:
     if not len(idx) or len(values["util"]) != snap.num_gpus:
         return None
     return [{m: int(values[m][i]) for m in ("util", "memory", "temperature", "power")} for i in idx]
-
-
-# --- efficiency -------------------------------------------------------------------------------
-
-
-@viewer_page
-def efficiency_page(request):
-    """Jobs ranked by the GPU-hours their GPUs sat idle, with their owners and the GPUs wasted now
-    (held, idle for MYRIAD_IDLE_AFTER_S); ?state=all adds finished jobs, ?queue=NAME one queue."""
-    state = request.GET.get("state", "running")
-    queue = request.GET.get("queue", "")
-    try:
-        rows, errors = efficiency.ranking(state=state, queue=queue or None, limit=200), []
-    except FieldError as exc:
-        rows, errors = [], [str(exc)]  # "field: message"
-    wasted = efficiency.wasted_by_queue()
-    return render(
-        request,
-        "monitoring/efficiency.html",
-        {
-            "rows": rows,
-            "state": state,
-            "queue": queue,
-            "errors": errors,
-            "queues": Queue.objects.order_by("name").values_list("name", flat=True),
-            "wasted": sorted(wasted.items(), key=lambda kv: (-kv[1], kv[0])),
-            "wasted_total": sum(wasted.values()),
-            "idle_pct": settings.IDLE_UTIL_PCT,
-            "idle_after_min": settings.IDLE_AFTER_S / 60,
-        },
-    )
-
-
-# --- faults -----------------------------------------------------------------------------------
-
-FAULT_WINDOWS = {
-    "day": (timedelta(days=1), timedelta(hours=1)),
-    "week": (timedelta(days=7), timedelta(hours=6)),
-}
-
-
-@viewer_page
-def faults(request):
-    """Faults per rack over time (by cause), lemon nodes, open faults with the recovery in progress."""
-    window = request.GET.get("window", "week")
-    if window not in FAULT_WINDOWS:
-        window = "week"
-    cause = request.GET.get("cause", "")
-    span, step = FAULT_WINDOWS[window]
-    now = timezone.now()
-    since = now - span
-    recent = FaultEvent.objects.filter(at__gte=since)
-    by_cause = list(recent.values("cause").annotate(n=Count("id")).order_by("-n", "cause"))
-    causes = sorted(r["cause"] for r in by_cause if r["cause"])
-    if cause:
-        recent = recent.filter(cause=cause)
-    rows = list(recent.values_list("at", "node__rack_id", "gpu__node__rack_id"))
-    buckets = int(span / step)
-    per_rack: dict[int, list[int]] = {}
-    for at, rack_a, rack_b in rows:
-        rack = rack_a or rack_b
-        if not rack:
-            continue  # a link or pod fault names no rack
-        b = min(int((at - since) / step), buckets - 1)
-        per_rack.setdefault(rack, [0] * buckets)[b] += 1
-    # rack names repeat across pods ("r01"): label each as datacenter-pod/rack
-    labels = {
-        r.pk: f"{r.pod.datacenter.name}-{r.pod.name}/{r.name}"
-        for r in Rack.objects.filter(pk__in=per_rack).select_related("pod__datacenter")
-    }
-    order = sorted(per_rack, key=lambda r: (-sum(per_rack[r]), labels[r]))
-    chart = {
-        "racks": [labels[r] for r in order],
-        "z": [per_rack[r] for r in order],
-        "x": [(since + step * (i + 0.5)).isoformat() for i in range(buckets)],
-    }
-    table = [(labels[r], r, sum(per_rack[r]), max(per_rack[r])) for r in order[:PAGE_SIZE]]
-    lemons = _lemons(now)
-    open_faults = Paginator(
-        FaultEvent.objects.filter(cleared_at__isnull=True).select_related(
-            "node", "gpu__node", "job", "pod", "link"
-        ),
-        PAGE_SIZE,
-    ).get_page(request.GET.get("page"))
-    return render(
-        request,
-        "monitoring/faults.html",
-        {
-            "chart": json.dumps(chart),
-            "table": table,
-            "total": len(rows),
-            "window": window,
-            "windows": list(FAULT_WINDOWS),
-            "cause": cause,
-            "causes": causes,
-            "by_cause": by_cause,
-            "lemons": lemons,
-            "lemon_rule": {"faults": lifecycle.LEMON_FAULTS, "days": LEMON_WINDOW.days},
-            "open_faults": open_faults,
-            "stragglers": JobEvent.objects.filter(kind=EventKind.STRAGGLER, at__gte=since)
-            .select_related("job")
-            .order_by("-at")[:PAGE_SIZE],
-            "step_hours": int(step.total_seconds() // 3600),
-        },
-    )
-
-
-def _lemons(now, limit: int = PAGE_SIZE) -> list[Node]:
-    """Nodes marked lemon, or at the lemon rule's count of faults (engine.lifecycle) in its window."""
-    counts = node_fault_counts(now - LEMON_WINDOW)
-    ids = {k for k, v in counts.items() if lifecycle.is_lemon(v)} | set(
-        Node.objects.filter(is_lemon=True).values_list("id", flat=True)
-    )
-    nodes = list(Node.objects.filter(pk__in=ids).select_related("rack"))
-    for node in nodes:
-        node.recent_faults = counts.get(node.pk, 0)
-    return sorted(nodes, key=lambda n: (-n.recent_faults, n.hostname))[:limit]
-
-
-# --- simulations ------------------------------------------------------------------------------
-
-
-@viewer_page
-def simulations(request):
-    """Start a what-if simulation (operators), follow the runs, open their reports."""
-    from django.db import transaction
-
-    errors = []
-    form = {
-        "cluster": "10k",
-        "days": "7",
-        "seed": "0",
-        "jobs": "",
-        "elastic_share": "0",
-        "configurations": "",
-    }
-    if request.method == "POST":
-        form = {k: request.POST.get(k, "").strip() for k in form} | {
-            "name": request.POST.get("name", "").strip()
-        }
-        payload = {k: v for k, v in form.items() if v != "" and k != "configurations"}
-        payload["configurations"] = [c.strip() for c in form["configurations"].split(",") if c.strip()]
-        serializer = SimulationSerializer(data=payload)
-        if serializer.is_valid():
-            sim = serializer.save(created_by=request.user.username)
-            transaction.on_commit(lambda: run_simulation_task.delay(sim.pk))
-            return redirect("simulation-page", pk=sim.pk)
-        errors = flat_errors(serializer.errors)
-    page = Paginator(Simulation.objects.all(), PAGE_SIZE).get_page(request.GET.get("page"))
-    return render(
-        request,
-        "monitoring/simulations.html",
-        {"page": page, "form": form, "errors": errors, "presets": list(PRESETS) + ["inventory"]},
-    )
-
-
-@viewer_page
-def simulation_detail(request, pk: int):
-    sim = get_object_or_404(Simulation, pk=pk)
-    return render(
-        request, "monitoring/simulation_detail.html", {"sim": sim, "summary": json.dumps(sim.summary)}
-    )
 
 
 @viewer_page

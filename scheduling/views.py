@@ -16,7 +16,7 @@ from django.utils import timezone
 from cluster.audit import changes
 from cluster.fields import FieldError
 from cluster.models import AuditRecord, ChipType
-from cluster.pages import flat_errors, operator_page, viewer_page
+from cluster.pages import PAGE_SIZE, flat_errors, operator_page, viewer_page
 from cluster.roles import is_operator
 from engine import tiers
 from engine.checkpoint import CheckpointKind
@@ -53,8 +53,6 @@ from scheduling.services import (
 )
 from scheduling.timeline import segments
 from scheduling.usage import queue_health, queue_usage
-
-PAGE_SIZE = 50
 
 
 @viewer_page
