@@ -190,11 +190,11 @@ class FreePool:
         return int(counts[domain]), max_level, domain
 
     # --- changes -------------------------------------------------------------------------
-    def _apply(self, gpus: np.ndarray, sign: int) -> None:
-        if len(gpus) == 0:
+    def _apply(self, indices: np.ndarray, sign: int) -> None:
+        if len(indices) == 0:
             return
         lay = self.layout
-        owners = lay.gpu_node[gpus]
+        owners = lay.gpu_node[indices]
         if len(owners) > 1 and (owners[1:] < owners[:-1]).any():
             # unsorted (several jobs' GPUs given back at once): count per node, no sort
             per_node = np.bincount(owners, minlength=len(self.node_free))
@@ -210,23 +210,23 @@ class FreePool:
         for k in range(1, len(LEVELS)):
             np.add.at(self.level_free[k], (chips, lay.node_domain[k][nodes]), sign * per_node)
 
-    def take(self, gpus: np.ndarray) -> None:
-        gpus = np.asarray(gpus, dtype=np.int64)
-        if not self.free[gpus].all():
+    def take(self, indices: np.ndarray) -> None:
+        indices = np.asarray(indices, dtype=np.int64)
+        if not self.free[indices].all():
             raise ValueError("taking GPUs that are not free")
-        self.free[gpus] = False
-        self._apply(gpus, -1)
+        self.free[indices] = False
+        self._apply(indices, -1)
 
-    def give(self, gpus: np.ndarray) -> None:
-        gpus = np.asarray(gpus, dtype=np.int64)
-        gpus = gpus[~self.free[gpus]]
-        self.free[gpus] = True
-        self._apply(gpus, +1)
+    def give(self, indices: np.ndarray) -> None:
+        indices = np.asarray(indices, dtype=np.int64)
+        indices = indices[~self.free[indices]]
+        self.free[indices] = True
+        self._apply(indices, +1)
 
-    def take_where_free(self, gpus: np.ndarray) -> None:
-        """Take those of ``gpus`` that are free here (used to keep a second pool in step)."""
-        gpus = np.asarray(gpus, dtype=np.int64)
-        self.take(gpus[self.free[gpus]])
+    def take_where_free(self, indices: np.ndarray) -> None:
+        """Take those of ``indices`` that are free here (used to keep a second pool in step)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        self.take(indices[self.free[indices]])
 
     # --- placement -----------------------------------------------------------------------
     def find(self, chip: int, gpus: int, max_level: int, within: tuple[int, int] | None = None):

@@ -79,31 +79,31 @@ class Pools:
         return not self.reserving or not self._room_in_all(chip, gpus, max_level)
 
     # --- changing ---------------------------------------------------------------------------
-    def take(self, gpus: np.ndarray) -> None:
+    def take(self, indices: np.ndarray) -> None:
         """Chosen GPUs (from ``open``) are taken."""
-        self.open.take(gpus)
+        self.open.take(indices)
         if self.reserving:
-            self.all.take(gpus)
+            self.all.take(indices)
             self._all_shrank()
 
-    def give(self, gpus: np.ndarray) -> None:
-        """GPUs become free (a job left or shrank); ``gpus`` must be schedulable and unreserved."""
+    def give(self, indices: np.ndarray) -> None:
+        """GPUs become free (a job left or shrank); ``indices`` must be schedulable and unreserved."""
         self._no_room_all.clear()
         self._room_all.clear()
-        self.all.give(gpus)
+        self.all.give(indices)
         if self.reserving:
-            self.open.give(gpus)
+            self.open.give(indices)
 
-    def take_back(self, gpus: np.ndarray) -> None:
+    def take_back(self, indices: np.ndarray) -> None:
         """Undo a ``give`` (where those GPUs are still free)."""
         self._no_room_all.clear()
         self._room_all.clear()
-        self.all.take_where_free(gpus)
+        self.all.take_where_free(indices)
         if self.reserving:
-            self.open.take_where_free(gpus)
+            self.open.take_where_free(indices)
 
-    def reserve(self, gpus: np.ndarray) -> None:
-        """Keep ``gpus`` for a blocked gang: they leave ``open`` and stay in ``all``."""
+    def reserve(self, indices: np.ndarray) -> None:
+        """Keep ``indices`` for a blocked gang: they leave ``open`` and stay in ``all``."""
         if not self.reserving:
             self.open = self.all.copy()
-        self.open.take_where_free(gpus)
+        self.open.take_where_free(indices)

@@ -20,19 +20,19 @@ def model_of(job) -> ModelSpec | None:
     return ModelSpec.from_dict(job.model)
 
 
-def datacenters_of(snapshot, gpus) -> np.ndarray:
-    """The datacenter index of each of ``gpus``."""
-    return snapshot.pod_datacenter[snapshot.rack_pod[snapshot.node_rack[snapshot.gpu_node[gpus]]]]
+def datacenters_of(snapshot, held) -> np.ndarray:
+    """The datacenter index of each of the GPU indices ``held``."""
+    return snapshot.pod_datacenter[snapshot.rack_pod[snapshot.node_rack[snapshot.gpu_node[held]]]]
 
 
-def span_of(snapshot, gpus: np.ndarray) -> tuple[int, list[int]]:
+def span_of(snapshot, held: np.ndarray) -> tuple[int, list[int]]:
     """(lowest common level index in SPAN_LEVELS, database ids of the datacenters spanned)."""
-    nodes = snapshot.gpu_node[np.asarray(gpus, dtype=np.int64)]
+    nodes = snapshot.gpu_node[np.asarray(held, dtype=np.int64)]
     if len(nodes) == 0:
         return 0, []
     racks = snapshot.node_rack[nodes]
     pods = snapshot.rack_pod[racks]
-    dcs = datacenters_of(snapshot, np.asarray(gpus, dtype=np.int64))
+    dcs = datacenters_of(snapshot, np.asarray(held, dtype=np.int64))
     regions = snapshot.datacenter_region[dcs]
     dc_ids = sorted(int(snapshot.datacenter_id[d]) for d in np.unique(dcs))
     for level, values in enumerate((nodes, racks, pods, dcs, regions)):
@@ -51,23 +51,23 @@ def _fabric(dc_ids: list[int]) -> Fabric:
     return Fabric(datacenter_link_gbps=(slowest / 8) if slowest else 5 / 8)
 
 
-def _across_sites(job, model, chip: str, snapshot, gpus: np.ndarray, dc_ids: list[int]) -> dict:
+def _across_sites(job, model, chip: str, snapshot, held: np.ndarray, dc_ids: list[int]) -> dict:
     """The plan of a job across datacenters (engine.sites: whole replicas in each datacenter, the
     gradients over what the links leave it), with its replicas per datacenter."""
-    index, counts = np.unique(datacenters_of(snapshot, gpus), return_counts=True)
+    index, counts = np.unique(datacenters_of(snapshot, held), return_counts=True)
     split = {int(snapshot.datacenter_id[i]): int(n) for i, n in zip(index, counts, strict=True)}
     room = sites.room_for(getattr(job, "pk", None), dc_ids)
     if room is None:
         return {
             "error": "a link between its datacenters is down or missing",
-            "gpus": int(len(gpus)),
+            "gpus": int(len(held)),
             "chip": chip,
         }
     plan = span_plan(model, chip, split, *room)
     if plan is None:
         return {
             "error": "no plan keeps whole model replicas in each datacenter",
-            "gpus": int(len(gpus)),
+            "gpus": int(len(held)),
             "chip": chip,
         }
     data = plan.as_dict()
@@ -78,37 +78,37 @@ def _across_sites(job, model, chip: str, snapshot, gpus: np.ndarray, dc_ids: lis
         for dc, n in sorted(split.items())
     ]
     data["link_room_gbps"] = round(room[0] * 8 / 1e9, 1)
-    one = one_site_step_s(model, chip, int(len(gpus)))
+    one = one_site_step_s(model, chip, int(len(held)))
     if one:
         data["one_site_step_s"] = round(one, 4)
         data["slowdown"] = round(plan.step_s / one - 1, 4)  # over the same GPUs in one datacenter
     return data
 
 
-def plan_for(job, chip: str, snapshot, gpus: np.ndarray, parts=()) -> dict:
+def plan_for(job, chip: str, snapshot, held: np.ndarray, parts=()) -> dict:
     """The modelled plan of ``job`` on these GPUs; {} without a model, {"error": ...} if none fits.
     ``parts``: (chip, GPUs) per chip type of a mixed-chip job."""
     model = model_of(job)
-    if model is None or len(gpus) == 0:
+    if model is None or len(held) == 0:
         return {}
-    level, dc_ids = span_of(snapshot, gpus)
+    level, dc_ids = span_of(snapshot, held)
     if len(parts) > 1:
         try:
             mixed = mixed_plan(
                 model, dict(parts), fabric=_fabric(dc_ids), span_level=level, datacenters=max(1, len(dc_ids))
             )
         except (NoFeasiblePlan, KeyError) as exc:
-            return {"error": str(exc), "gpus": int(len(gpus)), "chip": "+".join(c for c, _ in parts)}
+            return {"error": str(exc), "gpus": int(len(held)), "chip": "+".join(c for c, _ in parts)}
         data = mixed.as_dict()
-        data.update(mixed=True, gpus=int(len(gpus)), span=SPAN_LEVELS[level], datacenters=max(1, len(dc_ids)))
+        data.update(mixed=True, gpus=int(len(held)), span=SPAN_LEVELS[level], datacenters=max(1, len(dc_ids)))
         return data
     try:
         if len(dc_ids) > 1:
-            data = _across_sites(job, model, chip, snapshot, gpus, dc_ids)
+            data = _across_sites(job, model, chip, snapshot, held, dc_ids)
         else:
-            data = best_plan(model, chip, len(gpus), span_level=level).as_dict()
+            data = best_plan(model, chip, len(held), span_level=level).as_dict()
     except (NoFeasiblePlan, KeyError) as exc:
-        return {"error": str(exc), "gpus": int(len(gpus)), "chip": chip}
+        return {"error": str(exc), "gpus": int(len(held)), "chip": chip}
     if "error" in data:
         return data
     data["span"] = SPAN_LEVELS[level]
@@ -146,14 +146,14 @@ def plan_summary(plan: dict) -> str:
     )
 
 
-def resize_job(job, snapshot, gpus: np.ndarray, *, at, reason: str, **extra):
+def resize_job(job, snapshot, held: np.ndarray, *, at, reason: str, **extra):
     """Re-plan ``job`` on its new GPU set, save its size and plan, and return the unsaved
     ``resized`` event carrying the old and new plan and the modelled throughput ratio."""
 
     old_plan = job.plan
-    new_plan = plan_for(job, job.chip.name if job.chip else "", snapshot, gpus)
+    new_plan = plan_for(job, job.chip.name if job.chip else "", snapshot, held)
     old_size = job.allocated_gpus
-    job.allocated_gpus, job.plan = int(len(gpus)), new_plan
+    job.allocated_gpus, job.plan = int(len(held)), new_plan
     job.save(update_fields=["allocated_gpus", "plan"])
     data = {
         "old_gpus": old_size,

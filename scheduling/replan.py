@@ -39,8 +39,8 @@ def replan_crossing(link: DatacenterLink, reason: str, at=None, *, act: bool = T
         "chip", "checkpoint_policy", "queue__default_checkpoint_policy"
     )
     for job in jobs:
-        gpus = holdings.gpus_of(job.pk)
-        old, new = job.plan or {}, plan_for(job, job.chip.name if job.chip else "", holdings.snapshot, gpus)
+        held = holdings.gpus_of(job.pk)
+        old, new = job.plan or {}, plan_for(job, job.chip.name if job.chip else "", holdings.snapshot, held)
         if not new:
             continue
         job.plan = new
@@ -60,11 +60,11 @@ def replan_crossing(link: DatacenterLink, reason: str, at=None, *, act: bool = T
             )
         )
         if act and new.get("slowdown") is not None:
-            choice, kept = _choice(job, new["slowdown"], gpus, holdings, at)
+            choice, kept = _choice(job, new["slowdown"], held, holdings, at)
             if choice.action == "move":
-                events.extend(_move(job, choice, link, holdings, gpus, at))
+                events.extend(_move(job, choice, link, holdings, held, at))
             elif choice.action == "shrink":
-                events.append(_shrink(job, choice, holdings, gpus, kept, at))
+                events.append(_shrink(job, choice, holdings, held, kept, at))
             elif new["slowdown"] > settings.SPAN_REPLAN_SLOWDOWN:
                 events[-1].reason = f"{events[-1].reason}; {choice.note}"[:2000]
     JobEvent.objects.bulk_create(events)
@@ -77,30 +77,30 @@ def _remaining_s(job: Job, at) -> float:
     return max(0.0, (job.estimated_duration_s or DEFAULT_DURATION_S) - done)
 
 
-def _choice(job: Job, slowdown: float, gpus: np.ndarray, holdings: Holdings, at) -> tuple[Replan, np.ndarray]:
+def _choice(job: Job, slowdown: float, held: np.ndarray, holdings: Holdings, at) -> tuple[Replan, np.ndarray]:
     """Stay, move or shrink (engine.sites.replan), and the GPUs a shrink keeps."""
     snap = holdings.snapshot
     chip = job.chip.name if job.chip else ""
     c = snap.chip_names.index(chip) if chip in snap.chip_names else -1
     free = snap.schedulable() & ~holdings.owned & (snap.gpu_chip == c)
-    free[gpus] = True  # its own GPUs come back when it moves
+    free[held] = True  # its own GPUs come back when it moves
     counts = np.bincount(datacenters_of(snap, np.flatnonzero(free)), minlength=len(snap.datacenter_id))
     move_s, move_to = None, ""
-    if counts.max(initial=0) >= len(gpus):
+    if counts.max(initial=0) >= len(held):
         policy = job_policy(job)
         state = lifecycle.checkpoint_bytes(job.parameters, PHYSICS)
         unsaved = _unsaved_s(job, at)
-        move_s = move_seconds(len(gpus), state, unsaved, lifecycle.saves_on_demand(policy.kind), PHYSICS)
+        move_s = move_seconds(len(held), state, unsaved, lifecycle.saves_on_demand(policy.kind), PHYSICS)
         move_to = Datacenter.objects.get(pk=int(snap.datacenter_id[int(np.argmax(counts))])).name
-    shrink_speed, kept = None, gpus[:0]
+    shrink_speed, kept = None, held[:0]
     if job.min_gpus:
-        theirs = datacenters_of(snap, gpus)
+        theirs = datacenters_of(snap, held)
         biggest = np.bincount(theirs).argmax()
         n = int((theirs == biggest).sum())
         n -= n % max(1, job.size_step)
-        full, small = (one_site_step_s(model_of(job), chip, k) for k in (len(gpus), n))
+        full, small = (one_site_step_s(model_of(job), chip, k) for k in (len(held), n))
         if n >= job.min_gpus and full and small:
-            shrink_speed, kept = full / small, gpus[theirs == biggest][:n]
+            shrink_speed, kept = full / small, held[theirs == biggest][:n]
     choice = replan(
         slowdown,
         _remaining_s(job, at),
@@ -121,7 +121,7 @@ def _unsaved_s(job: Job, at) -> float:
     )
 
 
-def _move(job: Job, choice: Replan, link, holdings: Holdings, gpus: np.ndarray, at) -> list[JobEvent]:
+def _move(job: Job, choice: Replan, link, holdings: Holdings, held: np.ndarray, at) -> list[JobEvent]:
     """Stop the job (saving first when its policy can), give back its GPUs and its link shares,
     and requeue it: the next cycle places it inside one datacenter."""
     outcome, checkpoint = stop_job(job, at, job_policy(job).kind)
@@ -138,7 +138,7 @@ def _move(job: Job, choice: Replan, link, holdings: Holdings, gpus: np.ndarray, 
             )
         )
     allocations.release(at, job=job)
-    holdings.owned[gpus], holdings.owner[gpus] = False, -1
+    holdings.owned[held], holdings.owner[held] = False, -1
     fields = requeue(job, f"moving into one datacenter: {choice.note}")
     job.save(update_fields=[*fields, "progress_s", "last_checkpoint_at"])
     events.append(
@@ -156,10 +156,10 @@ def _move(job: Job, choice: Replan, link, holdings: Holdings, gpus: np.ndarray, 
     return events
 
 
-def _shrink(job: Job, choice: Replan, holdings: Holdings, gpus, kept, at) -> JobEvent:
+def _shrink(job: Job, choice: Replan, holdings: Holdings, held, kept, at) -> JobEvent:
     """An elastic job keeps only its GPUs in one datacenter and gives back its link shares."""
     snap = holdings.snapshot
-    released = np.setdiff1d(gpus, kept)
+    released = np.setdiff1d(held, kept)
     allocations.release(at, job=job, gpu_ids=snap.gpu_id[released].tolist())
     holdings.owned[released], holdings.owner[released] = False, -1
     job.link_loads = None
