@@ -24,7 +24,8 @@ from engine.inference import LoadProfile
 from engine.lifecycle import operator_actions
 from engine.policy import CheckpointPolicy as EnginePolicy
 from scheduling import chargeback, history
-from scheduling.api.serializers import CheckpointPolicySerializer, JobDetailSerializer, QueueSerializer
+from scheduling.api.queue_serializers import CheckpointPolicySerializer, QueueSerializer
+from scheduling.api.serializers import JobDetailSerializer
 from scheduling.checkpoints import REFERENCE_JOBS, default_mtbf, recommend_for
 from scheduling.choices import ACTIVE_STATES, JobKind, JobState
 from scheduling.ettr import BUCKETS as ETTR_BUCKETS

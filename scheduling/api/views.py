@@ -19,6 +19,7 @@ from cluster.audit import record
 from cluster.fields import FieldError
 from cluster.permissions import RolePermission, node_of
 from scheduling import chargeback, filtersets, history, webhooks
+from scheduling.api import queue_serializers
 from scheduling.api import serializers as s
 from scheduling.api.array_views import JobArraySerializer
 from scheduling.api.service_serializers import InferenceServiceSerializer
@@ -42,7 +43,7 @@ from scheduling.services import (
 
 class CheckpointPolicyViewSet(viewsets.ModelViewSet):
     queryset = CheckpointPolicy.objects.all()
-    serializer_class = s.CheckpointPolicySerializer
+    serializer_class = queue_serializers.CheckpointPolicySerializer
     ordering_fields = ["name", "interval_s"]
     search_fields = ["name"]
 
@@ -55,14 +56,14 @@ class CheckpointPolicyViewSet(viewsets.ModelViewSet):
 
 class CohortViewSet(viewsets.ModelViewSet):
     queryset = Cohort.objects.prefetch_related("queues")
-    serializer_class = s.CohortSerializer
+    serializer_class = queue_serializers.CohortSerializer
     ordering_fields = ["name"]
     search_fields = ["name"]
 
 
 class QueueViewSet(viewsets.ModelViewSet):
     queryset = Queue.objects.select_related("cohort").prefetch_related("quotas__chip_type")
-    serializer_class = s.QueueSerializer
+    serializer_class = queue_serializers.QueueSerializer
     filterset_class = filtersets.QueueFilterSet
     ordering_fields = ["name", "priority", "weight"]
     search_fields = ["name", "description"]
@@ -87,13 +88,13 @@ class QueueViewSet(viewsets.ModelViewSet):
         queue = set_queue_stopped(self.get_object(), stopped, actor=self.request.user)
         return Response(self.get_serializer(queue).data)
 
-    @extend_schema(request=None, responses=s.QueueSerializer)
+    @extend_schema(request=None, responses=queue_serializers.QueueSerializer)
     @action(detail=True, methods=["post"])
     def stop(self, request, pk=None):
         """Admit nothing more from this queue; running work keeps running."""
         return self._set_stopped(True)
 
-    @extend_schema(request=None, responses=s.QueueSerializer)
+    @extend_schema(request=None, responses=queue_serializers.QueueSerializer)
     @action(detail=True, methods=["post"])
     def resume(self, request, pk=None):
         """Admit from this queue again."""
