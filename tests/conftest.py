@@ -75,6 +75,7 @@ def work_unit(nodeid: str) -> str:
     return "stacks" if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in ONE_AT_A_TIME else nodeid
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Units by ``work_unit``. (xdist's own loadgroup marks a test's group by rewriting its node id,
     which this pytest no longer lets it do: every stack test went to either process.)"""
