@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import os
 import secrets
 import socket
 import threading
@@ -77,8 +78,13 @@ class _Resolver:
     stopped waiting, so the next check of the name finds it)."""
 
     def __init__(self):
-        self.lock = threading.Lock()
         self.answers: dict[tuple[str, int], tuple[float, list[str] | None]] = {}  # -> (until, addresses)
+        self.after_fork()
+
+    def after_fork(self) -> None:
+        """A forked process (a pre-forking worker) has none of its parent's lookup threads: it
+        starts a pool of its own and waits for no lookup its parent had under way."""
+        self.lock = threading.Lock()
         self.asked: dict[tuple[str, int], _Lookup] = {}
         self.pool: ThreadPoolExecutor | None = None
 
@@ -117,6 +123,7 @@ class _Resolver:
 
 
 RESOLVER = _Resolver()
+os.register_at_fork(after_in_child=RESOLVER.after_fork)
 
 
 def _internal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:

@@ -282,3 +282,29 @@ def test_a_name_that_does_not_resolve_is_refused_and_the_post_time_check_asks_af
     state["address"] = "10.0.0.5"
     status, error = webhooks._post(url, b"{}", {})
     assert status is None and "10.0.0.5" in error and asked == ["gone.example.org"] * 2
+
+
+def test_a_process_forked_after_a_lookup_resolves_with_threads_of_its_own(slow_resolver, settings):
+    """A pre-forking worker forks after its parent may have looked a name up: the child's checks
+    must not wait on the parent's lookup threads, which a fork does not copy."""
+    import multiprocessing
+
+    asked, state = slow_resolver
+    state["delay"] = 0.0
+    settings.WEBHOOK_RESOLVE_S = 5.0
+    webhooks.check_url("https://parent.example.org/ci")  # the parent's pool is running now
+    webhooks.RESOLVER.forget()
+
+    def child(conn):
+        try:
+            webhooks.check_url("https://parent.example.org/ci")
+            conn.send("passed")
+        except Exception as exc:  # noqa: BLE001 - the child reports whatever went wrong
+            conn.send(repr(exc))
+
+    parent_end, child_end = multiprocessing.Pipe()
+    process = multiprocessing.get_context("fork").Process(target=child, args=(child_end,))
+    process.start()
+    assert parent_end.poll(20), "the forked child's check never answered"
+    assert parent_end.recv() == "passed"
+    process.join(10)
