@@ -66,6 +66,14 @@ class WebhookURLError(ValueError):
     pass
 
 
+def _resolve(host: str, port: int) -> list[str] | None:
+    """The host's addresses now, however long the resolver takes; None when it does not resolve."""
+    try:
+        return [i[4][0] for i in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)]
+    except (socket.gaierror, UnicodeError, OSError):
+        return None
+
+
 class _Lookup:
     def __init__(self):
         self.done = threading.Event()
@@ -106,10 +114,7 @@ class _Resolver:
         return lookup.found
 
     def _look_up(self, key: tuple[str, int], lookup: _Lookup) -> None:
-        try:
-            lookup.found = [i[4][0] for i in socket.getaddrinfo(key[0], key[1], proto=socket.IPPROTO_TCP)]
-        except (socket.gaierror, UnicodeError, OSError):
-            lookup.found = None
+        lookup.found = _resolve(*key)
         with self.lock:
             if len(self.answers) >= RESOLVED_MAX:
                 self.answers.clear()
@@ -156,10 +161,7 @@ def check_url(url: str, *, fresh: bool = False) -> None:
     except ValueError:
         raise WebhookURLError("has a port that is not a number from 0 to 65535") from None
     if fresh:
-        try:
-            found = [i[4][0] for i in socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)]
-        except (socket.gaierror, UnicodeError):
-            found = None
+        found = _resolve(parts.hostname, port)
     else:
         wait_s = settings.WEBHOOK_RESOLVE_S
         try:

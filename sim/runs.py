@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.ettr import Ettr
-from engine.lifecycle import checkpoint_bytes, saves_on_demand, unsaved_s
+from engine.lifecycle import checkpoint_bytes, unsaved_s
 from engine.network import model_for
 from engine.physics import Physics
 from engine.policy import CheckpointPolicy
@@ -70,6 +70,22 @@ class JobRun:
         """When its remaining work is done at its size, if nothing interrupts it."""
         return self.run_start + self.remaining / self.size / max(1e-9, self.keep)
 
+    def checkpoints(self, now: float) -> int:
+        """Checkpoints its run has written by ``now``."""
+        return math.floor(max(0.0, now - self.run_start) / self.interval)
+
+    def unsaved_s(self, at: float) -> float:
+        """Training seconds a fault at ``at`` would lose: back to the last rollback point
+        (engine.lifecycle.unsaved_s), less the stalls and the quorum's share."""
+        return unsaved_s(at, self.run_start, None, every=self.rollback) * self.keep
+
+    def account(self, at: float) -> float:
+        """Its run's checkpoint stalls and quorum share up to ``at``; returns the run's seconds."""
+        elapsed = max(0.0, at - self.run_start)
+        self.ettr.add("checkpoint_stall", elapsed * self.stall_fraction)
+        self.ettr.add("degraded", elapsed * self.overhead)
+        return elapsed
+
 
 def as_pending(job: JobRun) -> PendingJob:
     """The job as the scheduler sees it pending: asking for what it still has to do."""
@@ -92,8 +108,7 @@ def as_pending(job: JobRun) -> PendingJob:
 def as_running(job: JobRun, now: float) -> RunningJob:
     """The job as the scheduler sees it running: its GPUs, expected end and last checkpoint."""
     spec = job.spec
-    elapsed = max(0.0, now - job.run_start)
-    last = job.run_start + math.floor(elapsed / job.interval) * job.interval
+    done = job.checkpoints(now)
     return RunningJob(
         spec.id,
         spec.queue,
@@ -102,7 +117,7 @@ def as_running(job: JobRun, now: float) -> RunningJob:
         spec.priority,
         job.first_admit or now,
         job.finish_time(),
-        last if elapsed >= job.interval else None,
+        job.run_start + done * job.interval if done else None,
         min_gpus=spec.min_gpus,
         max_gpus=spec.gpus if spec.min_gpus is not None else None,
         size_step=spec.size_step,
@@ -144,27 +159,17 @@ def save(job: JobRun, at: float, *, saves: bool) -> float:
     """Account the run up to ``at``; returns the GPU-seconds lost. ``saves``: the policy saved
     the state now (a graceful stop of an on-demand policy, or a triggered save that worked), so
     nothing is lost; otherwise the work since the last rollback point is (engine.lifecycle)."""
-    elapsed = max(0.0, at - job.run_start)
-    done = elapsed * job.keep * job.size
-    lost = 0.0 if saves else unsaved_s(at, job.run_start, None, every=job.rollback) * job.keep * job.size
-    job.ettr.add("checkpoint_stall", elapsed * job.stall_fraction)
-    job.ettr.add("degraded", elapsed * job.overhead)
+    done = job.account(at) * job.keep * job.size
+    lost = 0.0 if saves else job.unsaved_s(at) * job.size
     job.ettr.add("lost_work", lost / job.size)
     job.remaining = max(0.0, job.remaining - (done - lost))
     job.run_start = at
     return lost
 
 
-def graceful_saves(choice: CheckpointPolicy) -> bool:
-    """Whether a graceful stop saves the state (an on-demand policy: engine.lifecycle)."""
-    return saves_on_demand(choice.kind)
-
-
 def finish(job: JobRun, now: float) -> None:
     """The job's work is done now: its last run's stalls and quorum share are accounted."""
-    elapsed = max(0.0, now - job.run_start)
-    job.ettr.add("checkpoint_stall", elapsed * job.stall_fraction)
-    job.ettr.add("degraded", elapsed * job.overhead)
+    job.account(now)
     job.remaining = 0.0
     job.held = None
     job.ended = now

@@ -13,7 +13,6 @@ hourly samples. Its parts: each job's runs and where their time went (sim.runs),
 from __future__ import annotations
 
 import heapq
-import math
 import time
 from dataclasses import replace
 
@@ -21,7 +20,7 @@ import numpy as np
 
 from engine.checkpoint import CheckpointKind
 from engine.invariants import check_cycle
-from engine.lifecycle import Verdict, checkpoint_bytes
+from engine.lifecycle import Verdict, checkpoint_bytes, saves_on_demand
 from engine.network import Network
 from engine.placement import Layout
 from engine.recovery import plan_recovery
@@ -147,7 +146,7 @@ class Simulation:
         changed (a new run, or a new checkpoint since the last cycle)."""
         view = []
         for job in self.running.values():
-            key = (job.version, math.floor(max(0.0, self.now - job.run_start) / job.interval))
+            key = (job.version, job.checkpoints(self.now))
             cached = self._views.get(job.spec.id)
             if cached is None or cached[0] != key:
                 cached = self._views[job.spec.id] = (key, runs.as_running(job, self.now))
@@ -196,7 +195,7 @@ class Simulation:
 
     def _save(self, job: JobRun, *, graceful: bool) -> float:
         """Account the run so far; returns the GPU-seconds lost. Graceful: the policy can save now."""
-        return runs.save(job, self.now, saves=graceful and runs.graceful_saves(self.cfg.checkpoint))
+        return runs.save(job, self.now, saves=graceful and saves_on_demand(self.cfg.checkpoint.kind))
 
     def _release(self, job: JobRun) -> None:
         """The job's GPUs are free and the scheduler is asked again."""

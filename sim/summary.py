@@ -8,7 +8,6 @@ from collections import Counter
 import numpy as np
 
 from engine.ettr import Ettr
-from engine.lifecycle import unsaved_s
 from engine.network import traffic_per_gpu
 from engine.states import GPU_STATE_CODE, NODE_STATE_CODE
 
@@ -48,7 +47,7 @@ def _training_ettr(started, end: float) -> tuple[list[dict], Ettr]:
         if j.held is not None and j.ended is None:
             # still running at the end: the work since its last restore point is not yet safe
             # (what a fault at the end would lose: sim.runs.save, the same rule)
-            acc.add("lost_work", unsaved_s(end, j.run_start, None, every=j.rollback) * j.keep)
+            acc.add("lost_work", j.unsaved_s(end))
         if j.waiting_since is not None:
             acc.add("waiting", end - j.waiting_since)
         ettr_jobs.append(
