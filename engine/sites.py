@@ -176,12 +176,17 @@ def _step(model: ModelSpec, chip: str, gpus: int, k: int, link_gbytes: float, la
     lat = list(fabric.latency_s)
     lat[4] = latency_s
     fabric = replace(fabric, datacenter_link_gbps=link_gbytes, latency_s=tuple(lat))
-    build, order = _ranked(model, chip, gpus, fabric, DATACENTER_LEVEL + 1, k, None)
-    for i in order:
-        plan = build(int(i))
-        if whole % (plan.tp * plan.pp) == 0 and plan.dp >= k:
-            return plan
-    return None
+    build, order = _ranked(
+        model,
+        chip,
+        gpus,
+        fabric,
+        DATACENTER_LEVEL + 1,
+        k,
+        None,
+        keep=lambda t, p, d: (whole % (t * p) == 0) & (d >= k),
+    )
+    return build(int(order[0])) if len(order) else None
 
 
 @lru_cache(maxsize=4096)

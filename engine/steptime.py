@@ -250,9 +250,10 @@ def _evaluate(model, chip, gpus, fabric, span_level, datacenters, t, p, d, v, b,
     return step, memory, {"compute": compute, "bubble": bubble, "tp": tp, "pp": pp, "dp": dp}, m
 
 
-def _ranked(model, chip, gpus, fabric, span_level, datacenters, fixed):
+def _ranked(model, chip, gpus, fabric, span_level, datacenters, fixed, keep=None):
     """Evaluate the plan grid; returns a builder of Plan objects and the feasible plans' indices,
-    fastest first (ties go to fewer pipeline stages and no recomputation)."""
+    fastest first (ties go to fewer pipeline stages and no recomputation). ``keep(tp, pp, dp)``:
+    a mask over the grid of the plans that may be chosen at all (None: all that fit memory)."""
     fabric = fabric or Fabric()
     spec = BY_NAME[chip] if isinstance(chip, str) else chip
     if gpus <= 0:
@@ -271,6 +272,8 @@ def _ranked(model, chip, gpus, fabric, span_level, datacenters, fixed):
             f"{model.name or 'the model'} does not fit on {gpus} {spec.name}: the smallest plan needs "
             f"{memory[best] / GIB:.0f} GiB per GPU, the chip has {spec.memory_gib:.0f} GiB"
         )
+    if keep is not None:
+        fits = fits[keep(t[fits], p[fits], d[fits])]
     order = fits[np.lexsort((rc[fits], p[fits], step[fits]))]
     flops = model.batch_tokens * (6 * model.params + 12 * model.layers * model.hidden * model.seq_len)
 

@@ -34,41 +34,32 @@ def ending_jobs(s: CycleState, c: int) -> tuple[list[RunningJob], list[np.ndarra
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def first_fit(s: CycleState, job, c, max_level, releasable, first):
-    """The smallest k such that the GPUs of the first k+1 ending jobs make room for the gang,
-    with the pool and placement at that point, or None. Releases are given back in chunks of
-    doubling size (few pool updates), then the chunk that made room is bisected from a copy
-    of the pool before it (freeing more GPUs never takes room away, so the answer is exact)."""
-    usable = s.schedulable & ~s.reserved  # a cordoned node's GPUs do not come back
-
-    def released(lo: int, hi: int) -> np.ndarray:
-        gpus = np.concatenate(releasable[lo:hi])
-        return gpus[usable[gpus]]
-
-    trial = s.pools.open.copy()
-    trial.give(released(0, first + 1))
-    where = trial.find(c, job.gpus, max_level)
-    if where is not None:
-        return first, trial, where
-    i, step, n = first + 1, 1, len(releasable)
+def first_fit(s: CycleState, job, c: int, max_level: int, releasable, first: int) -> int | None:
+    """The smallest k such that the GPUs of the first k+1 ending jobs make room for the gang, or
+    None. A gang fits at ``max_level`` exactly when some domain of that level holds ``job.gpus``
+    free GPUs of chip ``c`` (FreePool.find looks at counts only, and a domain of a lower level
+    lies inside one of ``max_level``), so the search counts: releases are added per domain in
+    chunks of doubling size (one bincount each, no pool copied), and in the chunk that made room
+    each domain that reached the size names the job whose GPUs got it there."""
+    lay = s.layout
+    usable = s.schedulable & ~s.reserved & ~s.pools.open.free  # a cordoned node's GPUs do not come back
+    domain_of = lay.node_domain[max_level]
+    have = s.pools.open.counts(max_level, c).astype(np.int64)
+    short = job.gpus - have  # GPUs each domain still lacks
+    if (short <= 0).any():
+        return first  # it fits now: the fewest ending jobs whose GPUs could make room at all
+    i, j, step, n = 0, first + 1, 1, len(releasable)
     while i < n:
-        j = min(n, i + step)
-        before = trial.copy()
-        trial.give(released(i, j))
-        where = trial.find(c, job.gpus, max_level)
-        if where is not None:
-            lo, hi, best = i, j - 1, (trial, where)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                probe = before.copy()
-                probe.give(released(i, mid + 1))
-                spot = probe.find(c, job.gpus, max_level)
-                if spot is None:
-                    lo = mid + 1
-                else:
-                    hi, best = mid, (probe, spot)
-            return hi, best[0], best[1]
-        i, step = j, step * 2
+        parts = [g[usable[g]] for g in releasable[i:j]]
+        gpus = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        domains = domain_of[lay.gpu_node[gpus]]
+        added = np.bincount(domains, minlength=len(short))
+        reached = np.flatnonzero(added >= short)
+        if reached.size:
+            owner = np.repeat(np.arange(i, j), [len(p) for p in parts])
+            return min(int(owner[np.flatnonzero(domains == d)[max(short[d], 1) - 1]]) for d in reached)
+        short -= added
+        i, j, step = j, min(n, j + step), step * 2
     return None
 
 
@@ -82,11 +73,14 @@ def earliest(s: CycleState, job: PendingJob, c: int, max_level: int):
     need = job.gpus - s.pools.open.total(c)
     if counts[-1] < need:
         return None  # even when every running job with an estimate ends, it would not fit
-    found = first_fit(s, job, c, max_level, releasable, int(np.searchsorted(counts, need)))
-    if found is None:
+    k = first_fit(s, job, c, max_level, releasable, int(np.searchsorted(counts, need)))
+    if k is None:
         return None
-    hi, trial, where = found
-    return max(ending[hi].estimated_end, s.now), trial, where
+    trial = s.pools.open.copy()
+    gpus = np.concatenate(releasable[: k + 1])
+    trial.give(gpus[(s.schedulable & ~s.reserved)[gpus]])
+    where = trial.find(c, job.gpus, max_level)
+    return max(ending[k].estimated_end, s.now), trial, where
 
 
 def reserve(s: CycleState, job: PendingJob, c: int, max_level: int) -> Reservation | None:

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
 from engine.sites import (
     DATACENTER_LEVEL,
+    SpanCost,
     decide,
     one_site_step_s,
     replica_sizes,
@@ -37,49 +39,82 @@ def spans(s: CycleState, max_level: int) -> bool:
     return s.links is not None and max_level > DATACENTER_LEVEL
 
 
-def _whole_replicas(s: CycleState, job: PendingJob, c: int, chip: str, where) -> tuple[np.ndarray, dict]:
-    """The gang's GPUs across the datacenters of domain ``where``, each datacenter holding whole
-    model replicas (engine.sites.replica_split), and the replicas' GPUs per datacenter; without
-    such a split, the plain best-fit choice."""
-    lay = s.layout
-    order, offsets = lay.nodes_in[where[0]]
-    inside = np.unique(lay.node_domain[DATACENTER_LEVEL][order[offsets[where[1]] : offsets[where[1] + 1]]])
+def _datacenters_in(s: CycleState, where) -> np.ndarray:
+    """The datacenters inside domain ``where`` (a region, or the whole cluster)."""
+    if where[0] == DATACENTER_LEVEL + 1:
+        return s.layout.children_of(*where)
+    return np.arange(s.layout.domain_count[DATACENTER_LEVEL])
+
+
+def _whole_replicas(s: CycleState, job: PendingJob, c: int, chip: str, where):
+    """GPUs per datacenter of domain ``where`` for the gang, each datacenter holding whole model
+    replicas (engine.sites.replica_split), and the replicas' GPUs per datacenter; counted only
+    (the GPUs are picked when it spans). None without such a split."""
     counts = s.pools.open.counts(DATACENTER_LEVEL, c)
-    free = {int(d): int(counts[d]) for d in inside if counts[d]}
+    free = {int(d): int(counts[d]) for d in _datacenters_in(s, where) if counts[d]}
     for quantum in replica_sizes(job.model, chip, job.gpus):
         split = replica_split(free, job.gpus, quantum)
         if split is None or len(split) < 2:
             continue
-        chosen = np.concatenate([s.pools.open.choose(DATACENTER_LEVEL, d, c, n) for d, n in split.items()])
         replicas = {d: n - n % quantum for d, n in split.items()}
-        return chosen, {d: n for d, n in replicas.items() if n}
-    chosen = s.pools.open.choose(*where, c, job.gpus)
-    dcs, n = np.unique(lay.node_domain[DATACENTER_LEVEL][lay.gpu_node[chosen]], return_counts=True)
-    return chosen, {int(d): int(k) for d, k in zip(dcs, n, strict=True)}
+        return split, {d: n for d, n in replicas.items() if n}
+    return None
 
 
-def _across(s: CycleState, job: PendingJob, c: int, max_level: int):
-    """The gang's placement across datacenters (nothing taken yet) and what it costs there:
-    (where, GPUs, replicas per datacenter, SpanCost or None), or None without room across."""
+class Across(NamedTuple):
+    """A gang's placement across datacenters, nothing taken yet, and what it costs there."""
+
+    where: tuple[int, int]  # the domain (a region, or the cluster) it spans inside
+    take: dict[int, int]  # GPUs it takes per datacenter
+    replicas: dict[int, int]  # GPUs of whole model replicas per datacenter (what the plan runs on)
+    chosen: np.ndarray | None  # its GPUs, or None: picked per datacenter only when it spans
+    cost: SpanCost | None  # None: no link has room, or no plan keeps whole replicas
+
+
+def _across(s: CycleState, job: PendingJob, c: int, max_level: int) -> Across | None:
+    """The gang's placement across datacenters, or None without room across. Without a split
+    keeping whole replicas in each datacenter, the plain best-fit choice, the replicas as it
+    falls."""
     where = s.pools.open.find(c, job.gpus, max_level)
     if where is None or where[0] <= DATACENTER_LEVEL:
         return None
     chip = s.topo.chip_names[c]
-    chosen, split = _whole_replicas(s, job, c, chip, where)
-    return where, chosen, split, span_cost(job.model, chip, split, s.links)
+    found = _whole_replicas(s, job, c, chip, where)
+    if found is not None:
+        take, replicas = found
+        return Across(where, take, replicas, None, span_cost(job.model, chip, replicas, s.links))
+    chosen = s.pools.open.choose(*where, c, job.gpus)
+    lay = s.layout
+    dcs, n = np.unique(lay.node_domain[DATACENTER_LEVEL][lay.gpu_node[chosen]], return_counts=True)
+    split = {int(d): int(k) for d, k in zip(dcs, n, strict=True)}
+    return Across(where, split, split, chosen, span_cost(job.model, chip, split, s.links))
 
 
 def _names(s: CycleState, dcs) -> dict[int, str]:
     return {d: s.layout.domain_name(DATACENTER_LEVEL, d).removeprefix("datacenter ") for d in dcs}
 
 
-def _span(s: CycleState, qi: int, job: PendingJob, c: int, where, chosen, cost, note: str) -> None:
+def _span(s: CycleState, qi: int, job: PendingJob, c: int, found: Across, note: str) -> None:
     """Admit the gang across datacenters: it takes its GPUs and its share of each link."""
+    chosen, cost = found.chosen, found.cost
+    if chosen is None:
+        pick = s.pools.open.choose
+        chosen = np.concatenate([pick(DATACENTER_LEVEL, d, c, n) for d, n in found.take.items()])
     s.pools.take(chosen)
     for pair, load in cost.loads:
         s.links.add(pair, load)
+    level, domain = found.where
     record_admission(
-        s, qi, job, c, chosen, *where, span_note=note, link_loads=cost.loads, span_slowdown=cost.slowdown
+        s,
+        qi,
+        job,
+        c,
+        chosen,
+        level,
+        domain,
+        span_note=note,
+        link_loads=cost.loads,
+        span_slowdown=cost.slowdown,
     )
 
 
@@ -95,7 +130,7 @@ def admit_placed_or_span(s: CycleState, qi: int, job: PendingJob, c: int, max_le
     found = _across(s, job, c, max_level)
     if found is None:
         return False
-    where, chosen, split, cost = found
+    cost = found.cost
     wait_s, wait_in = None, "one datacenter"
     if s.config.span_policy == "pays" and cost is not None:
         soonest = earliest(s, job, c, DATACENTER_LEVEL)
@@ -104,20 +139,20 @@ def admit_placed_or_span(s: CycleState, qi: int, job: PendingJob, c: int, max_le
             wait_in = s.layout.domain_name(*soonest[2]).removeprefix("datacenter ")
     choice = decide(
         cost,
-        _names(s, split),
+        _names(s, found.replicas),
         wait_s,
         wait_in,
         job.estimated_duration_s,
         s.config.span_policy,
         s.config.span_margin,
         s.links,
-        why_not(split, s.links),
+        why_not(found.replicas, s.links),
     )
     s.result.span_decisions_s.append(time.perf_counter() - t0)
     if not choice.span:
         s.span_waits[job.id] = choice.note
         return False
-    _span(s, qi, job, c, where, chosen, cost, choice.note)
+    _span(s, qi, job, c, found, choice.note)
     return True
 
 
@@ -138,12 +173,11 @@ def admit_elastic_or_span(
         big = replace(job, gpus=large, min_gpus=None)
         found = _across(s, big, c, max_level)
         if found is not None:
-            where, chosen, split, cost = found
             chip = s.topo.chip_names[c]
             choice = shrink_or_span(
-                cost,
+                found.cost,
                 large,
-                _names(s, split),
+                _names(s, found.replicas),
                 one_site_step_s(job.model, chip, small) if small else None,
                 small,
                 s.config.span_policy,
@@ -152,7 +186,7 @@ def admit_elastic_or_span(
             )
             s.result.span_decisions_s.append(time.perf_counter() - t0)
             if choice.span:
-                _span(s, qi, big, c, where, chosen, cost, choice.note)
+                _span(s, qi, big, c, found, choice.note)
                 return True
             note = choice.note
     if not small:
