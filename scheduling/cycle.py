@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -57,12 +59,30 @@ def reset_caches() -> None:
     running.reset()
 
 
+@contextmanager
+def collections_deferred():
+    """No garbage-collection pass inside the cycle. A cycle allocates about a million short-lived
+    objects (its snapshot, the jobs, the decisions), which start collections; a full one walks the
+    whole heap of a worker that keeps 100,000 running jobs and took 200-290 ms inside a cycle
+    (the mixed benchmark's p99 was those cycles). Nearly all of a cycle's objects are freed by
+    reference counting as it ends; what is cyclic is collected once collections resume, after the
+    cycle's work and before its commit. Entered under the scheduling lock, so cycles never
+    interleave here."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def run_cycle(
     now: datetime | None = None, wait: bool = True, config: SchedulerConfig | None = None
 ) -> CycleSummary:
     """Run one cycle. With ``wait=False`` a cycle already running elsewhere makes this one skip."""
     timings: dict[str, float] = {}
-    with transaction.atomic(), cycle_lock(wait=wait) as locked:
+    with transaction.atomic(), cycle_lock(wait=wait) as locked, collections_deferred():
         if not locked:
             return CycleSummary(ran=False)
         t0 = time.perf_counter()  # from the lock taken: a cycle waiting for another is not slow
