@@ -39,14 +39,23 @@ COLUMNS = (
 _CHUNK = 10_000  # ids per IN (...) list
 
 
+def _present(keys: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """Which of ``keys`` are in ``among``; both sorted (a binary search each, no sort)."""
+    if not len(among):
+        return np.zeros(len(keys), dtype=bool)
+    at = np.minimum(np.searchsorted(among, keys), len(among) - 1)
+    return among[at] == keys
+
+
 def _moved(old: np.ndarray | None, new: np.ndarray) -> set[int]:
-    """Jobs whose (job, GPU) pairs differ between two reads of the allocations."""
+    """Jobs whose (job, GPU) pairs differ between two reads of the allocations (both ordered by
+    job, then GPU, as the allocation store keeps them)."""
     if old is None or old is new:
         return set()
     old_keys, new_keys = ((p[:, 0] << 32) | p[:, 1] for p in (old, new))
-    gone = old[:, 0][~np.isin(old_keys, new_keys)]
-    added = new[:, 0][~np.isin(new_keys, old_keys)]
-    return set(np.union1d(gone, added).tolist())
+    gone = old[:, 0][~_present(old_keys, new_keys)]
+    added = new[:, 0][~_present(new_keys, old_keys)]
+    return set(gone.tolist()) | set(added.tolist())
 
 
 class RunningStore:
