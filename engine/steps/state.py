@@ -35,15 +35,20 @@ def _reachable(layout: Layout, unreachable) -> np.ndarray:
 
 def _running_maps(running, queue_index: dict, chip_index: dict):
     """One pass over the running jobs (100,000 of them on a cluster of one-GPU jobs): quota usage
-    in thousandths per (queue, chip), and the jobs by (queue index, chip index) and by chip index."""
+    in thousandths per (queue, chip), the jobs by (queue index, chip index) and by chip index,
+    and the fractional ones (on shared GPUs)."""
     usage: dict[tuple[str, str], int] = {}
     by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
     by_chip: dict[int, list[RunningJob]] = {}
+    fractional: list[RunningJob] = []
+    queue_of, chip_of = queue_index.get, chip_index.get
     for job in running:
         charge(usage, job)
-        q = queue_index.get(job.queue, -1)
-        for chip in chips_of(job):
-            c = chip_index.get(chip, -1)
+        if job.fractional:
+            fractional.append(job)
+        q = queue_of(job.queue, -1)
+        for chip in (job.chip,) if not job.parts else chips_of(job):
+            c = chip_of(chip, -1)
             jobs = by_queue_chip.get((q, c))
             if jobs is None:
                 jobs = by_queue_chip[q, c] = []
@@ -52,7 +57,7 @@ def _running_maps(running, queue_index: dict, chip_index: dict):
             if jobs is None:
                 jobs = by_chip[c] = []
             jobs.append(job)
-    return usage, by_queue_chip, by_chip
+    return usage, by_queue_chip, by_chip, fractional
 
 
 class CycleState:
@@ -71,7 +76,7 @@ class CycleState:
         self.chip_index = {name: i for i, name in enumerate(self.topo.chip_names)}
         self.running = [j for j in running if len(j.held)]
         self.pending = list(pending)
-        usage, self.running_by_queue_chip, self.running_by_chip = _running_maps(
+        usage, self.running_by_queue_chip, self.running_by_chip, fractional = _running_maps(
             self.running, self.queue_index, self.chip_index
         )
         self.quota = build_quota_book(self.queues, self.topo.chip_names, [], usage_by=usage)
@@ -82,9 +87,8 @@ class CycleState:
             owned[np.concatenate([j.held for j in self.running])] = True
         # thousandths used on shared GPUs; a shared GPU is never free for whole-GPU jobs
         self.gpu_used = np.zeros(self.topo.num_gpus, dtype=np.int32)
-        for job in self.running:
-            if job.fractional:
-                self.gpu_used[job.held] += job.share
+        for job in fractional:
+            self.gpu_used[job.held] += job.share
         self.shared = np.flatnonzero(self.gpu_used)  # GPUs with fractions on them
         shares = [j.share for j in self.pending if j.fractional]
         self.min_share = min(shares) if shares else MILLI
