@@ -186,6 +186,30 @@ PG_SCHEMA = {
 }
 
 
+def _pg_statements(layout: str, jobs, gpus):
+    """(COPY statement, its rows as text, rows it writes, a second holder's insert) for PostgreSQL.
+    Per node, the GPUs are a mask (``slots``) or an array of slot numbers (``node``, for the
+    exclusion constraint)."""
+    if layout == "gpu":
+        block = "".join(
+            f"{j}\t{g}\tt\t1000\t{STAMP}\n" for j, g in zip(jobs.tolist(), gpus.tolist(), strict=True)
+        )
+        copy = "COPY a (job_id, gpu_id, active, share, created_at) FROM STDIN"
+        clash = (
+            f"INSERT INTO a (job_id, gpu_id, active, share, created_at) VALUES (0, 5, true, 1000, '{STAMP}')"
+        )
+        return copy, block, len(gpus), clash
+    column, held, second = ("mask", str, "32") if layout == "slots" else ("slots", slots, "'{5}'")
+    triples = per_node(jobs, gpus)
+    block = "".join(f"{j}\t{n}\t{held(m)}\tt\t1000\t{STAMP}\n" for j, n, m in triples)
+    copy = f"COPY a (job_id, node_id, {column}, active, share, created_at) FROM STDIN"
+    clash = (
+        f"INSERT INTO a (job_id, node_id, {column}, active, share, created_at) "
+        f"VALUES (0, 0, {second}, true, 1000, '{STAMP}')"
+    )
+    return copy, block, len(triples), clash
+
+
 def pg_run(layout: str, jobs, gpus, url: str) -> dict:
     import psycopg
 
@@ -193,33 +217,7 @@ def pg_run(layout: str, jobs, gpus, url: str) -> dict:
         db.execute("DROP TABLE IF EXISTS a")
         for statement in PG_SCHEMA[layout]:
             db.execute(statement)
-        if layout == "gpu":
-            copy = "COPY a (job_id, gpu_id, active, share, created_at) FROM STDIN"
-            block = "".join(
-                f"{j}\t{g}\tt\t1000\t{STAMP}\n" for j, g in zip(jobs.tolist(), gpus.tolist(), strict=True)
-            )
-            rows = len(gpus)
-            clash = "INSERT INTO a (job_id, gpu_id, active, share, created_at) " + (
-                f"VALUES (0, 5, true, 1000, '{STAMP}')"
-            )
-        elif layout == "slots":
-            triples = per_node(jobs, gpus)
-            copy = "COPY a (job_id, node_id, mask, active, share, created_at) FROM STDIN"
-            block = "".join(f"{j}\t{n}\t{m}\tt\t1000\t{STAMP}\n" for j, n, m in triples)
-            rows = len(triples)
-            clash = (
-                "INSERT INTO a (job_id, node_id, mask, active, share, created_at) "
-                f"VALUES (0, 0, 32, true, 1000, '{STAMP}')"
-            )
-        else:
-            triples = per_node(jobs, gpus)
-            copy = "COPY a (job_id, node_id, slots, active, share, created_at) FROM STDIN"
-            block = "".join(f"{j}\t{n}\t{slots(m)}\tt\t1000\t{STAMP}\n" for j, n, m in triples)
-            rows = len(triples)
-            clash = (
-                "INSERT INTO a (job_id, node_id, slots, active, share, created_at) "
-                f"VALUES (0, 0, '{{5}}', true, 1000, '{STAMP}')"
-            )
+        copy, block, rows, clash = _pg_statements(layout, jobs, gpus)
         t0 = time.perf_counter()
         with db.transaction(), db.cursor() as cursor, cursor.copy(copy) as out:
             out.write(block)

@@ -207,15 +207,9 @@ class QuotaBook:
 
 
 def charge(usage: dict[tuple[str, str], int], job: RunningJob) -> None:
-    """Add what a running job uses, in thousandths of a GPU per (queue, chip type), to ``usage``.
-    (Called for each of 100,000 running jobs a cycle: a job on one chip type skips building its
-    per-chip tuple.)"""
-    if job.parts:
-        for chip, amount in job.demand_by_chip():
-            usage[job.queue, chip] = usage.get((job.queue, chip), 0) + amount
-    else:
-        key = job.queue, job.chip
-        usage[key] = usage.get(key, 0) + job.demand
+    """Add what a running job uses, in thousandths of a GPU per (queue, chip type), to ``usage``."""
+    for chip, amount in job.demand_by_chip():
+        usage[job.queue, chip] = usage.get((job.queue, chip), 0) + amount
 
 
 def build_quota_book(

@@ -47,7 +47,7 @@ def _running_maps(running, queue_index: dict, chip_index: dict):
         if job.fractional:
             fractional.append(job)
         q = queue_of(job.queue, -1)
-        for chip in (job.chip,) if not job.parts else chips_of(job):
+        for chip in chips_of(job):
             c = chip_of(chip, -1)
             jobs = by_queue_chip.get((q, c))
             if jobs is None:
