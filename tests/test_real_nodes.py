@@ -214,6 +214,17 @@ def cluster(tmp_path_factory):
         stack.stop()
 
 
+@pytest.fixture(autouse=True)
+def idle_after(cluster):
+    """Every test leaves the shared cluster idle: one that fails midway would leave its job on
+    the nodes, and each test after it would fail for want of nodes, hiding what went wrong."""
+    yield
+    _, api, _ = cluster
+    for state in ("pending", "running"):
+        for job in api.get(f"/api/v1/jobs/?state={state}&page_size=200")["results"]:
+            api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {"reason": "the test ended"})
+
+
 def node_of(api: Api, hostname: str) -> dict:
     return next(n for n in api.get("/api/v1/nodes/?page_size=100")["results"] if n["hostname"] == hostname)
 
@@ -246,6 +257,18 @@ def launched(api: Api, job: dict, times: int = 1):
         detail = api.get(f"/api/v1/jobs/{job['id']}/")
         events = [e for e in detail["events"] if e["kind"] == "launched"]
         return detail if len(events) >= times and detail["state"] == "running" else None
+
+    return check
+
+
+def relaunched(api: Api, job: dict, since: str):
+    """The job running on every rank of a placement other than generation ``since`` (counting
+    launched events would also count a move that happened before the step under test)."""
+
+    def check():
+        detail = api.get(f"/api/v1/jobs/{job['id']}/")
+        now = detail["launched_generation"]
+        return detail if detail["state"] == "running" and now and now != since else None
 
     return check
 
@@ -350,7 +373,8 @@ def test_cancel_and_preemption_kill_the_real_processes(cluster):
     # a drain preempts the job: its processes end and it runs again on other nodes
     job = submit(api, sleep=600)
     detail = wait_for("every rank running", launched(api, job), timeout=60)
-    first = {p["node"] for p in detail["processes"] if p["state"] == "running"}
+    generation = detail["launched_generation"]
+    first = current_nodes(detail)
     pids = wait_for(
         "both pid files",
         lambda: (
@@ -364,7 +388,7 @@ def test_cancel_and_preemption_kill_the_real_processes(cluster):
     status, _ = api.call("POST", f"/api/v1/nodes/{node_id}/drain/", {"reason": "maintenance"})
     assert status == 200
     wait_for("the old processes to end", lambda: not any(alive(pid) for pid in pids), timeout=30)
-    detail = wait_for("the job running again", launched(api, job, times=2), timeout=90)
+    detail = wait_for("the job running again", relaunched(api, job, generation), timeout=90)
     assert any(e["kind"] == "preempted" for e in detail["events"])
     now_on = current_nodes(detail)
     assert drained not in now_on and len(now_on) == 2
@@ -561,9 +585,9 @@ def test_a_warm_restart_saves_keeps_the_healthy_nodes_process_and_tells_it_the_n
     node_id = next(n["id"] for n in api.get("/api/v1/nodes/")["results"] if n["hostname"] == victim["node"])
     status, made = api.call("POST", "/api/v1/faults/", {"node": node_id, "source": "host_maintenance"})
     assert status == 201, made
-    detail = wait_for("the job running again on a replacement", launched(api, job, times=2), timeout=90)
+    detail = wait_for("the job running again on a replacement", relaunched(api, job, first), timeout=90)
     now = detail["launched_generation"]
-    assert now != first and victim["node"] not in current_nodes(detail)
+    assert victim["node"] not in current_nodes(detail), detail["events"]
     kept = next(p for p in detail["processes"] if p["node"] == healthy["node"] and p["generation"] == now)
     assert kept["pid"] == healthy["pid"]  # the same process, not a new one
     told = agents[healthy["node"]].folder / "work" / "checkpoints" / str(job["id"]) / "reconfigured"
@@ -656,7 +680,7 @@ def test_a_port_going_down_moves_the_job(cluster):
     _, api, agents = cluster
     job = submit(api, sleep=600)
     detail = wait_for("every rank running", launched(api, job), timeout=60)
-    victim = sorted(p["node"] for p in detail["processes"] if p["state"] == "running")[0]
+    victim = sorted(current_nodes(detail))[0]
     agent = agents[victim]
     agent.nics.set_state(agent.ports[0], "down")
     fault = wait_for(
@@ -667,7 +691,9 @@ def test_a_port_going_down_moves_the_job(cluster):
         timeout=30,
     )
     assert fault["hostname"] == victim and fault["action"] == "repair_node"
-    detail = wait_for("the job running again elsewhere", launched(api, job, times=2), timeout=90)
+    detail = wait_for(
+        "the job running again elsewhere", relaunched(api, job, detail["launched_generation"]), timeout=90
+    )
     assert victim not in current_nodes(detail)
     api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
     agent.nics.set_state(agent.ports[0], "active")  # the cable replaced; the node comes back
@@ -686,7 +712,7 @@ def test_an_xid_from_nvml_takes_the_node_out_and_the_job_moves_with_measured_rec
     _, api, agents = cluster
     job = submit(api, sleep=600)
     detail = wait_for("every rank running", launched(api, job), timeout=60)
-    victim = sorted(p["node"] for p in detail["processes"] if p["state"] == "running")[1]
+    victim = sorted(current_nodes(detail))[1]
     agents[victim].inject_xid(gpu=1, xid=79)
     fault = wait_for(  # recorded at the report, then handled by the fault task on its own queue
         "the XID fault handled",
@@ -703,7 +729,9 @@ def test_an_xid_from_nvml_takes_the_node_out_and_the_job_moves_with_measured_rec
     assert fault["xid"] == 79 and fault["action"] == "reboot_node"
     node = next(n for n in api.get("/api/v1/nodes/")["results"] if n["hostname"] == victim)
     assert node["state"] == "down"
-    detail = wait_for("the job running again elsewhere", launched(api, job, times=2), timeout=90)
+    detail = wait_for(
+        "the job running again elsewhere", relaunched(api, job, detail["launched_generation"]), timeout=90
+    )
     assert victim not in current_nodes(detail) and len(current_nodes(detail)) == 2
     wait_for(  # and its process on the node taken out ends
         "the old process on the faulty node to end",
