@@ -596,7 +596,7 @@ def test_a_warm_restart_saves_keeps_the_healthy_nodes_process_and_tells_it_the_n
     assert generation == now and nnodes == "2"
     for node, rank in ((healthy["node"], 0), (victim["node"], 1)):  # both ranks saved at the fault
         saved = agents[node].folder / "work" / "checkpoints" / str(job["id"]) / f"saved-{rank}"
-        assert wait_for(f"rank {rank}'s triggered save", saved.exists, timeout=15)
+        assert wait_for(f"rank {rank}'s triggered save", saved.exists, timeout=45)
     api.call("POST", f"/api/v1/jobs/{job['id']}/cancel/", {})
 
 
