@@ -143,6 +143,8 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql"):
         "application_name": f"myriad:{os.getpid()}",
     }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # Django's backend, with a writer waiting for the write lock asking every 2 ms (config/sqlite3)
+    DATABASES["default"]["ENGINE"] = "config.sqlite3"
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["OPTIONS"] = {
         # WAL lets the dashboard read while a worker writes; IMMEDIATE takes the write lock at

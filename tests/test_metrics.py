@@ -6,6 +6,7 @@ same text prometheus-client writes, split into shards that cover the fleet once.
 from __future__ import annotations
 
 import ipaddress
+import threading
 
 import pytest
 from django.test import Client
@@ -43,6 +44,11 @@ def metrics_settings(settings):
 def scrape(path: str, token: str | None = TOKEN, **extra):
     headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
     return Client().get(path, **headers, **extra)
+
+
+def body(response) -> bytes:
+    """The scrape's text: the GPUs' is streamed."""
+    return b"".join(response.streaming_content) if response.streaming else response.content
 
 
 def samples(text: bytes) -> dict[str, list]:
@@ -84,7 +90,7 @@ def test_the_control_plane_figures_follow_what_happens(queues, operator_client, 
     _submit(operator_client, "legacy", 8, chip_types=["A100-80G"])
     second = _submit(operator_client, "legacy", 8, chip_types=["A100-80G"])
     run_cycle()
-    found = samples(scrape("/metrics").content)
+    found = samples(body(scrape("/metrics")))
     assert value(found, "myriad_pending_jobs", queue="legacy", reason="quota") == 1
     waiting = operator_client.get(f"/api/v1/jobs/{second}/").json()
     assert waiting["pending_kind"] == "quota"
@@ -105,7 +111,7 @@ def test_the_control_plane_figures_follow_what_happens(queues, operator_client, 
     # nlp reclaims its quota: the borrower is evicted
     _submit(operator_client, "nlp", 16)
     run_cycle()
-    found = samples(scrape("/metrics").content)
+    found = samples(body(scrape("/metrics")))
     assert value(found, "myriad_evicted_jobs_total", queue="vision", reason="preempted") == 1
     assert value(found, "myriad_admitted_jobs_total", queue="nlp") == 1
     assert value(found, "myriad_cycle_duration_seconds_count") == 2
@@ -113,7 +119,7 @@ def test_the_control_plane_figures_follow_what_happens(queues, operator_client, 
 
     node = Node.objects.filter(chip_type__name="H100-SXM").first()
     FaultEvent.objects.create(node=node, at=timezone.now(), source="xid", xid=79, cause="gpu_fell_off_bus")
-    found = samples(scrape("/metrics").content)
+    found = samples(body(scrape("/metrics")))
     assert value(found, "myriad_faults_total", cause="gpu_fell_off_bus", source="xid") == 1
     assert "myriad_celery_queue_length" in found and "myriad_ettr_ratio" in found
 
@@ -128,9 +134,10 @@ def test_the_gpu_text_is_what_prometheus_client_writes_and_shards_cover_the_flee
             yield from gpu_metrics.gpu_families()
 
     registry.register(Families())
-    assert fast.content == generate_latest(registry)
+    text = body(fast)
+    assert fast.streaming and text == generate_latest(registry)
 
-    found = samples(fast.content)
+    found = samples(text)
     n = GPU.objects.count()
     assert len(found["DCGM_FI_DEV_GPU_UTIL"]) == n
     labels = found["DCGM_FI_DEV_GPU_TEMP"][0][0]
@@ -141,12 +148,42 @@ def test_the_gpu_text_is_what_prometheus_client_writes_and_shards_cover_the_flee
 
     seen = []
     for k in range(3):
-        part = samples(scrape(f"/metrics/gpus?shard={k}&of=3").content)
+        part = samples(body(scrape(f"/metrics/gpus?shard={k}&of=3")))
         seen += [lab["UUID"] for lab, _ in part["DCGM_FI_DEV_GPU_UTIL"]]
     assert sorted(seen) == sorted(GPU.objects.values_list("uuid", flat=True))
     dc = topology_cache.current().names["datacenter"][0]
-    part = samples(scrape(f"/metrics/gpus?datacenter={dc}").content)
+    part = samples(body(scrape(f"/metrics/gpus?datacenter={dc}")))
     assert {lab["datacenter"] for lab, _ in part["DCGM_FI_DEV_GPU_UTIL"]} == {dc}
+
+
+def test_over_asgi_the_gpu_text_streams_in_pieces_formatted_off_the_event_loop(small_cluster, monkeypatch):
+    """As the web server serves it: piece by piece (a 100k-GPU scrape is 145 MB of text), the same
+    text as the whole."""
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    whole = body(scrape("/metrics/gpus"))
+    monkeypatch.setattr(gpu_metrics, "CHUNK_GPUS", 5)
+    formatted_on, format_samples = set(), gpu_metrics._samples
+
+    def samples_noting_the_thread(*args):
+        formatted_on.add(threading.get_ident())
+        return format_samples(*args)
+
+    monkeypatch.setattr(gpu_metrics, "_samples", samples_noting_the_thread)
+    loop = {}
+
+    async def fetch():
+        loop["thread"] = threading.get_ident()
+        response = await AsyncClient().get("/metrics/gpus", headers={"authorization": f"Bearer {TOKEN}"})
+        return response, [piece async for piece in response.streaming_content]
+
+    response, pieces = async_to_sync(fetch)()
+    assert response.status_code == 200 and response.is_async
+    per_metric = -(-GPU.objects.count() // 5) + 1  # its pieces of five GPUs, and its header
+    assert len(pieces) == per_metric * len(gpu_metrics.GPU_METRICS)
+    assert b"".join(pieces) == whole
+    assert formatted_on and loop["thread"] not in formatted_on
 
 
 def test_bad_shard_parameters_get_a_400_naming_the_field(small_cluster):
@@ -192,7 +229,7 @@ def test_a_node_agents_readings_and_an_open_xid_show_on_its_gpus(
     assert answer.status_code == 200
     gpu0 = GPU.objects.get(node=node, index=0)
     FaultEvent.objects.create(node=node, gpu=gpu0, at=timezone.now(), source="xid", xid=48, cause="dbe")
-    found = samples(scrape("/metrics/gpus").content)
+    found = samples(body(scrape("/metrics/gpus")))
     mine = [lab for lab, _ in found["DCGM_FI_DEV_POWER_USAGE"] if lab["Hostname"] == node.hostname]
     assert sorted(lab["gpu"] for lab in mine) == [str(i) for i in range(8)]
     assert value(found, "DCGM_FI_DEV_POWER_USAGE", Hostname=node.hostname, gpu="3") == 412.5
@@ -217,7 +254,7 @@ def test_what_the_alerts_page_on_follows_what_happens(
     job = _submit(operator_client, "vision", 8)
     run_cycle()
     assert Job.objects.get(pk=job).state == "running"
-    found = samples(scrape("/metrics").content)
+    found = samples(body(scrape("/metrics")))
     assert value(found, "myriad_jobs_below_ettr_goal", queue="vision") == 0
     assert value(found, "myriad_cycle_budget_seconds") == 1.5
     assert value(found, "myriad_agents", state="silent") == 0
@@ -238,13 +275,13 @@ def test_what_the_alerts_page_on_follows_what_happens(
     JobEvent.objects.create(
         job_id=job, kind="faulted", at=timezone.now() - timedelta(hours=1), data={"lost_s": 3600.0}
     )
-    found = samples(scrape("/metrics").content)
+    found = samples(body(scrape("/metrics")))
     assert value(found, "myriad_jobs_below_ettr_goal", queue="vision") == 1
     assert value(found, "myriad_jobs_below_ettr_goal", queue="nlp") == 0
     # a policy that asks for less holds the job to less
     relaxed = CheckpointPolicy.objects.create(name="relaxed", ettr_goal=0.4)
     Job.objects.filter(pk=job).update(checkpoint_policy=relaxed)
-    found = samples(scrape("/metrics").content)
+    found = samples(body(scrape("/metrics")))
     assert value(found, "myriad_jobs_below_ettr_goal", queue="vision") == 0
 
     # a GPU falls off the bus (XID 79): the node is rebooted, and the code's meaning comes along
@@ -254,7 +291,7 @@ def test_what_the_alerts_page_on_follows_what_happens(
             "/api/v1/faults/", {"gpu": gpu.id, "source": "xid", "xid": 79}, format="json"
         )
     assert answer.status_code == 201, answer.content
-    found = samples(scrape("/metrics").content)
+    found = samples(body(scrape("/metrics")))
     assert (
         value(
             found,
@@ -270,13 +307,37 @@ def test_what_the_alerts_page_on_follows_what_happens(
     node = Node.objects.filter(chip_type__name="H100-SXM").order_by("id").last()
     _, secret = create_enrolment_token(actor="test", node=node)
     credential, _ = enrol(secret, hostname=node.hostname, address="10.0.0.9")
-    found = samples(scrape("/metrics").content)
+    found = samples(body(scrape("/metrics")))
     assert value(found, "myriad_agents", state="reporting") == 1
     NodeCredential.objects.filter(pk=credential.pk).update(heartbeat_lost_at=timezone.now())
     Node.objects.filter(pk=node.pk).update(is_lemon=True)
-    found = samples(scrape("/metrics").content)
+    found = samples(body(scrape("/metrics")))
     assert value(found, "myriad_agents", state="silent") == 1
     assert value(found, "myriad_agents", state="reporting") == 0
     dc = node.rack.pod.datacenter.name
     assert value(found, "myriad_lemon_nodes", datacenter=dc) == 1
     assert value(found, "myriad_lemon_nodes") == 1
+
+
+def test_admission_waits_count_from_the_last_requeue_and_a_long_history_is_read_in_batches(
+    queues, monkeypatch
+):
+    """The first scrape of a process catches up on every event so far, a batch at a time; a job's
+    second admission waited from its requeue, not from its submission."""
+    from datetime import timedelta
+
+    from scheduling.models import JobEvent, Queue
+
+    t0 = timezone.now() - timedelta(hours=2)
+    queue = Queue.objects.get(name="vision")
+    for i in range(3):  # each: submitted, admitted after 100 s, requeued, admitted again 30 s later
+        job = Job.objects.create(queue=queue, gpus=8, submitted_at=t0 + timedelta(minutes=i))
+        at = job.submitted_at
+        for kind, after in (("admitted", 100), ("requeued", 900), ("admitted", 930)):
+            JobEvent.objects.create(job=job, kind=kind, at=at + timedelta(seconds=after), reason="test")
+    monkeypatch.setattr(metrics._Totals, "BATCH", 2)
+    metrics.reset_totals()
+    found = samples(body(scrape("/metrics")))
+    assert value(found, "myriad_admitted_jobs_total", queue="vision") == 6
+    assert value(found, "myriad_admission_wait_seconds_count", queue="vision") == 6
+    assert value(found, "myriad_admission_wait_seconds_sum", queue="vision") == 3 * (100 + 30)
