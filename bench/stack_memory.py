@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import tempfile
 import time
 import urllib.request
@@ -247,6 +248,11 @@ def run(args) -> dict:
                         rss[f"{_role(pid)} [{pid}]"] = peak
             figures["rss_mb"] = rss
             figures["max_rss_mb"] = max(rss.values())
+            cycles = [float(m) for m in re.findall(r"; ([\d.]+) ms in all", Path(stack.log).read_text())]
+            if cycles:  # the worker's, meanwhile: it also plays the fleet's 1 Hz frames
+                figures["cycles"] = len(cycles)
+                figures["cycle_p50_ms"] = round(float(np.percentile(cycles, 50)), 1)
+                figures["cycle_p99_ms"] = round(float(np.percentile(cycles, 99)), 1)
         finally:
             if web is not None:
                 stop_group(web)
@@ -275,6 +281,12 @@ def main() -> None:
     print(f"{'process':<48}{'peak RSS (MB)':>14}{'target':>10}")
     for name, mb in sorted(figures["rss_mb"].items()):
         print(f"{name:<48}{mb:>14}{f'< {TARGET_MB}':>10}")
+    if "cycles" in figures:
+        frames = figures["ws_frames_per_client_min"]
+        print(
+            f"scheduling cycles meanwhile: {figures['cycles']}, p50 {figures['cycle_p50_ms']} ms, "
+            f"p99 {figures['cycle_p99_ms']} ms; live frames per client (fewest): {frames}"
+        )
     if figures["read_errors"]:
         print("read errors:", figures["read_errors"])
     print(json.dumps({"database": database, **figures}))

@@ -534,7 +534,7 @@ def test_a_slow_rank_is_named_a_straggler_and_cordoned_by_its_policy(cluster, tm
 # a job that follows warm restarts: on the reconfigure signal it reads its new placement and
 # records it in its checkpoint folder; on the checkpoint signal it "saves" (a file per rank)
 WARM_JOB = r"""
-import json, os, signal, sys, time
+import json, os, signal, time
 def reconfigure(*_):
     a = json.load(open(os.environ["MYRIAD_ASSIGNMENT_FILE"]))
     with open(os.path.join(os.environ["MYRIAD_CHECKPOINT_DIR"], "reconfigured"), "a") as f:
@@ -543,11 +543,14 @@ def save(*_):
     name = "saved-" + os.environ["NODE_RANK"]
     with open(os.path.join(os.environ["MYRIAD_CHECKPOINT_DIR"], name), "w") as f:
         f.write(os.environ["MYRIAD_GENERATION"])
+leaving = []
 signal.signal(signal.SIGUSR2, reconfigure)
 signal.signal(signal.SIGUSR1, save)
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a trainer finishes what it does, then leaves
+# a trainer finishes what it does, then leaves: the stop that follows a save right away lands while
+# the save runs, and exiting from its handler there would cut the save short
+signal.signal(signal.SIGTERM, lambda *_: leaving.append(True))
 open(os.path.join(os.environ["MYRIAD_CHECKPOINT_DIR"], "ready-" + os.environ["NODE_RANK"]), "w").close()
-while True:
+while not leaving:
     time.sleep(0.2)
 """
 
