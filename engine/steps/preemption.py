@@ -132,49 +132,56 @@ def admit_by_preemption(
 def victims_for_domain(s: CycleState, qi, job, c, free_here, d, victim_domains, candidates):
     """Victims inside the domain first (they free both GPUs and quota), then any others that
     only free quota, each group in preference order, until the gang fits and the quota allows
-    it; then drop, in reverse, every victim that turns out not to be needed."""
+    it; then drop, in reverse, every victim that turns out not to be needed.
+
+    Each victim's quota is taken back as it is chosen (and given back when it is dropped, and for
+    all of them at the end), so asking whether the quota allows the job costs one check, not one
+    charge per victim chosen so far: a gang of 8,192 GPUs choosing among 1,000 jobs of 8 spent
+    25 s of a cycle charging and uncharging them (9.6 million charges)."""
     gains = [int(np.count_nonzero(doms == d)) for doms in victim_domains]
     order = [i for i, g in enumerate(gains) if g > 0] + [i for i, g in enumerate(gains) if g == 0]
 
-    def satisfied(chosen: list[int], have: int) -> bool:
-        return have >= job.gpus and quota_ok_without(s, qi, job, c, [candidates[k][0] for k in chosen])
+    def satisfied(have: int) -> bool:
+        return have >= job.gpus and quota_ok(s, qi, job, c)
 
-    chosen: list[int] = []
+    chosen: list[int] = []  # their quota taken back until the end, but for the dropped
+    dropped: set[int] = set()
     have = free_here
-    chip = s.topo.chip_names[c]
-    taken: dict[int, int] = {}  # another queue -> what its chosen victims free on this chip
-    for i in order:
-        if satisfied(chosen, have):
-            break
-        victim = candidates[i][0]
-        vq = s.queue_index.get(victim.queue, -1)
-        amount = dict(victim.demand_by_chip()).get(chip, 0)
-        if vq != qi:
-            # a borrower gives back what it borrowed, never its own nominal quota
-            if s.quota.usage[vq, c] - taken.get(vq, 0) <= s.quota.nominal[vq, c]:
+    try:
+        for i in order:
+            if satisfied(have):
+                break
+            victim = candidates[i][0]
+            vq = s.queue_index.get(victim.queue, -1)
+            # a borrower gives back what it borrowed, never its own nominal quota (its usage
+            # already lacks what its victims chosen so far free)
+            if vq != qi and s.quota.usage[vq, c] <= s.quota.nominal[vq, c]:
                 continue
-            taken[vq] = taken.get(vq, 0) + amount
-        chosen.append(i)
-        have += gains[i]
-    if not chosen or not satisfied(chosen, have):
-        return None
-    for i in reversed(list(chosen)):
-        rest = [k for k in chosen if k != i]
-        if satisfied(rest, have - gains[i]):
-            chosen, have = rest, have - gains[i]
-    return chosen
+            chosen.append(i)
+            charge(s, victim, -1)
+            have += gains[i]
+        if not chosen or not satisfied(have):
+            return None
+        for i in reversed(list(chosen)):
+            charge(s, candidates[i][0], +1)  # without this one: still enough?
+            if satisfied(have - gains[i]):
+                dropped.add(i)
+                have -= gains[i]
+            else:
+                charge(s, candidates[i][0], -1)
+        return [i for i in chosen if i not in dropped]
+    finally:
+        for i in chosen:
+            if i not in dropped:
+                charge(s, candidates[i][0], +1)
 
 
-def quota_ok_without(s: CycleState, qi, job, c, victims: list[RunningJob]) -> bool:
-    """Whether ``job`` fits the quota once ``victims`` are gone; in a cohort it must fit within
-    its queue's nominal quota unless the queue allows preempting while borrowing."""
-    for v in victims:
-        charge(s, v, -1)
+def quota_ok(s: CycleState, qi, job, c) -> bool:
+    """Whether ``job`` fits the quota as it stands; in a cohort it must fit within its queue's
+    nominal quota unless the queue allows preempting while borrowing."""
     ok = s.quota.check(qi, c, job.demand).ok
     if ok and s.quota.cohort_of[qi] >= 0 and s.queues[qi].borrow_preempt_max_priority is None:
         ok = s.quota.usage[qi, c] + job.demand <= s.quota.nominal[qi, c]
-    for v in victims:
-        charge(s, v, +1)
     return ok
 
 
