@@ -290,5 +290,8 @@ def apply_preemptions(preemptions, now: datetime) -> list[JobEvent]:
             )
         )
     Checkpoint.objects.bulk_create(checkpoints)
-    Job.objects.bulk_update(jobs, [*REQUEUE_FIELDS, "preemptions", "progress_s", "last_checkpoint_at"])
+    # one prepared statement for every victim (Django's bulk_update wrote a CASE per row and field:
+    # 3.5 s for 1,000 victims on SQLite)
+    fields = [*REQUEUE_FIELDS, "preemptions", "progress_s", "last_checkpoint_at"]
+    update_rows(Job, fields, [(job.pk, *(getattr(job, f) for f in fields)) for job in jobs])
     return events

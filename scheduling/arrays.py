@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
@@ -104,7 +104,7 @@ def act(array: JobArray, name: str, *, indices: str | None = None, actor="", rea
                 active=False, released_at=now
             )
     pending_reason = reason_after(target, actor)
-    finished = connection.ops.adapt_datetimefield_value(now) if target == JobState.CANCELLED else None
+    finished = now if target == JobState.CANCELLED else None
     fields = ["state", "pending_reason", "pending_kind", "finished_at", "started_at", "allocated_gpus"]
     update_rows(Job, fields, [(i, target, pending_reason, "", finished, None, 0) for i in ids])
     event = JobEvent(kind=ACTION_EVENTS[action], at=now, reason=text, data={"array": array.pk, "by": actor})

@@ -42,9 +42,29 @@ def update_rows(model, fields: Sequence[str], rows: Sequence[tuple]) -> None:
             )
         else:
             sets = ", ".join(f"{col} = %s" for col in columns)
-            cursor.executemany(
-                f"UPDATE {table} SET {sets} WHERE {pk} = %s", [(*row[1:], row[0]) for row in rows]
-            )
+            adapt = _sqlite_adapters(model_fields)
+            if any(adapt):  # a JSON document or a datetime among the columns
+                params = [
+                    (*(a(v) if a else v for a, v in zip(adapt, r[1:], strict=True)), r[0]) for r in rows
+                ]
+            else:
+                params = [(*row[1:], row[0]) for row in rows]
+            cursor.executemany(f"UPDATE {table} SET {sets} WHERE {pk} = %s", params)
+
+
+def _sqlite_adapters(model_fields) -> list:
+    """Per field, how a value is written where sqlite3 cannot take it as it is (a JSON document,
+    a datetime as Django stores it); None where it can (text and numbers, most of the columns)."""
+    out = []
+    for field in model_fields:
+        kind = field.get_internal_type()
+        if kind == "JSONField":
+            out.append(lambda value, field=field: field.get_db_prep_save(value, connection))
+        elif kind == "DateTimeField":
+            out.append(connection.ops.adapt_datetimefield_value)
+        else:
+            out.append(None)
+    return out
 
 
 _insert_statements: dict[tuple, tuple] = {}

@@ -114,6 +114,10 @@ def test_draining_a_node_checkpoints_and_requeues_its_job_and_the_node_is_draine
     assert ("checkpointed", "saved before preemption") in kinds
     assert ("preempted", f"node {node.hostname} is draining") in kinds
     assert job.checkpoints.filter(kind="async", durable=True).exists() and job.progress_s >= 590
+    # what the requeue wrote: the save's time read back as it was written, nothing of the old run
+    assert job.state == "pending" and job.preemptions == 1 and job.started_at is None
+    assert abs(job.last_checkpoint_at - timezone.now()) < timedelta(minutes=1)
+    assert job.placement == "" and job.allocated_gpus == 0
     drained = AuditRecord.objects.get(object_type="node", object_id=node.pk, action="drained")
     assert drained.actor == "controller" and drained.changes["state"] == ["draining", "drained"]
 
