@@ -13,11 +13,11 @@ from django.utils import timezone
 
 from engine import arrays
 from engine.lifecycle import JOB_ACTIONS
-from scheduling.bulk import insert_copies, update_rows
+from scheduling.bulk import insert_copies
 from scheduling.choices import JobState
-from scheduling.models import Allocation, Job, JobArray, JobEvent
-from scheduling.services import ACTION_EVENTS, SubmitError, new_job, reason_after, submitted_event
-from scheduling.trigger import assignments_changed, request_cycle
+from scheduling.models import Job, JobArray
+from scheduling.services import SubmitError, change_states, new_job, submitted_event
+from scheduling.trigger import request_cycle
 
 # array action -> (the job action it takes, the states it takes it from)
 ACTIONS = {
@@ -25,7 +25,6 @@ ACTIONS = {
     "hold": ("suspend", frozenset({JobState.PENDING.value})),  # running jobs keep running (Slurm's hold)
     "release": ("resume", JOB_ACTIONS["resume"][0]),
 }
-_CHUNK = 10_000  # ids per IN (...) list
 
 
 def parse_spec(text: str) -> arrays.ArraySpec:
@@ -66,11 +65,6 @@ def submit_array(spec: str, *, now=None, **fields) -> JobArray:
     return array
 
 
-def _chunks(ids: list[int]):
-    for i in range(0, len(ids), _CHUNK):
-        yield ids[i : i + _CHUNK]
-
-
 @transaction.atomic
 def act(array: JobArray, name: str, *, indices: str | None = None, actor="", reason="", now=None) -> int:
     """Take ``name`` (cancel, hold, release) on the array's jobs it applies to, or on those of
@@ -81,10 +75,10 @@ def act(array: JobArray, name: str, *, indices: str | None = None, actor="", rea
     rows = np.array(
         Job.objects.select_for_update()
         .filter(array=array)
-        .values_list("id", "array_index", "state", "command")
+        .values_list("id", "array_index", "state")
         .order_by("id"),
         dtype=object,
-    ).reshape(-1, 4)
+    ).reshape(-1, 3)
     chosen = np.isin(rows[:, 2], list(states))
     if indices is not None:
         known = rows[:, 1].astype(np.int64)
@@ -95,25 +89,8 @@ def act(array: JobArray, name: str, *, indices: str | None = None, actor="", rea
     ids = [int(i) for i in rows[chosen, 0]]
     if not ids:
         return 0
-    target = JOB_ACTIONS[action][1]
     text = reason or (f"{name} of array {array.pk} by {actor}" if actor else f"{name} of array {array.pk}")
-    freed = 0
-    if action == "cancel":
-        for chunk in _chunks(ids):
-            freed += Allocation.objects.filter(job_id__in=chunk, active=True).update(
-                active=False, released_at=now
-            )
-    pending_reason = reason_after(target, actor)
-    finished = now if target == JobState.CANCELLED else None
-    fields = ["state", "pending_reason", "pending_kind", "finished_at", "started_at", "allocated_gpus"]
-    update_rows(Job, fields, [(i, target, pending_reason, "", finished, None, 0) for i in ids])
-    event = JobEvent(kind=ACTION_EVENTS[action], at=now, reason=text, data={"array": array.pk, "by": actor})
-    insert_copies(event, "job", ids)
-    if freed or action == "resume":
-        request_cycle()
-    if freed and any(rows[chosen, 3]):
-        assignments_changed()  # the agents stop its launched jobs
-    return len(ids)
+    return change_states(ids, action, actor=actor, reason=text, now=now, data={"array": array.pk})
 
 
 def state_counts(array: JobArray) -> dict[str, int]:

@@ -4,6 +4,7 @@ its event; GPUs are released in the same transaction, and a cycle is asked for a
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import Count
 from django.utils import timezone
 
 from cluster.audit import changes, record
@@ -13,7 +14,7 @@ from engine.checkpoint import CheckpointKind
 from engine.lifecycle import JobStateError, job_action_target
 from engine.placement import LEVELS, level_limit
 from engine.steptime import ModelSpec
-from scheduling.bulk import insert_with_child
+from scheduling.bulk import insert_with_child, update_rows
 from scheduling.checkpoints import PHYSICS
 from scheduling.choices import EventKind, JobState
 from scheduling.models import QUEUE_SETTINGS, Allocation, Checkpoint, Job, JobEvent, Queue
@@ -213,26 +214,61 @@ def reason_after(state: str, actor: str = "") -> str:
 def change_state(job_id: int, action: str, *, actor: str = "", reason: str = "", now=None) -> Job:
     """An operator's or a node's action on a job (engine.lifecycle.JOB_ACTIONS), with its event;
     the job's GPUs are released in the same transaction. ``now``: the clock (default: wall)."""
-    job = Job.objects.select_for_update().get(pk=job_id)
+    if not change_states([job_id], action, actor=actor, reason=reason, now=now):
+        raise Job.DoesNotExist(f"no job {job_id}")
+    return Job.objects.get(pk=job_id)
+
+
+CHANGE_CHUNK = 5000  # job ids per IN (...) list
+
+
+@transaction.atomic
+def change_states(
+    job_ids, action: str, *, actor: str = "", reason: str = "", now=None, data: dict | None = None
+) -> int:
+    """``action`` on every job of ``job_ids`` at once, each as an operator's or a node's action on
+    one job: its new state (engine.lifecycle.JOB_ACTIONS; a job it does not apply to raises
+    JobStateError and nothing changes), its GPUs released, its event (with ``data``). A statement or
+    two per few thousand jobs, never one per job: 7,834 jobs of the simulated fleet ending in one
+    tick took 24 s one at a time. Returns how many jobs there were."""
     now = now or timezone.now()
-    job.state = job_action_target(action, job.state)
     text = reason or f"{action} by {actor}" if actor else reason
-    freed = Allocation.objects.filter(job=job, active=True).update(active=False, released_at=now)
-    data = {"gpus_released": freed, "by": actor} if actor else {"gpus_released": freed}
-    kind = ACTION_EVENTS[action]
-    if job.state in (JobState.CANCELLED, JobState.FINISHED, JobState.FAILED):
-        job.finished_at = now
-    job.pending_reason = reason_after(job.state, actor)
-    job.pending_kind = ""  # the next cycle says what a pending job waits for
-    job.started_at = job.started_at if action in ("finish", "fail") else None
-    job.allocated_gpus = 0
-    job.save()
-    JobEvent.objects.create(job=job, kind=kind, at=now, reason=text or action, data=data)
+    ids = sorted(set(job_ids))
+    rows, freed = [], {}
+    for i in range(0, len(ids), CHANGE_CHUNK):
+        chunk = ids[i : i + CHANGE_CHUNK]
+        rows += (
+            Job.objects.select_for_update()
+            .filter(pk__in=chunk)
+            .values_list("id", "state", "started_at", "command")
+        )
+        held = Allocation.objects.filter(job_id__in=chunk, active=True)
+        freed.update(held.values_list("job_id").annotate(n=Count("id")).order_by())
+        held.update(active=False, released_at=now)
+    updates, events = [], []
+    for job_id, state, started_at, _ in rows:
+        target = job_action_target(action, state)
+        ended = now if target in (JobState.CANCELLED, JobState.FINISHED, JobState.FAILED) else None
+        started = started_at if action in ("finish", "fail") else None
+        updates.append((job_id, target, reason_after(target, actor), "", ended, started, 0))
+        released = {"gpus_released": freed.get(job_id, 0), **({"by": actor} if actor else {})}
+        events.append(
+            JobEvent(
+                job_id=job_id,
+                kind=ACTION_EVENTS[action],
+                at=now,
+                reason=text or action,
+                data={**(data or {}), **released},
+            )
+        )
+    fields = ["state", "pending_reason", "pending_kind", "finished_at", "started_at", "allocated_gpus"]
+    update_rows(Job, fields, updates)
+    JobEvent.objects.bulk_create(events, batch_size=CHANGE_CHUNK)
     if freed or action == "resume":
         request_cycle()
-    if freed and job.command:
-        assignments_changed()  # its agents stop it
-    return job
+    if freed and any(command for *_, command in rows):
+        assignments_changed()  # their agents stop them
+    return len(rows)
 
 
 @transaction.atomic

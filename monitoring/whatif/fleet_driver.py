@@ -44,7 +44,7 @@ from monitoring.telemetry.livestore import FRAME_KEY, NETWORK_KEY, STATE_KEY, li
 from scheduling.checkpoints import PHYSICS
 from scheduling.choices import JobState
 from scheduling.models import Job, Queue
-from scheduling.services import SubmitError, change_state, record_checkpoint, submit_job
+from scheduling.services import SubmitError, change_states, record_checkpoint, submit_job
 from scheduling.store import allocations
 from sim.fabric_traffic import simulated_ports
 from sim.fleet import Fleet
@@ -237,11 +237,11 @@ def _advance_jobs(wall: float, accelerate: float) -> tuple[int, int]:
             "queue__default_checkpoint_policy__interval_s",
         )
     )
+    ended = []
     for job in running.filter(command=""):  # launched jobs end by their exit codes (scheduling.launch)
         elapsed = (wall - job.started_at.timestamp()) * accelerate
         if job.estimated_duration_s and elapsed >= job.estimated_duration_s:
-            change_state(job.pk, "finish", actor="simulated fleet", reason="finished (simulated)")
-            finished += 1
+            ended.append(job.pk)
             continue
         policy = job.effective_checkpoint_policy
         interval = (policy.interval_s if policy and policy.interval_s else None) or DEFAULT_CHECKPOINT_S
@@ -257,6 +257,8 @@ def _advance_jobs(wall: float, accelerate: float) -> tuple[int, int]:
                 size_bytes=checkpoint_bytes(job.parameters, PHYSICS),
             )
             checkpoints += 1
+    if ended:  # all at once: thousands end together after a burst of starts
+        finished = change_states(ended, "finish", actor="simulated fleet", reason="finished (simulated)")
     return checkpoints, finished
 
 
