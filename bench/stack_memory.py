@@ -15,7 +15,9 @@ memory (VmHWM) of every process of both servers and the worker is read at the en
     python -m bench.stack_memory [--cluster 100k] [--history 100000] [--pending 10000] [--seconds 120]
 
 On the embedded default, or with MYRIAD_DATABASE_URL / MYRIAD_REDIS_URL set, on PostgreSQL and
-Redis. The JSON line: ``rss_mb`` (process -> peak MB), ``max_rss_mb``, and what was running.
+Redis. The JSON line: ``rss_mb`` (process -> peak MB), ``max_rss_mb``, what was running, and
+from the stack's log the worker's cycles (p50, p99, the slowest one's line) and the simulated
+fleet's ticks (count, p50, longest), with the fewest live frames a client received.
 """
 
 from __future__ import annotations
@@ -259,6 +261,13 @@ def run(args) -> dict:
                 figures["slowest_cycle"] = max(logged, key=_ms)
                 figures["cycle_p50_ms"] = round(float(np.percentile(cycles, 50)), 1)
                 figures["cycle_p99_ms"] = round(float(np.percentile(cycles, 99)), 1)
+            # the simulated fleet's ticks (each writes a live frame), as Celery logged them
+            tick = r"fleet_tick\[[^]]*\] succeeded in ([\d.]+)s"
+            ticks = [float(t) for t in re.findall(tick, Path(stack.log).read_text())]
+            if ticks:
+                figures["fleet_ticks"] = len(ticks)
+                figures["fleet_tick_p50_s"] = round(float(np.percentile(ticks, 50)), 3)
+                figures["fleet_tick_max_s"] = round(max(ticks), 3)
         finally:
             if web is not None:
                 stop_group(web)
@@ -292,6 +301,11 @@ def main() -> None:
         print(
             f"scheduling cycles meanwhile: {figures['cycles']}, p50 {figures['cycle_p50_ms']} ms, "
             f"p99 {figures['cycle_p99_ms']} ms; live frames per client (fewest): {frames}"
+        )
+    if "fleet_ticks" in figures:
+        print(
+            f"fleet ticks (the stack's whole life): {figures['fleet_ticks']}, "
+            f"p50 {figures['fleet_tick_p50_s']} s, longest {figures['fleet_tick_max_s']} s"
         )
     if figures["read_errors"]:
         print("read errors:", figures["read_errors"])
