@@ -23,7 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from config.web import web_command
+from scheduling.worker import web_command
 from tests.browser_stack import ROOT, free_port, start_stack, stop_group
 
 PHASES = "examples,coverage,fuzzing,stateful"

@@ -4,7 +4,7 @@ page's channel.
 A whole stack runs (``manage.py runstack``: Celery worker and beat, so cycles run as jobs arrive)
 on its own database, on the embedded default or, with MYRIAD_DATABASE_URL / MYRIAD_REDIS_URL set,
 on PostgreSQL and Redis. The web server is uvicorn as a deployment runs it (``--servers`` worker
-processes on one socket, config.web).
+processes on one socket, scheduling.worker.web_command).
 
 Submits: tenants (one login each, the submit throttle is per user) POST ``/api/v1/jobs/`` from
 keep-alive connections (one per submit a second) at a fixed rate for ``--seconds``; each
@@ -38,7 +38,7 @@ import numpy as np
 
 from bench._http import connections as open_connections
 from bench._http import drive, latency_figures
-from config.web import web_command
+from scheduling.worker import web_command
 from tests.browser_stack import free_port, start_stack, stop_group
 
 SUBMIT_PATH = "/api/v1/jobs/"

@@ -35,7 +35,7 @@ import numpy as np
 from bench._backends import print_table, run_per_backend, setup_django
 from bench._http import connections as open_connections
 from bench._http import drive, latency_figures
-from config.web import web_command
+from scheduling.worker import web_command
 from tests.browser_stack import free_port
 
 TARGET_RATE = 1250

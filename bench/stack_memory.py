@@ -3,14 +3,15 @@ history, 10,000 pending and the cluster busy.
 
 The stack runs as ``make demo`` runs it (``manage.py runstack``: the ASGI server, a Celery worker
 with beat playing the simulated fleet every second and running the scheduling cycles), plus the
-production web server (uvicorn, ``--servers`` worker processes, config.web), on the ``--cluster``
-preset. Into its database this process writes ``--history`` finished jobs with their events
-(submitted, admitted, finished), ``--running`` jobs of 8 GPUs in the example queues, which the
-cycles start, and ``--pending`` jobs in a queue without quota, which stay pending and are read by
-every cycle. Then, for ``--seconds``: ``--ws-clients`` websocket clients on the live view of each
-web server, and one client that reads what operators read (the jobs list, pending jobs, a job's
-page, queue history, the fleet frame, Prometheus' two scrapes) as fast as answers come. Peak resident
-memory (VmHWM) of every process of both servers and the worker is read at the end.
+production web server (uvicorn, ``--servers`` worker processes, scheduling.worker.web_command), on
+the ``--cluster`` preset. Into its database this process writes ``--history`` finished jobs with
+their events (submitted, admitted, finished), ``--running`` jobs of 8 GPUs in the example queues,
+which the cycles start, and ``--pending`` jobs in a queue without quota, which stay pending and
+are read by every cycle. Then, for ``--seconds``: ``--ws-clients`` websocket clients on the live
+view of each web server, and one client that reads what operators read (the jobs list, pending
+jobs, a job's page, queue history, the fleet frame, Prometheus' two scrapes) as fast as answers
+come. Peak resident memory (VmHWM) of every process of both servers and the worker is read at the
+end.
 
     python -m bench.stack_memory [--cluster 100k] [--history 100000] [--pending 10000] [--seconds 120]
 
@@ -37,6 +38,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from bench.scheduling_e2e import peak_rss_mb
 from tests.browser_stack import free_port, start_stack, stop_group
 
 TARGET_MB = 300
@@ -55,16 +57,6 @@ def _tree(pid: int) -> list[int]:
         except (FileNotFoundError, ProcessLookupError):
             continue
     return found
-
-
-def _peak_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return None
 
 
 def _cmdline(pid: int) -> str:
@@ -249,12 +241,16 @@ def run(args) -> dict:
             rss = {}
             for root in (stack.process.pid, web.pid):
                 for pid in _tree(root):
-                    peak = _peak_mb(pid)
-                    if peak is not None and peak > 20:  # not the shells and launchers
+                    try:
+                        peak = peak_rss_mb(pid)
+                    except (FileNotFoundError, ProcessLookupError):
+                        continue  # ended since the tree was read
+                    if peak > 20:  # not the shells and launchers
                         rss[f"{_role(pid)} [{pid}]"] = peak
             figures["rss_mb"] = rss
             figures["max_rss_mb"] = max(rss.values())
-            logged = re.findall(r"cycle: .*ms in all", Path(stack.log).read_text())
+            log = Path(stack.log).read_text()
+            logged = re.findall(r"cycle: .*ms in all", log)
             cycles = [_ms(line) for line in logged]
             if cycles:  # the worker's, meanwhile: it also plays the fleet's 1 Hz frames
                 figures["cycles"] = len(cycles)
@@ -263,7 +259,7 @@ def run(args) -> dict:
                 figures["cycle_p99_ms"] = round(float(np.percentile(cycles, 99)), 1)
             # the simulated fleet's ticks (each writes a live frame), as Celery logged them
             tick = r"fleet_tick\[[^]]*\] succeeded in ([\d.]+)s"
-            ticks = [float(t) for t in re.findall(tick, Path(stack.log).read_text())]
+            ticks = [float(t) for t in re.findall(tick, log)]
             if ticks:
                 figures["fleet_ticks"] = len(ticks)
                 figures["fleet_tick_p50_s"] = round(float(np.percentile(ticks, 50)), 3)

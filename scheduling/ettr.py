@@ -131,10 +131,10 @@ def cluster_ettr(since: datetime, until: datetime, queue: str | None = None) -> 
     jobs = Job.objects.filter(Q(finished_at__isnull=True) | Q(finished_at__gte=since))
     if queue:
         jobs = jobs.filter(queue__name=queue)
-    ids = sorted(jobs.values_list("id", flat=True))
+    candidates = list(jobs.only("id", "gpus", "finished_at").order_by("id"))
     total, counted = Ettr(), 0
-    for start in range(0, len(ids), BATCH):
-        batch = list(Job.objects.filter(pk__in=ids[start : start + BATCH]).only("id", "gpus", "finished_at"))
+    for start in range(0, len(candidates), BATCH):
+        batch = candidates[start : start + BATCH]
         gpus = {j.pk: j.gpus for j in batch}
         per_job = job_ettr(batch, since, until)
         total = total + Ettr.total(

@@ -19,6 +19,7 @@ from scheduling.checkpoints import PHYSICS
 from scheduling.choices import EventKind, JobState
 from scheduling.models import QUEUE_SETTINGS, Allocation, Checkpoint, Job, JobEvent, Queue
 from scheduling.plans import ranking_for
+from scheduling.store import allocations
 from scheduling.trigger import assignments_changed, request_cycle
 
 __all__ = ["JobStateError", "change_state", "record_checkpoint", "requeue", "stop_job", "submit_job"]
@@ -244,7 +245,7 @@ def change_states(
         )
         held = Allocation.objects.filter(job_id__in=chunk, active=True)
         freed.update(held.values_list("job_id").annotate(n=Count("id")).order_by())
-        held.update(active=False, released_at=now)
+        allocations.release(now, jobs=chunk)
     updates, events = [], []
     for job_id, state, started_at, _ in rows:
         target = job_action_target(action, state)
@@ -266,7 +267,7 @@ def change_states(
     JobEvent.objects.bulk_create(events, batch_size=CHANGE_CHUNK)
     if freed or action == "resume":
         request_cycle()
-    if freed and any(command for *_, command in rows):
+    if any(command and job_id in freed for job_id, *_, command in rows):
         assignments_changed()  # their agents stop them
     return len(rows)
 

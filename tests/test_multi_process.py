@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from config.web import web_command
-from scheduling.worker import worker_command
+from scheduling.worker import web_command, worker_command
 from tests.browser_stack import (
     PASSWORDS,
     ROOT,

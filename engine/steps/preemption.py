@@ -162,7 +162,7 @@ def victims_for_domain(s: CycleState, qi, job, c, free_here, d, victim_domains, 
             have += gains[i]
         if not chosen or not satisfied(have):
             return None
-        for i in reversed(list(chosen)):
+        for i in reversed(chosen):
             charge(s, candidates[i][0], +1)  # without this one: still enough?
             if satisfied(have - gains[i]):
                 dropped.add(i)

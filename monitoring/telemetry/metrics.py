@@ -106,6 +106,7 @@ class _Totals:
     """Job-event totals by queue, kept per process and brought up to date at each scrape by the
     events added since (their ids only grow): every process converges on the same figures."""
 
+    BATCH = 20_000  # events read at a time
     last_id: int = 0
     admitted: dict | None = None
     evicted: dict | None = None
@@ -122,8 +123,6 @@ class _Totals:
             self.reset()
         while self._count(self._since_last()) == self.BATCH:
             pass
-
-    BATCH = 20_000
 
     def _since_last(self) -> list[tuple]:
         kinds = [EventKind.ADMITTED, EventKind.PREEMPTED, EventKind.REQUEUED, EventKind.SUSPENDED]

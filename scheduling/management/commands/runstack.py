@@ -5,7 +5,7 @@ import subprocess
 
 from django.core.management.base import BaseCommand
 
-from scheduling.worker import worker_command
+from scheduling.worker import APPLICATION, SERVER, worker_command
 
 
 class Command(BaseCommand):
@@ -27,17 +27,10 @@ class Command(BaseCommand):
         self.stdout.write(f"Serving on http://{host or '127.0.0.1'}:{port}/", ending="\n")
         self.stdout.flush()
         try:
-            # the production server's settings (config.web), in this process; a response is sent as
-            # fast as the client takes it (a streamed scrape is never buffered whole)
+            # the production server's settings (scheduling.worker.SERVER), in this process; a response
+            # is sent as fast as the client takes it (a streamed scrape is never buffered whole)
             uvicorn.run(
-                "config.asgi:application",
-                host=host or "127.0.0.1",
-                port=int(port),
-                loop="uvloop",
-                http="httptools",
-                lifespan="off",
-                access_log=False,
-                timeout_graceful_shutdown=5,
+                APPLICATION, host=host or "127.0.0.1", port=int(port), timeout_graceful_shutdown=5, **SERVER
             )
         finally:
             worker.send_signal(signal.SIGTERM)
