@@ -225,6 +225,19 @@ class GPU(models.Model):
             )
 
 
+class InventoryRevision(models.Model):
+    """One row whose ``revision`` the database raises (triggers, migration 0010) in the same
+    transaction as any change to the inventory's structure: a GPU, node, rack, pod, datacenter,
+    region or chip type added or removed, or a column the topology snapshot is built from
+    changed (a node moved to another rack, a datacenter renamed). The snapshot cache
+    (``cluster.snapshot``) reads this row instead of counting 100,000 GPUs each cycle."""
+
+    revision = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"inventory revision {self.revision}"
+
+
 class NicPort(models.Model):
     """A node's network port as its agent reports it (``mlx5_0/1``, ``eth0``): kind, rail, rate.
     The agent sends the list at enrolment and whenever it changes; reports name these ports."""

@@ -195,12 +195,19 @@ class AllocationStore:
         self._key = self._pairs = None
         if cached is None:
             return
+        keys = (cached[:, 0] << 32) | cached[:, 1]  # ascending: the pairs are by job, then GPU
         keep = ~np.isin(cached[:, 0], list(victims)) if victims else np.ones(len(cached), dtype=bool)
         if shrunk:
             released = np.concatenate([(np.int64(j) << 32) | gpus.astype(np.int64) for j, gpus in shrunk])
-            keep &= ~np.isin((cached[:, 0] << 32) | cached[:, 1], released)
-        pairs = np.concatenate([cached[keep], added])
-        pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]  # by job, then GPU, as a fresh read
+            keep &= ~np.isin(keys, released)
+        # the new pairs merged in where they sort (by job, then GPU, as a fresh read): a binary
+        # search each instead of sorting 100,000 pairs again
+        added = np.asarray(added, dtype=np.int64).reshape(-1, 2)
+        new_keys = (added[:, 0] << 32) | added[:, 1]
+        order = np.argsort(new_keys, kind="stable")
+        kept = cached if keep.all() else cached[keep]
+        kept_keys = keys if kept is cached else keys[keep]
+        pairs = np.insert(kept, np.searchsorted(kept_keys, new_keys[order]), added[order], axis=0)
         # The key these pairs should have in the database. It is not checked here (that would
         # cost the full key query a second time each cycle): the next read computes the real key
         # first thing, and any other writer's change, during this cycle or after it, makes them
