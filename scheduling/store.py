@@ -19,7 +19,7 @@ from engine.placement import Layout
 from engine.steptime import ModelSpec, describe_ranking
 from engine.workload import PendingJob, QueueSpec
 from scheduling.choices import JobState
-from scheduling.models import Allocation, Job, JobArray, Queue
+from scheduling.models import Allocation, AllocationTotals, Job, JobArray, Queue
 
 
 class LayoutCache:
@@ -68,14 +68,24 @@ class NewAllocations:
         )
 
 
-def _key(count, newest, job_sum, gpu_sum) -> tuple:
+# a hash of each (job, GPU) pair, summed with the counts: two different sets of active pairs with
+# the same count and sums still differ (the same expression as migration 0028's triggers)
+MIX = "((job_id * 2654435761 + gpu_id * 40503) % 1000000007)"
+FOLD_ROWS = 256  # PostgreSQL's totals are folded into one row once they have this many
+
+
+def _mix(pairs: np.ndarray) -> int:
+    return int(((pairs[:, 0] * 2654435761 + pairs[:, 1] * 40503) % 1000000007).sum())
+
+
+def _key(count, job_sum, gpu_sum, mix_sum) -> tuple:
     return (
         connection.alias,
         connection.settings_dict["NAME"],
-        int(count),
-        int(newest),
-        int(job_sum),
-        int(gpu_sum),
+        int(count or 0),
+        int(job_sum or 0),
+        int(gpu_sum or 0),
+        int(mix_sum or 0),
     )
 
 
@@ -96,15 +106,38 @@ class AllocationStore:
         return self._pairs
 
     def key(self, cursor) -> tuple:
-        """(database, active rows, newest active id, sum of their job ids, sum of their GPU ids).
-        Allocation ids only grow, so an insert anywhere changes the newest id or the count, a
-        release changes the count; the sums tell the cycle's own view of the rows from the
-        database's."""
-        cursor.execute(
-            "SELECT COUNT(*), COALESCE(MAX(id), 0), COALESCE(SUM(job_id), 0), COALESCE(SUM(gpu_id), 0) "
-            f"FROM {Allocation._meta.db_table} WHERE active"
-        )
+        """(database, active rows, the sums of their job ids, of their GPU ids and of a hash of
+        each pair): any insert, release or delete by anyone changes it, and the cycle's own view of
+        the rows gives the same figures as the database's. PostgreSQL keeps the figures as it writes
+        (AllocationTotals, by trigger) and this reads a few rows; SQLite sums its covering index of
+        the active rows."""
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT SUM(count), SUM(job_sum), SUM(gpu_sum), SUM(mix_sum) "
+                f"FROM {AllocationTotals._meta.db_table}"
+            )
+        else:
+            cursor.execute(
+                f"SELECT COUNT(*), SUM(job_id), SUM(gpu_id), SUM({MIX}) "
+                f"FROM {Allocation._meta.db_table} WHERE active"
+            )
         return _key(*cursor.fetchone())
+
+    @staticmethod
+    def fold(cursor) -> None:
+        """PostgreSQL: the totals' rows folded into one once there are many (run by the cycle,
+        under the scheduling lock; rows other writers add meanwhile are left as they are)."""
+        if connection.vendor != "postgresql":
+            return
+        table = AllocationTotals._meta.db_table
+        cursor.execute(f"SELECT COUNT(*) >= %s FROM {table}", [FOLD_ROWS])
+        if cursor.fetchone()[0]:
+            cursor.execute(
+                f"WITH gone AS (DELETE FROM {table} RETURNING *) "
+                f"INSERT INTO {table} (count, job_sum, gpu_sum, mix_sum) "
+                "SELECT COALESCE(SUM(count), 0), COALESCE(SUM(job_sum), 0), COALESCE(SUM(gpu_sum), 0), "
+                "COALESCE(SUM(mix_sum), 0) FROM gone"
+            )
 
     def is_current(self) -> bool:
         with connection.cursor() as cursor:
@@ -208,14 +241,12 @@ class AllocationStore:
         kept = cached if keep.all() else cached[keep]
         kept_keys = keys if kept is cached else keys[keep]
         pairs = np.insert(kept, np.searchsorted(kept_keys, new_keys[order]), added[order], axis=0)
-        # The key these pairs should have in the database. It is not checked here (that would
-        # cost the full key query a second time each cycle): the next read computes the real key
-        # first thing, and any other writer's change, during this cycle or after it, makes them
-        # differ. Only the newest id is read now, from the primary key's end.
+        # The key these pairs should have in the database. It is not checked here: the next read
+        # asks the database's key first thing, and any other writer's change, during this cycle or
+        # after it, makes them differ.
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT COALESCE(MAX(id), 0) FROM {Allocation._meta.db_table} WHERE active")
-            newest = cursor.fetchone()[0]
-        key = _key(len(pairs), newest, pairs[:, 0].sum(), pairs[:, 1].sum())
+            self.fold(cursor)
+        key = _key(len(pairs), pairs[:, 0].sum(), pairs[:, 1].sum(), _mix(pairs))
 
         def keep_carried() -> None:
             self._key, self._pairs = key, pairs

@@ -6,15 +6,18 @@ import importlib
 from dataclasses import fields
 
 import numpy as np
+import pytest
 from django.db import connection
+from django.utils import timezone
 
+from cluster.models import GPU
 from engine.workload import RunningJob
 from scheduling import cycle
 from scheduling.bulk import update_rows
-from scheduling.models import Allocation, Job, Queue
+from scheduling.models import Allocation, AllocationTotals, Job, Queue
 from scheduling.running import COLUMNS, RunningStore, load_running
 from scheduling.services import change_state, submit_job
-from scheduling.store import AllocationStore, allocations
+from scheduling.store import AllocationStore, NewAllocations, allocations
 
 RUNNING_FIELDS = [f.name for f in fields(RunningJob)]
 
@@ -184,3 +187,49 @@ def test_the_database_raises_a_jobs_revision_on_every_write_the_scheduler_reads(
     assert revision() == start + 4
     watched = importlib.import_module("scheduling.migrations.0026_job_revision").WATCHED
     assert set(COLUMNS) | {"queue_id", "chip_id"} <= {c.strip() for c in watched.split(",")}
+
+
+def _summed(pairs: np.ndarray) -> tuple[int, int, int, int]:
+    """What the key counts, computed here from the pairs themselves."""
+    mix = (pairs[:, 0] * 2654435761 + pairs[:, 1] * 40503) % 1000000007
+    return len(pairs), int(pairs[:, 0].sum()), int(pairs[:, 1].sum()), int(mix.sum())
+
+
+def _key_figures() -> tuple:
+    with connection.cursor() as cursor:
+        return AllocationStore().key(cursor)[2:]
+
+
+@pytest.mark.postgres
+def test_the_totals_postgresql_keeps_follow_every_writer(queues, monkeypatch):
+    """The key PostgreSQL keeps by trigger (AllocationTotals) is what the active rows add up to
+    after inserts, releases, a GPU given back and taken again, deletes, any writer, and after
+    the cycle folds its rows into one."""
+    from scheduling import store
+
+    jobs = [
+        submit_job(queue=queues["vision"], gpus=8, chip_types=["H100-SXM"], name=f"t{i}") for i in range(3)
+    ]
+    gpus = list(GPU.objects.order_by("id").values_list("id", flat=True)[:24])
+    rows = NewAllocations()
+    for i, job in enumerate(jobs):
+        rows.add(job.pk, np.asarray(gpus[8 * i : 8 * i + 8]))
+    allocations.insert(rows, timezone.now())
+    assert _key_figures() == _summed(_fresh())
+    Allocation.objects.filter(job=jobs[0]).update(active=False, released_at=timezone.now())
+    assert _key_figures() == _summed(_fresh())
+    # one GPU moved from one job to another in one statement: the count and sums stay, the mix not
+    first = Allocation.objects.filter(job=jobs[1], active=True).order_by("gpu_id").first()
+    Allocation.objects.filter(pk=first.pk).update(active=False)
+    swapped = NewAllocations()
+    swapped.add(jobs[2].pk, np.asarray([first.gpu_id]))
+    allocations.insert(swapped, timezone.now(), {jobs[2].pk: 500})
+    assert _key_figures() == _summed(_fresh())
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {Allocation._meta.db_table} WHERE job_id = %s", [jobs[1].pk])
+    assert _key_figures() == _summed(_fresh())
+    monkeypatch.setattr(store, "FOLD_ROWS", 2)
+    with connection.cursor() as cursor:
+        store.AllocationStore.fold(cursor)
+    assert AllocationTotals.objects.count() == 1
+    assert _key_figures() == _summed(_fresh())
