@@ -170,11 +170,14 @@ class RunningJob:
     def demand(self) -> int:
         return len(self.held) * self.share
 
+    def gpus_by_chip(self) -> tuple[tuple[str, int], ...]:
+        """(chip, GPUs) this job holds per chip type."""
+        return self.parts or ((self.chip, len(self.held)),)
+
     def demand_by_chip(self) -> tuple[tuple[str, int], ...]:
-        """(chip, thousandths) this job is charged per chip type."""
-        if self.parts:
-            return tuple((chip, n * self.share) for chip, n in self.parts)
-        return ((self.chip, self.demand),)
+        """(chip, thousandths) this job is charged per chip type: its GPUs of each, times its share
+        of each GPU (engine.steps.state charges 100,000 jobs a cycle with the same product)."""
+        return tuple((chip, n * self.share) for chip, n in self.gpus_by_chip())
 
     @property
     def shrinkable(self) -> int:

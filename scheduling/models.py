@@ -325,6 +325,11 @@ class Job(models.Model):
             models.Index(fields=["queue", "state"]),
             models.Index(fields=["state", "array", "id"], name="job_state_array"),
             models.Index(fields=["state", "id", "revision"], name="job_state_revision"),
+            # the few jobs holding a share of a link between datacenters, read by every cycle
+            # (scheduling.sites): without it, every running job's row was read to find them
+            models.Index(
+                fields=["state", "id"], condition=Q(link_loads__isnull=False), name="job_link_loads"
+            ),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_positive"),

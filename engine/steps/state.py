@@ -15,7 +15,7 @@ import numpy as np
 from engine import arrays
 from engine.placement import FreePool, Layout
 from engine.pools import Pools
-from engine.quota import build_quota_book, charge
+from engine.quota import build_quota_book
 from engine.reasons import Reason
 from engine.scheduler_config import SchedulerConfig
 from engine.workload import MILLI, CycleResult, RunningJob
@@ -36,27 +36,37 @@ def _reachable(layout: Layout, unreachable) -> np.ndarray:
 def _running_maps(running, queue_index: dict, chip_index: dict):
     """One pass over the running jobs (100,000 of them on a cluster of one-GPU jobs): quota usage
     in thousandths per (queue, chip), the jobs by (queue index, chip index) and by chip index,
-    and the fractional ones (on shared GPUs)."""
+    and the fractional ones (on shared GPUs). Each job is charged its GPUs of each chip times its
+    share, as ``RunningJob.demand_by_chip`` says, keyed by names (three dict lookups a job); names
+    become indices once per key after it, an unknown name as -1 (lists that land on the same
+    index key are joined in the order their names were first seen)."""
     usage: dict[tuple[str, str], int] = {}
-    by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
-    by_chip: dict[int, list[RunningJob]] = {}
+    named: dict[tuple[str, str], list[RunningJob]] = {}
+    by_chip_name: dict[str, list[RunningJob]] = {}
     fractional: list[RunningJob] = []
-    queue_of, chip_of = queue_index.get, chip_index.get
     for job in running:
-        charge(usage, job)
-        if job.fractional:
+        queue, share = job.queue, job.share
+        if share < MILLI:
             fractional.append(job)
-        q = queue_of(job.queue, -1)
-        for chip in chips_of(job):
-            c = chip_of(chip, -1)
-            jobs = by_queue_chip.get((q, c))
+        for chip, n in job.gpus_by_chip():
+            key = (queue, chip)
+            usage[key] = usage.get(key, 0) + n * share
+            jobs = named.get(key)
             if jobs is None:
-                jobs = by_queue_chip[q, c] = []
+                jobs = named[key] = []
             jobs.append(job)
-            jobs = by_chip.get(c)
+            jobs = by_chip_name.get(chip)
             if jobs is None:
-                jobs = by_chip[c] = []
+                jobs = by_chip_name[chip] = []
             jobs.append(job)
+    by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
+    for (queue, chip), jobs in named.items():
+        key = (queue_index.get(queue, -1), chip_index.get(chip, -1))
+        by_queue_chip[key] = by_queue_chip[key] + jobs if key in by_queue_chip else jobs
+    by_chip: dict[int, list[RunningJob]] = {}
+    for chip, jobs in by_chip_name.items():
+        c = chip_index.get(chip, -1)
+        by_chip[c] = by_chip[c] + jobs if c in by_chip else jobs
     return usage, by_queue_chip, by_chip, fractional
 
 
