@@ -359,9 +359,12 @@ def _pending_rows(cursor, select: str, due: list, array_window: int | None) -> l
     job, array = Job._meta.db_table, JobArray._meta.db_table
     cursor.execute(select + " AND j.array_id IS NULL", due)
     rows = cursor.fetchall()
+    # one probe of job_state_array per array (a scalar subquery stays one; as EXISTS, PostgreSQL
+    # planned a join over every job under stale statistics: 21 ms a cycle with 100,000 array jobs)
     cursor.execute(
-        f"SELECT a.id FROM {array} a WHERE EXISTS "
-        f"(SELECT 1 FROM {job} j WHERE j.state = %s AND j.array_id = a.id) ORDER BY a.id",
+        f"SELECT a.id FROM {array} a WHERE "
+        f"(SELECT j.id FROM {job} j WHERE j.state = %s AND j.array_id = a.id LIMIT 1) IS NOT NULL "
+        "ORDER BY a.id",
         due[:1],
     )
     waiting = [r[0] for r in cursor.fetchall()]
