@@ -69,13 +69,14 @@ class NewAllocations:
 
 
 # a hash of each (job, GPU) pair, summed with the counts: two different sets of active pairs with
-# the same count and sums still differ (the same expression as migration 0028's triggers)
-MIX = "((job_id * 2654435761 + gpu_id * 40503) % 1000000007)"
+# the same count and sums still differ (migration 0028's triggers keep the same sum)
+_JOB_FACTOR, _GPU_FACTOR, _MODULUS = 2654435761, 40503, 1000000007
+MIX = f"((job_id * {_JOB_FACTOR} + gpu_id * {_GPU_FACTOR}) % {_MODULUS})"
 FOLD_ROWS = 256  # PostgreSQL's totals are folded into one row once they have this many
 
 
 def _mix(pairs: np.ndarray) -> int:
-    return int(((pairs[:, 0] * 2654435761 + pairs[:, 1] * 40503) % 1000000007).sum())
+    return int(((pairs[:, 0] * _JOB_FACTOR + pairs[:, 1] * _GPU_FACTOR) % _MODULUS).sum())
 
 
 def _key(count, job_sum, gpu_sum, mix_sum) -> tuple:
@@ -124,20 +125,21 @@ class AllocationStore:
         return _key(*cursor.fetchone())
 
     @staticmethod
-    def fold(cursor) -> None:
+    def fold() -> None:
         """PostgreSQL: the totals' rows folded into one once there are many (run by the cycle,
         under the scheduling lock; rows other writers add meanwhile are left as they are)."""
         if connection.vendor != "postgresql":
             return
         table = AllocationTotals._meta.db_table
-        cursor.execute(f"SELECT COUNT(*) >= %s FROM {table}", [FOLD_ROWS])
-        if cursor.fetchone()[0]:
-            cursor.execute(
-                f"WITH gone AS (DELETE FROM {table} RETURNING *) "
-                f"INSERT INTO {table} (count, job_sum, gpu_sum, mix_sum) "
-                "SELECT COALESCE(SUM(count), 0), COALESCE(SUM(job_sum), 0), COALESCE(SUM(gpu_sum), 0), "
-                "COALESCE(SUM(mix_sum), 0) FROM gone"
-            )
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT COUNT(*) >= %s FROM {table}", [FOLD_ROWS])
+            if cursor.fetchone()[0]:
+                cursor.execute(
+                    f"WITH gone AS (DELETE FROM {table} RETURNING *) "
+                    f"INSERT INTO {table} (count, job_sum, gpu_sum, mix_sum) "
+                    "SELECT COALESCE(SUM(count), 0), COALESCE(SUM(job_sum), 0), COALESCE(SUM(gpu_sum), 0), "
+                    "COALESCE(SUM(mix_sum), 0) FROM gone"
+                )
 
     def is_current(self) -> bool:
         with connection.cursor() as cursor:
@@ -238,14 +240,12 @@ class AllocationStore:
         added = np.asarray(added, dtype=np.int64).reshape(-1, 2)
         new_keys = (added[:, 0] << 32) | added[:, 1]
         order = np.argsort(new_keys, kind="stable")
-        kept = cached if keep.all() else cached[keep]
-        kept_keys = keys if kept is cached else keys[keep]
-        pairs = np.insert(kept, np.searchsorted(kept_keys, new_keys[order]), added[order], axis=0)
+        at = np.searchsorted(keys[keep], new_keys[order])
+        pairs = np.insert(cached[keep], at, added[order], axis=0)
         # The key these pairs should have in the database. It is not checked here: the next read
         # asks the database's key first thing, and any other writer's change, during this cycle or
         # after it, makes them differ.
-        with connection.cursor() as cursor:
-            self.fold(cursor)
+        self.fold()
         key = _key(len(pairs), pairs[:, 0].sum(), pairs[:, 1].sum(), _mix(pairs))
 
         def keep_carried() -> None:

@@ -229,7 +229,6 @@ def test_the_totals_postgresql_keeps_follow_every_writer(queues, monkeypatch):
         cursor.execute(f"DELETE FROM {Allocation._meta.db_table} WHERE job_id = %s", [jobs[1].pk])
     assert _key_figures() == _summed(_fresh())
     monkeypatch.setattr(store, "FOLD_ROWS", 2)
-    with connection.cursor() as cursor:
-        store.AllocationStore.fold(cursor)
+    store.AllocationStore.fold()
     assert AllocationTotals.objects.count() == 1
     assert _key_figures() == _summed(_fresh())
