@@ -15,7 +15,7 @@ class SchedulerConfig:
     max_start_gpus: int | None = None
     # jobs one cycle may start (None: no limit): a stream of small jobs (arrays) keeps each cycle
     # short and the next one follows at once; the caller reads no more than this many pending jobs
-    # of one array per cycle (scheduling.store.load_pending's window)
+    # of one array per cycle (scheduling.pending.load_pending's window)
     max_starts: int | None = None
     # gangs allowed to span datacenters (topology region or any): "never", "whenever" no single
     # datacenter holds them, or when it "pays" (engine.sites); the margin the wait saved must

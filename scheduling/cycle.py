@@ -9,10 +9,8 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -22,10 +20,11 @@ from django.utils import timezone
 
 from cluster.outages import best_effort
 from cluster.snapshot import topology_cache
-from engine.scheduler import SchedulerConfig, schedule
+from engine.scheduler import SchedulerConfig, collections_deferred, schedule
 from scheduling import sites, store
 from scheduling.apply import apply_decisions
 from scheduling.locks import cycle_lock, lock_clock
+from scheduling.pending import load_pending, pending_jobs
 from scheduling.running import load_running, running
 from scheduling.signals import congestion_asked, partitions_asked
 from scheduling.trigger import assignments_changed, request_cycle
@@ -57,24 +56,7 @@ def reset_caches() -> None:
     """Forget what earlier cycles read (tests that roll the database back call this)."""
     store.reset()
     running.reset()
-
-
-@contextmanager
-def collections_deferred():
-    """No garbage-collection pass inside the cycle. A cycle allocates about a million short-lived
-    objects (its snapshot, the jobs, the decisions), which start collections; a full one walks the
-    whole heap of a worker that keeps 100,000 running jobs and took 200-290 ms inside a cycle
-    (the mixed benchmark's p99 was those cycles). Nearly all of a cycle's objects are freed by
-    reference counting as it ends; what is cyclic is collected once collections resume, after the
-    cycle's work and before its commit. Entered under the scheduling lock, so cycles never
-    interleave here."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+    pending_jobs.reset()
 
 
 def run_cycle(
@@ -95,7 +77,7 @@ def run_cycle(
         running = load_running()
         if config is None:
             config = sites.config()
-        pending, old_reasons, ranked = store.load_pending(now, array_window=config.max_starts)
+        pending, old_reasons, ranked = load_pending(now, array_window=config.max_starts)
         t1 = time.perf_counter()
         timings["load"] = (t1 - t0) * 1000
         # 2. decide

@@ -32,6 +32,7 @@ from scheduling.choices import JobState
 from scheduling.cycle import surroundings
 from scheduling.forecast_models import JobForecast
 from scheduling.models import Job
+from scheduling.pending import read_pending
 from scheduling.running import load_running
 
 log = logging.getLogger("myriad.scheduling")
@@ -59,7 +60,7 @@ def refresh(now: datetime | None = None) -> Refresh:
     snapshot = topology_cache.current()
     layout = store.layouts.layout(snapshot)
     queues, running = store.load_queues(), load_running()
-    pending, _, _ = store.load_pending(now)
+    pending = read_pending(now)
     window = float(settings.FORECAST_WINDOW_S)
     fc = ForecastConfig(
         horizon_s=float(settings.FORECAST_HORIZON_S), run_time_scale=_run_time_scale(now, window)

@@ -80,6 +80,16 @@ def _waits(values: list[float]) -> dict:
     return {"mean_wait_s": round(float(arr.mean()), 1), "p90_wait_s": round(float(np.percentile(arr, 90)), 1)}
 
 
+def admission_wait(data: dict | None, at: datetime, submitted: datetime) -> float:
+    """The wait an admitted event ended, in seconds: what the cycle recorded (``wait_s``, since
+    the job's last requeue, else its submission), or for an event written before that, since the
+    submission. ``_admissions`` below says the same in SQL."""
+    wait = (data or {}).get("wait_s")
+    if wait is None:
+        wait = (at - submitted).total_seconds()
+    return max(0.0, float(wait))
+
+
 def _admissions(since: datetime, until: datetime, queue=None) -> list[tuple[str, float, str]]:
     """(queue, wait, chip) of every admission in the window, in one plain query: a month of a
     busy cluster is hundreds of thousands of rows, and no row needs a model or a datetime."""

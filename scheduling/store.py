@@ -12,14 +12,11 @@ from datetime import datetime
 
 import numpy as np
 from django.db import connection, transaction
-from django.utils import timezone
 
 from cluster.snapshot import topology_cache
 from engine.placement import Layout
-from engine.steptime import ModelSpec, describe_ranking
-from engine.workload import PendingJob, QueueSpec
-from scheduling.choices import JobState
-from scheduling.models import Allocation, AllocationTotals, Job, JobArray, Queue
+from engine.workload import QueueSpec
+from scheduling.models import Allocation, AllocationTotals, Job, Queue
 
 
 class LayoutCache:
@@ -333,109 +330,3 @@ def epoch(column: str) -> str:
     if connection.vendor == "postgresql":
         return f"EXTRACT(EPOCH FROM {column})::float8"
     return f"(julianday({column}) - 2440587.5) * 86400.0"
-
-
-def _model(cache: dict, text) -> ModelSpec | None:
-    """The model a job trains (parsed once per distinct text), or None without one."""
-    key = text if isinstance(text, str) else json.dumps(text, sort_keys=True)
-    if key not in cache:
-        data = json.loads(text) if isinstance(text, str) else text
-        try:
-            cache[key] = ModelSpec.from_dict(data) if data else None
-        except (ValueError, TypeError, KeyError):
-            cache[key] = None
-    return cache[key]
-
-
-_ARRAYS_PER_STATEMENT = 200  # UNION ALL terms per statement (SQLite allows 500)
-
-
-def _pending_rows(cursor, select: str, due: list, array_window: int | None) -> list[tuple]:
-    """The rows of ``select`` (pending jobs due now): all of them, or with ``array_window`` the
-    jobs outside arrays and the first that many of each array that has a pending job."""
-    if array_window is None:
-        cursor.execute(select, due)
-        return cursor.fetchall()
-    job, array = Job._meta.db_table, JobArray._meta.db_table
-    cursor.execute(select + " AND j.array_id IS NULL", due)
-    rows = cursor.fetchall()
-    # one probe of job_state_array per array (a scalar subquery stays one; as EXISTS, PostgreSQL
-    # planned a join over every job under stale statistics: 21 ms a cycle with 100,000 array jobs)
-    cursor.execute(
-        f"SELECT a.id FROM {array} a WHERE "
-        f"(SELECT j.id FROM {job} j WHERE j.state = %s AND j.array_id = a.id LIMIT 1) IS NOT NULL "
-        "ORDER BY a.id",
-        due[:1],
-    )
-    waiting = [r[0] for r in cursor.fetchall()]
-    for i in range(0, len(waiting), _ARRAYS_PER_STATEMENT):
-        chunk = waiting[i : i + _ARRAYS_PER_STATEMENT]
-        part = f"SELECT * FROM ({select} AND j.array_id = %s ORDER BY j.id LIMIT %s) AS w"
-        cursor.execute(
-            " UNION ALL ".join(f"{part}{n}" for n in range(len(chunk))),
-            [v for a in chunk for v in (*due, a, array_window)],
-        )
-        rows += cursor.fetchall()
-    return rows
-
-
-def load_pending(
-    now: datetime | None = None, array_window: int | None = None
-) -> tuple[list[PendingJob], dict[int, str], dict[int, str]]:
-    """Pending jobs in plain queries (10,000 of them are normal on a busy cluster); submit times
-    come back as epoch seconds so no row needs a datetime object. Returns the jobs, their current
-    reasons, and the chip ranking to show in the reason of jobs whose chip types were ranked.
-
-    ``array_window``: of each job array only its first that many pending jobs (by id). An array's
-    jobs are alike and queue behind one another, so a cycle that may start no more jobs than that
-    decides the same with the window as with the whole array, and the rest are neither read nor
-    given a reason (job_state_array: state, array, id)."""
-    job, queue, array = Job._meta.db_table, Queue._meta.db_table, JobArray._meta.db_table
-    submitted = epoch("j.submitted_at")
-    # JSON as text: most jobs share a handful of chip lists, parsed once each
-    as_text = "::text" if connection.vendor == "postgresql" else ""
-    select = (
-        f"SELECT j.id, q.name, j.gpus, j.priority, j.chip_types{as_text}, j.topology, {submitted}, "
-        f"j.estimated_duration_s, j.pending_reason, j.min_gpus, j.size_step, j.share, j.mixed_chips, "
-        f"j.chip_ranking{as_text}, CASE WHEN j.topology IN ('region', 'any') THEN j.model{as_text} END, "
-        f"j.array_id, a.max_running "
-        f"FROM {job} j JOIN {queue} q ON q.id = j.queue_id LEFT JOIN {array} a ON a.id = j.array_id "
-        f"WHERE j.state = %s AND (j.requeue_at IS NULL OR j.requeue_at <= %s)"
-    )
-    due = [JobState.PENDING.value, connection.ops.adapt_datetimefield_value(now or timezone.now())]
-    with connection.cursor() as cursor:
-        rows = _pending_rows(cursor, select, due, array_window)
-    pending, reasons, ranked = [], {}, {}
-    chip_lists: dict[str | None, tuple[str, ...]] = {None: ()}
-    models: dict[str, ModelSpec | None] = {}  # of jobs that may span datacenters: the cost of doing so
-    for row in rows:
-        job_id, queue_name, gpus, priority, chips_text, topology, submitted, duration, reason = row[:9]
-        low, step, share, mixed, ranking, model_text, array_id, array_limit = row[9:]
-        chips = chip_lists.get(chips_text)
-        if chips is None:
-            chips = chip_lists[chips_text] = tuple(json.loads(chips_text) or ())
-        if ranking and ranking.replace(" ", "") != "[]":
-            ranking = json.loads(ranking)
-            if len(ranking) > 1:
-                ranked[job_id] = describe_ranking(ranking)
-        pending.append(
-            PendingJob(
-                job_id,
-                queue_name,
-                gpus,
-                priority,
-                chips,
-                topology,
-                submitted,
-                duration,
-                low,
-                step,
-                share,
-                bool(mixed),
-                _model(models, model_text) if model_text else None,
-                array_id,
-                array_limit,
-            )
-        )
-        reasons[job_id] = reason
-    return pending, reasons, ranked

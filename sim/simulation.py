@@ -24,7 +24,7 @@ from engine.lifecycle import Verdict, checkpoint_bytes, saves_on_demand
 from engine.network import Network
 from engine.placement import Layout
 from engine.recovery import plan_recovery
-from engine.scheduler import schedule
+from engine.scheduler import collections_deferred, schedule
 from engine.sites import SiteLinks
 from engine.topology import TopologySnapshot
 from engine.workload import PendingJob, QueueSpec, RunningJob
@@ -162,7 +162,10 @@ class Simulation:
         running = self._running_view()
         pending = list(self.pending.values())
         sites = self.sites.for_cycle(self.now)
-        result = schedule(self.layout, self.queues, running, pending, self.now, self.cfg.scheduler, **sites)
+        with collections_deferred():  # as the scheduling worker runs its cycles
+            result = schedule(
+                self.layout, self.queues, running, pending, self.now, self.cfg.scheduler, **sites
+            )
         self.sites.decisions_s += result.span_decisions_s
         if self.cfg.check_invariants:
             check_cycle(self.layout, self.queues, running, pending, result, self.now)

@@ -185,7 +185,7 @@ def test_the_database_raises_a_jobs_revision_on_every_write_the_scheduler_reads(
     job.refresh_from_db()
     job.save()
     assert revision() == start + 4
-    watched = importlib.import_module("scheduling.migrations.0026_job_revision").WATCHED
+    watched = importlib.import_module("scheduling.migrations.0031_job_revision_pending_columns").WATCHED
     assert set(COLUMNS) | {"queue_id", "chip_id"} <= {c.strip() for c in watched.split(",")}
 
 

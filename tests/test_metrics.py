@@ -323,21 +323,29 @@ def test_admission_waits_count_from_the_last_requeue_and_a_long_history_is_read_
     queues, monkeypatch
 ):
     """The first scrape of a process catches up on every event so far, a batch at a time; a job's
-    second admission waited from its requeue, not from its submission."""
+    second admission waited from its requeue, not from its submission (the wait the cycle recorded
+    in the admitted event, scheduling.apply); an admitted event older than that record counts from
+    the job's submission, as the queue history does."""
     from datetime import timedelta
 
+    from scheduling.apply import _waits
     from scheduling.models import JobEvent, Queue
 
     t0 = timezone.now() - timedelta(hours=2)
     queue = Queue.objects.get(name="vision")
     for i in range(3):  # each: submitted, admitted after 100 s, requeued, admitted again 30 s later
         job = Job.objects.create(queue=queue, gpus=8, submitted_at=t0 + timedelta(minutes=i))
-        at = job.submitted_at
         for kind, after in (("admitted", 100), ("requeued", 900), ("admitted", 930)):
-            JobEvent.objects.create(job=job, kind=kind, at=at + timedelta(seconds=after), reason="test")
+            at = job.submitted_at + timedelta(seconds=after)
+            data = {"wait_s": _waits([job.pk], at)[job.pk]} if kind == "admitted" else {}
+            JobEvent.objects.create(job=job, kind=kind, at=at, reason="test", data=data)
+    old = Job.objects.create(queue=queue, gpus=8, submitted_at=t0)
+    JobEvent.objects.create(job=old, kind="admitted", at=t0 + timedelta(seconds=50), reason="before wait_s")
     monkeypatch.setattr(metrics._Totals, "BATCH", 2)
     metrics.reset_totals()
     found = samples(body(scrape("/metrics")))
-    assert value(found, "myriad_admitted_jobs_total", queue="vision") == 6
-    assert value(found, "myriad_admission_wait_seconds_count", queue="vision") == 6
-    assert value(found, "myriad_admission_wait_seconds_sum", queue="vision") == 3 * (100 + 30)
+    assert value(found, "myriad_admitted_jobs_total", queue="vision") == 7
+    assert value(found, "myriad_admission_wait_seconds_count", queue="vision") == 7
+    assert value(found, "myriad_admission_wait_seconds_sum", queue="vision") == pytest.approx(
+        3 * (100 + 30) + 50
+    )

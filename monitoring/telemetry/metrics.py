@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from django.conf import settings
-from django.db.models import Count, OuterRef, Subquery
+from django.db.models import Count
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -43,6 +43,7 @@ from monitoring.telemetry.alert_metrics import paging_families
 from monitoring.telemetry.livestore import CYCLE_COUNTS_KEY, live_store, newest_frame
 from monitoring.telemetry.overview import BUCKETS, ettr_last_day, overview
 from scheduling.choices import EventKind, JobState
+from scheduling.history import admission_wait
 from scheduling.models import Job, JobEvent, Queue
 from scheduling.sites import load_of, running_loads
 from scheduling.usage import queue_usage
@@ -126,29 +127,18 @@ class _Totals:
 
     def _since_last(self) -> list[tuple]:
         kinds = [EventKind.ADMITTED, EventKind.PREEMPTED, EventKind.REQUEUED, EventKind.SUSPENDED]
-        # the wait of an admission counts from the job's last requeue before it, or its submission
-        requeued = (
-            JobEvent.objects.filter(
-                job_id=OuterRef("job_id"), kind=EventKind.REQUEUED, at__lte=OuterRef("at")
-            )
-            .order_by("-at")
-            .values("at")[:1]
-        )
         return list(
             JobEvent.objects.filter(id__gt=self.last_id, kind__in=kinds)
-            .annotate(requeued_at=Subquery(requeued))
             .order_by("id")
-            .values_list("id", "kind", "at", "data", "job__queue__name", "job__submitted_at", "requeued_at")[
-                : self.BATCH
-            ]
+            .values_list("id", "kind", "at", "data", "job__queue__name", "job__submitted_at")[: self.BATCH]
         )
 
     def _count(self, rows: list[tuple]) -> int:
         """Add ``rows`` (events in id order) to the totals; returns how many there were."""
-        for _, kind, at, data, queue, submitted, requeued in rows:
+        for _, kind, at, data, queue, submitted in rows:
             if kind == EventKind.ADMITTED:
                 self.admitted[queue] = self.admitted.get(queue, 0) + 1
-                wait = max(0.0, (at - max(submitted, requeued or submitted)).total_seconds())
+                wait = admission_wait(data, at, submitted)
                 counts, total = self.wait_buckets.get(queue, ([0] * (len(WAIT_BUCKETS) + 1), 0.0))
                 for i, b in enumerate(WAIT_BUCKETS):
                     if wait <= b:
