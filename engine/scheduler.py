@@ -101,7 +101,14 @@ def start_limit_reason(started: int, limit: int | None, jobs: int, most: int | N
         text = f"waiting for the next cycle: this one started {jobs} jobs, its limit is {most}"
     else:
         text = f"waiting for the next cycle: this one started {started} GPUs, its limit is {limit}"
-    facts = {"started_gpus": started, "limit_gpus": limit, "started_jobs": jobs, "limit_jobs": most}
+    # deferred: nothing was decided about the job, the next cycle (at once) decides
+    facts = {
+        "started_gpus": started,
+        "limit_gpus": limit,
+        "started_jobs": jobs,
+        "limit_jobs": most,
+        "deferred": True,
+    }
     return Reason(text, "other", facts)
 
 

@@ -25,6 +25,10 @@ from scheduling.trigger import assignments_changed, request_cycle
 __all__ = ["JobStateError", "change_state", "record_checkpoint", "requeue", "stop_job", "submit_job"]
 
 
+# a job's reason until a cycle decides about it (a submit, a requeue, a release from hold)
+AWAITING_CYCLE = "waiting for the next scheduling cycle"
+
+
 def capacity_problem(
     gpus: int, chip_types: list[str], topology: str, mixed: bool = False
 ) -> tuple[str, str] | None:
@@ -108,7 +112,7 @@ def new_job(now=None, **fields) -> Job:
     return Job(
         state=JobState.PENDING,
         submitted_at=now or timezone.now(),
-        pending_reason="waiting for the next scheduling cycle",
+        pending_reason=AWAITING_CYCLE,
         **fields,
     )
 
@@ -208,7 +212,7 @@ def reason_after(state: str, actor: str = "") -> str:
     """A job's pending reason once an action has moved it to ``state``."""
     if state == JobState.SUSPENDED:
         return f"suspended by {actor}" if actor else "suspended"
-    return "waiting for the next scheduling cycle" if state == JobState.PENDING else ""
+    return AWAITING_CYCLE if state == JobState.PENDING else ""
 
 
 @transaction.atomic

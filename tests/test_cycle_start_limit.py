@@ -27,6 +27,31 @@ def test_jobs_past_the_start_limit_start_in_the_cycle_that_follows_at_once(
     assert waited >= jobs[1].events.get(kind="admitted").at
 
 
+def test_a_job_deferred_by_the_start_limit_keeps_its_reason_until_a_cycle_decides(queues, settings):
+    """Jobs past the limit were not looked at: a new one keeps "waiting for the next scheduling
+    cycle" (no write for it), one that an earlier cycle had given a reason is told it was deferred;
+    the next cycle gives each its own reason."""
+    settings.CYCLE_MAX_START_GPUS = 16
+    submit_job(queue=queues["vision"], gpus=32, chip_types=["H100-SXM"], topology="any", name="filler")
+    run_cycle()
+    older = submit_job(queue=queues["vision"], gpus=24, chip_types=["H100-SXM"], topology="any", name="older")
+    run_cycle()  # 16 GPUs free: it has its reason
+    older.refresh_from_db()
+    assert older.state == "pending" and older.pending_reason != "waiting for the next scheduling cycle"
+    Job.objects.filter(pk=older.pk).update(priority=-1)  # behind the new ones
+    for i in range(4):
+        submit_job(queue=queues["vision"], gpus=8, chip_types=["H100-SXM"], topology="any", name=f"n{i}")
+    summary = run_cycle()
+    assert summary.admitted == 2
+    reasons = dict(Job.objects.filter(state="pending").values_list("name", "pending_reason"))
+    assert reasons["n2"] == reasons["n3"] == "waiting for the next scheduling cycle"
+    assert reasons["older"].startswith("waiting for the next cycle: this one started 16 GPUs")
+    run_cycle()
+    reasons = dict(Job.objects.filter(state="pending").values_list("name", "pending_reason"))
+    assert sorted(reasons) == ["n2", "n3", "older"]
+    assert not any("next" in reason for reason in reasons.values()), reasons
+
+
 def test_without_a_limit_one_cycle_starts_everything(queues, settings):
     settings.CYCLE_MAX_START_GPUS = 0
     for i in range(3):
