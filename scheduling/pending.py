@@ -166,14 +166,15 @@ class PendingStore:
             select = _select("j.id, j.revision, j.pending_reason, a.max_running")
             current = _windowed(cursor, select, due, array_window)
             cached = self._jobs
-            stale = [i for i, rev, _, _ in current if cached.get(i, (-1,))[0] != rev]
-            built = self._build(cursor, stale, len(stale) > len(current) // 2, due, array_window, queues)
+            stale = {i for i, rev, _, _ in current if cached.get(i, (-1,))[0] != rev}
+            everything = len(stale) > len(current) // 2
+            built = self._build(cursor, sorted(stale), everything, due, array_window, queues)
         jobs, reasons, ranked = {}, {}, {}
-        for job_id, rev, reason, limit in current:
-            entry = built.get(job_id) or cached.get(job_id)
+        for job_id, _, reason, limit in current:
+            entry = built.get(job_id) if job_id in stale else cached[job_id]
             if entry is None:  # (it stopped pending between the two reads)
                 continue
-            job, ranking = entry[1], entry[2]
+            rev, job, ranking = entry
             if job.array_limit != limit:  # the array's running limit changed: not the job
                 job = replace(job, array_limit=limit)
             jobs[job_id] = (rev, job, ranking)

@@ -107,3 +107,17 @@ def test_the_database_raises_a_pending_jobs_revision_for_what_the_cycle_reads(qu
     assert revision() == start + 3
     pending_jobs.reset()
     assert _matches_a_fresh_read()
+
+
+def test_a_job_that_changed_and_left_between_the_two_reads_is_not_served_from_the_cache(queues, monkeypatch):
+    jobs = [_submit(queues, f"q{i}") for i in range(6)]
+    load_pending()
+    Job.objects.filter(pk=jobs[0].pk).update(priority=5)  # its revision moves: it is read again ...
+    build = PendingStore._build
+
+    def started_meanwhile(self, *args, **kwargs):  # ... and starts between the two reads
+        Job.objects.filter(pk=jobs[0].pk).update(state="running", started_at=timezone.now())
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(PendingStore, "_build", started_meanwhile)
+    assert jobs[0].pk not in {j.id for j in load_pending()[0]}
