@@ -47,11 +47,8 @@ from engine.steps.spanning import admit_placed_or_span, spans
 from engine.steps.state import CycleState
 from engine.workload import CycleResult, PendingJob, QueueSpec, Reclaim, RunningJob, WithinQueue
 
-__all__ = [
-    "SchedulerConfig",
-    "collections_deferred",
-    "schedule",
-]  # SchedulerConfig: where callers find it with schedule
+# SchedulerConfig: where callers find it with schedule
+__all__ = ["SchedulerConfig", "collections_deferred", "schedule"]
 
 
 def run(s: CycleState) -> CycleResult:
