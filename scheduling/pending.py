@@ -2,14 +2,14 @@
 
 A busy cluster has ten thousand pending jobs, and building each from its row every cycle (fifteen
 columns, JSON chip lists, rankings and models made into Python objects) cost a cycle 30-75 ms on
-SQLite and 60 ms on PostgreSQL for jobs that had not changed. So each read asks the database only for every due pending job's id,
-revision, pending reason and its array's running limit. The revision is a number the database
-raises itself, by a trigger (migrations 0026 and 0031), whenever an UPDATE names a column read
-here; a job whose revision is what the last read saw is the same job, and its ``PendingJob`` is
-reused: only the new and the changed ones are read whole. The reason is read every time, since
-the cycle writes only the reasons that changed against it; so is the array's limit, which an
-operator changes on the array, not on its jobs. Queue names are part of the key: a rename reads
-everything again.
+SQLite and 60 ms on PostgreSQL for jobs that had not changed. So each read asks the database only
+for every due pending job's id, revision, pending reason and its array's running limit. The
+revision is a number the database raises itself, by a trigger (migrations 0026 and 0031), whenever
+an UPDATE names a column read here; a job whose revision is what the last read saw is the same job,
+and its ``PendingJob`` is reused: only the new and the changed ones are read whole. The reason is
+read every time, since the cycle writes only the reasons that changed against it; so is the
+array's limit, which an operator changes on the array, not on its jobs. Queue names are part of
+the key: a rename reads everything again.
 
 With ``array_window``, of each job array only its first that many pending jobs (by id) are read:
 an array's jobs are alike and queue behind one another, so a cycle that may start no more jobs
