@@ -34,6 +34,8 @@ from scheduling.store import epoch
 
 _ARRAYS_PER_STATEMENT = 200  # UNION ALL terms per statement (SQLite allows 500)
 _CHUNK = 10_000  # ids per IN (...) list
+# what each read asks of every due pending job, and of the ones it builds, after their columns
+_CURRENT = "j.revision, j.pending_reason, a.max_running"
 
 
 def _due(now: datetime | None) -> list:
@@ -50,14 +52,14 @@ def _select(columns: str) -> str:
 
 
 def _columns() -> str:
-    """What a PendingJob is built from (``_job``), JSON as text: most jobs share a handful of chip
+    """What a PendingJob is built from (``_Builder.job``), JSON as text: most jobs share a handful of chip
     lists, parsed once each."""
     as_text = "::text" if connection.vendor == "postgresql" else ""
     return (
         f"j.id, j.queue_id, j.gpus, j.priority, j.chip_types{as_text}, j.topology, "
         f"{epoch('j.submitted_at')}, j.estimated_duration_s, j.min_gpus, j.size_step, j.share, "
         f"j.mixed_chips, j.chip_ranking{as_text}, "
-        f"CASE WHEN j.topology IN ('region', 'any') THEN j.model{as_text} END, j.array_id, a.max_running"
+        f"CASE WHEN j.topology IN ('region', 'any') THEN j.model{as_text} END, j.array_id"
     )
 
 
@@ -109,10 +111,10 @@ class _Builder:
                 self.models[key] = None
         return self.models[key]
 
-    def job(self, row) -> tuple[PendingJob, str | None]:
+    def job(self, row, array_limit: int | None) -> tuple[PendingJob, str | None]:
         """The job of a row, and how its chip types were ranked (None: they were not)."""
         job_id, queue, gpus, priority, chips_text, topology, submitted, duration = row[:8]
-        low, step, share, mixed, ranking, model_text, array_id, array_limit = row[8:]
+        low, step, share, mixed, ranking, model_text, array_id = row[8:]
         chips = self.chip_lists.get(chips_text)
         if chips is None:
             chips = self.chip_lists[chips_text] = tuple(json.loads(chips_text) or ())
@@ -163,12 +165,17 @@ class PendingStore:
             self._key, self._jobs = key, {}
         due = _due(now)
         with connection.cursor() as cursor:
-            select = _select("j.id, j.revision, j.pending_reason, a.max_running")
-            current = _windowed(cursor, select, due, array_window)
-            cached = self._jobs
-            stale = {i for i, rev, _, _ in current if cached.get(i, (-1,))[0] != rev}
-            everything = len(stale) > len(current) // 2
-            built = self._build(cursor, sorted(stale), everything, due, array_window, queues)
+            if self._jobs:
+                select = _select(f"j.id, {_CURRENT}")
+                current = _windowed(cursor, select, due, array_window)
+                cached = self._jobs
+                stale = {i for i, rev, _, _ in current if cached.get(i, (-1,))[0] != rev}
+                everything = len(stale) > len(current) // 2
+                built = self._build(cursor, sorted(stale), everything, due, array_window, queues)
+            else:  # nothing kept (a first read, or the key changed): one read of everything
+                rows = _windowed(cursor, _select(f"{_columns()}, {_CURRENT}"), due, array_window)
+                cached, built = {}, _built(rows, queues)
+                current, stale = [(row[0], *row[-3:]) for row in rows], set(built)
         jobs, reasons, ranked = {}, {}, {}
         for job_id, _, reason, limit in current:
             entry = built.get(job_id) if job_id in stale else cached[job_id]
@@ -189,7 +196,7 @@ class PendingStore:
         cheaper than a long list of ids)."""
         if not ids:
             return {}
-        select = _select(f"{_columns()}, j.revision")
+        select = _select(f"{_columns()}, {_CURRENT}")
         if everything:
             rows = _windowed(cursor, select, due, array_window)
         else:
@@ -198,8 +205,13 @@ class PendingStore:
                 chunk = ",".join(str(int(x)) for x in ids[i : i + _CHUNK])
                 cursor.execute(f"{select} AND j.id IN ({chunk})", due)
                 rows += cursor.fetchall()
-        builder = _Builder(queues)
-        return {row[0]: (row[-1], *builder.job(row[:-1])) for row in rows}
+        return _built(rows, queues)
+
+
+def _built(rows, queues) -> dict[int, tuple]:
+    """(revision, job, ranking) by job id, from rows of ``_columns`` followed by ``_CURRENT``."""
+    builder = _Builder(queues)
+    return {row[0]: (row[-3], *builder.job(row[:-3], row[-1])) for row in rows}
 
 
 pending_jobs = PendingStore()
