@@ -89,7 +89,10 @@ class RunningStore:
             # ordered here: a sort of rows that mostly come in id order costs little, while
             # PostgreSQL's ORDER BY of 100,000 rows, planned on stale statistics, spilled to disk
             revisions = sorted(cursor.fetchall())
-        pairs = allocations.active_pairs()  # also with nothing running: the cycle carries it over
+        # also with nothing running: the cycle carries it over. The jobs that stopped since the
+        # last read have released their GPUs: usually no allocation needs reading again.
+        left = self._jobs.keys() - {i for i, _ in revisions} if self._jobs else None
+        pairs = allocations.active_pairs(left)
         if key != self._key:
             self._key, self._pairs, self._jobs = key, None, {}
         moved = _moved(self._pairs, pairs)

@@ -8,6 +8,7 @@ from dataclasses import fields
 import numpy as np
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from cluster.models import GPU
@@ -163,6 +164,38 @@ def test_running_jobs_kept_between_cycles_are_what_a_fresh_read_sees(
     Queue.objects.filter(name="vision").update(name="vision-renamed")
     assert {j.queue for j in load_running()} == {"vision-renamed"}
     assert _running_matches_a_fresh_read()
+
+
+def _allocation_reads(queries) -> int:
+    return sum("GROUP BY job_id" in q["sql"] for q in queries)
+
+
+def test_jobs_that_finished_between_cycles_cost_no_read_of_the_allocations(
+    queues, operator_client, eager_celery, django_capture_on_commit_callbacks
+):
+    """Between two cycles jobs mostly finish: their GPUs leave the cached pairs without reading
+    every active allocation again, and only while that gives exactly what the database holds."""
+    capture = django_capture_on_commit_callbacks
+    body = {"queue": "vision", "gpus": 8, "chip_types": ["H100-SXM"], "topology": "any"}
+    jobs = [_post(operator_client, capture, body) for _ in range(4)]
+    assert _running_matches_a_fresh_read()
+    change_state(jobs[0].pk, "finish", actor="test")
+    change_state(jobs[1].pk, "cancel", actor="test")
+    with CaptureQueriesContext(connection) as queries:
+        running = load_running()
+    assert _allocation_reads(queries.captured_queries) == 0
+    assert {j.id for j in running} == {jobs[2].pk, jobs[3].pk}
+    assert _running_matches_a_fresh_read() and _carried_matches_the_database()
+    # a job finishes and someone else also takes a GPU from another: the pairs without the
+    # finished job's GPUs are not what the database holds, so everything is read
+    change_state(jobs[2].pk, "finish", actor="test")
+    gpu = Allocation.objects.filter(job=jobs[3], active=True).order_by("gpu_id").first()
+    Allocation.objects.filter(pk=gpu.pk).update(active=False)
+    with CaptureQueriesContext(connection) as queries:
+        running = load_running()
+    assert _allocation_reads(queries.captured_queries) == 1
+    assert [(j.id, len(j.held)) for j in running] == [(jobs[3].pk, 7)]
+    assert _running_matches_a_fresh_read() and _carried_matches_the_database()
 
 
 def test_the_database_raises_a_jobs_revision_on_every_write_the_scheduler_reads(queues):
