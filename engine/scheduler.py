@@ -44,7 +44,7 @@ from engine.steps.preemption import admit_by_preemption
 from engine.steps.reservation import reserve
 from engine.steps.sharing import admit_fraction
 from engine.steps.spanning import admit_placed_or_span, spans
-from engine.steps.state import CycleState
+from engine.steps.state import CycleState, RunningIndex
 from engine.workload import CycleResult, PendingJob, QueueSpec, Reclaim, RunningJob, WithinQueue
 
 # SchedulerConfig: where callers find it with schedule
@@ -232,7 +232,7 @@ def try_reserve(s: CycleState, job, capacity_blocked: list[int], max_level: int)
 def schedule(
     layout: Layout,
     queues: list[QueueSpec],
-    running: list[RunningJob],
+    running: list[RunningJob] | RunningIndex,
     pending: list[PendingJob],
     now: float,
     config: SchedulerConfig | None = None,
@@ -241,6 +241,8 @@ def schedule(
     unreachable=None,
 ) -> CycleResult:
     """Run one scheduling cycle over a snapshot; returns decisions and never changes its inputs.
+    ``running``: the running jobs, or their index (engine.steps.state.RunningIndex) kept by a
+    caller between cycles.
     ``congested_pods``: bool over the snapshot's pods whose fabric links are congested now
     (engine.fabric.congested_pods): gangs that span nodes go there last. ``links``: the
     datacenter links with the loads of the jobs crossing them (engine.sites.SiteLinks; copied):

@@ -25,7 +25,7 @@ from scheduling import sites, store
 from scheduling.apply import apply_decisions
 from scheduling.locks import cycle_lock, lock_clock
 from scheduling.pending import load_pending, pending_jobs
-from scheduling.running import load_running, running
+from scheduling.running import load_running_index, running
 from scheduling.signals import congestion_asked, partitions_asked
 from scheduling.trigger import assignments_changed, request_cycle
 
@@ -74,14 +74,15 @@ def run_cycle(
         snapshot = topology_cache.current()
         layout = store.layouts.layout(snapshot)
         queues = store.load_queues()
-        running = load_running()
+        running_jobs = load_running_index()  # kept between cycles: grown by the jobs started since
         if config is None:
             config = sites.config()
         pending, old_reasons, ranked = load_pending(now, array_window=config.max_starts)
         t1 = time.perf_counter()
         timings["load"] = (t1 - t0) * 1000
         # 2. decide
-        result = schedule(layout, queues, running, pending, now.timestamp(), config, **surroundings(snapshot))
+        around = surroundings(snapshot)
+        result = schedule(layout, queues, running_jobs, pending, now.timestamp(), config, **around)
         t2 = time.perf_counter()
         timings["engine"] = (t2 - t1) * 1000
         # 3. apply

@@ -17,6 +17,7 @@ from django.db import connection
 
 from cluster.models import ChipType
 from cluster.snapshot import topology_cache
+from engine.steps.state import RunningIndex
 from engine.workload import RunningJob
 from scheduling.choices import JobState
 from scheduling.models import Job, Queue
@@ -59,12 +60,16 @@ def _moved(old: np.ndarray | None, new: np.ndarray) -> set[int]:
 
 
 class RunningStore:
-    """The running jobs of the last read, with their revisions and the allocations they held."""
+    """The running jobs of the last read, with their revisions, the allocations they held and
+    their index for the engine (engine.steps.state.RunningIndex), kept in id order."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._pairs: np.ndarray | None = None
-        self._jobs: dict[int, tuple[int, RunningJob]] = {}  # id -> (revision, job)
+        self._ids = np.zeros(0, dtype=np.int64)  # ascending
+        self._revisions = np.zeros(0, dtype=np.int64)
+        self._jobs: list[RunningJob] = []  # one per id
+        self.index = RunningIndex()
 
     def reset(self) -> None:
         """Forget what earlier reads saw (tests that roll the database back call this)."""
@@ -81,32 +86,58 @@ class RunningStore:
             tuple(sorted(queues.items())),
             tuple(sorted(chips.items())),
         )
+        if connection.vendor == "postgresql":
+            packed = "string_agg(id::text || ',' || revision::text, ',')"
+        else:
+            packed = "group_concat(id || ',' || revision, ',')"
         with connection.cursor() as cursor:
+            # one string of "id,revision,..." parsed by numpy in one pass: 100,000 rows are not
+            # 100,000 Python tuples. Ordered here: a sort of ids that mostly come in order costs
+            # little, while PostgreSQL's ORDER BY of 100,000 rows on stale statistics spilled to disk
             cursor.execute(
-                f"SELECT id, revision FROM {Job._meta.db_table} WHERE state = %s",
-                [JobState.RUNNING.value],
+                f"SELECT {packed} FROM {Job._meta.db_table} WHERE state = %s", [JobState.RUNNING.value]
             )
-            # ordered here: a sort of rows that mostly come in id order costs little, while
-            # PostgreSQL's ORDER BY of 100,000 rows, planned on stale statistics, spilled to disk
-            revisions = sorted(cursor.fetchall())
-        # also with nothing running: the cycle carries it over. The jobs that stopped since the
-        # last read have released their GPUs: usually no allocation needs reading again.
-        left = self._jobs.keys() - {i for i, _ in revisions} if self._jobs else None
-        pairs = allocations.active_pairs(left)
+            text = cursor.fetchone()[0]
+        read = (
+            np.fromstring(text, dtype=np.int64, sep=",").reshape(-1, 2)
+            if text
+            else np.zeros((0, 2), np.int64)
+        )
+        read = read[np.argsort(read[:, 0], kind="stable")]
+        ids, revisions = read[:, 0], read[:, 1]
         if key != self._key:
-            self._key, self._pairs, self._jobs = key, None, {}
+            self._key, self._pairs, self._ids, self._revisions, self._jobs = key, None, ids[:0], ids[:0], []
+            self.index = RunningIndex()
+        old_ids = self._ids
+        # the jobs that stopped since the last read have released their GPUs: usually no
+        # allocation needs reading again (scheduling.store)
+        left = old_ids[~_present(old_ids, ids)]
+        pairs = allocations.active_pairs(set(left.tolist()))
+        at = np.minimum(np.searchsorted(old_ids, ids), max(len(old_ids) - 1, 0))
+        kept = _present(ids, old_ids)
+        kept[kept] = self._revisions[at[kept]] == revisions[kept]
         moved = _moved(self._pairs, pairs)
-        cached = self._jobs
-        stale = {i for i, rev in revisions if i in moved or cached.get(i, (-1,))[0] != rev}
-        built = self._build(sorted(stale), len(stale) > len(revisions) // 2, pairs, queues, chips)
-        jobs = {}
-        for job_id, rev in revisions:
-            if job_id not in stale:
-                jobs[job_id] = cached[job_id]
-            elif job_id in built:  # (not: it stopped running between the two reads)
-                jobs[job_id] = (rev, built[job_id])
-        self._pairs, self._jobs = pairs, jobs
-        return [job for _, job in jobs.values()]
+        if moved:
+            kept &= ~np.isin(ids, list(moved))
+        stale = ids[~kept]
+        built = self._build(stale.tolist(), len(stale) > len(ids) // 2, pairs, queues, chips)
+        gone = [i for i in stale.tolist() if i not in built]  # it stopped between the two reads
+        if gone:
+            keep = ~np.isin(ids, gone)
+            ids, revisions, kept, at = ids[keep], revisions[keep], kept[keep], at[keep]
+        if not len(left) and not kept[len(old_ids) :].any() and kept[: len(old_ids)].all():
+            # only new jobs, after every job read before (a growing cluster of started jobs):
+            # the index grows by them instead of a pass over every running job
+            started = [built[i] for i in ids[len(old_ids) :].tolist()]
+            jobs = self._jobs + started
+            self.index.extend(started)
+        else:
+            old = self._jobs
+            rows = zip(ids.tolist(), kept.tolist(), at.tolist(), strict=True)
+            jobs = [old[a] if k else built[i] for i, k, a in rows]
+            self.index = RunningIndex(jobs)
+        self._pairs, self._ids, self._revisions, self._jobs = pairs, ids, revisions, jobs
+        return jobs
 
     def _build(self, ids: list[int], everything: bool, pairs, queues, chips) -> dict[int, RunningJob]:
         """RunningJobs for ``ids`` (``everything``: read every running job, cheaper than a long
@@ -180,3 +211,9 @@ running = RunningStore()
 
 def load_running() -> list[RunningJob]:
     return running.load()
+
+
+def load_running_index() -> RunningIndex:
+    """The running jobs as the engine takes them, with the index kept between reads."""
+    running.load()
+    return running.index

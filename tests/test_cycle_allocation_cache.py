@@ -12,11 +12,12 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from cluster.models import GPU
+from engine.steps.state import RunningIndex
 from engine.workload import RunningJob
 from scheduling import cycle
 from scheduling.bulk import update_rows
 from scheduling.models import Allocation, AllocationTotals, Job, Queue
-from scheduling.running import COLUMNS, RunningStore, load_running
+from scheduling.running import COLUMNS, RunningStore, load_running, load_running_index
 from scheduling.services import change_state, submit_job
 from scheduling.store import AllocationStore, NewAllocations, allocations
 
@@ -196,6 +197,37 @@ def test_jobs_that_finished_between_cycles_cost_no_read_of_the_allocations(
     assert _allocation_reads(queries.captured_queries) == 1
     assert [(j.id, len(j.held)) for j in running] == [(jobs[3].pk, 7)]
     assert _running_matches_a_fresh_read() and _carried_matches_the_database()
+
+
+def _index_figures(index):
+    usage, by_queue_chip, by_chip, fractional = index.maps({"vision": 0, "nlp": 1}, {"H100-SXM": 0})
+    return (
+        [j.id for j in index.jobs],
+        usage,
+        {k: [j.id for j in v] for k, v in by_queue_chip.items()},
+        sorted(index.owned().tolist()),
+    )
+
+
+def test_the_engines_index_of_running_jobs_grows_by_started_jobs_and_is_rebuilt_otherwise(
+    queues, operator_client, eager_celery, django_capture_on_commit_callbacks
+):
+    """Jobs only started since the last read: the index the cycle gives the engine is the one kept,
+    grown by them. Anything else (a job finished): a new one. Either way it is what a fresh read
+    of every running job gives."""
+    capture = django_capture_on_commit_callbacks
+    body = {"queue": "vision", "gpus": 8, "chip_types": ["H100-SXM"], "topology": "any"}
+    first = _post(operator_client, capture, body)
+    kept = load_running_index()
+    _post(operator_client, capture, body)
+    _post(operator_client, capture, {**body, "queue": "nlp"})
+    grown = load_running_index()
+    assert grown is kept and len(grown.jobs) == 3
+    assert _index_figures(grown) == _index_figures(RunningIndex(RunningStore().load()))
+    change_state(first.pk, "finish", actor="test")
+    rebuilt = load_running_index()
+    assert rebuilt is not kept and len(rebuilt.jobs) == 2
+    assert _index_figures(rebuilt) == _index_figures(RunningIndex(RunningStore().load()))
 
 
 def test_the_database_raises_a_jobs_revision_on_every_write_the_scheduler_reads(queues):

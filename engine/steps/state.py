@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine import arrays
 from engine.placement import FreePool, Layout
 from engine.pools import Pools
 from engine.quota import build_quota_book
@@ -33,41 +32,73 @@ def _reachable(layout: Layout, unreachable) -> np.ndarray:
     return ~np.asarray(unreachable, dtype=bool)[layout.node_domain[3][layout.gpu_node]]
 
 
-def _running_maps(running, queue_index: dict, chip_index: dict):
-    """One pass over the running jobs (100,000 of them on a cluster of one-GPU jobs): quota usage
-    in thousandths per (queue, chip), the jobs by (queue index, chip index) and by chip index,
-    and the fractional ones (on shared GPUs). Each job is charged its GPUs of each chip times its
-    share, as ``RunningJob.demand_by_chip`` says, keyed by names (three dict lookups a job); names
-    become indices once per key after it, an unknown name as -1 (lists that land on the same
-    index key are joined in the order their names were first seen)."""
-    usage: dict[tuple[str, str], int] = {}
-    named: dict[tuple[str, str], list[RunningJob]] = {}
-    by_chip_name: dict[str, list[RunningJob]] = {}
-    fractional: list[RunningJob] = []
-    for job in running:
-        queue, share = job.queue, job.share
-        if share < MILLI:
-            fractional.append(job)
-        for chip, n in job.gpus_by_chip():
-            key = (queue, chip)
-            usage[key] = usage.get(key, 0) + n * share
-            jobs = named.get(key)
-            if jobs is None:
-                jobs = named[key] = []
-            jobs.append(job)
-            jobs = by_chip_name.get(chip)
-            if jobs is None:
-                jobs = by_chip_name[chip] = []
-            jobs.append(job)
-    by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
-    for (queue, chip), jobs in named.items():
-        key = (queue_index.get(queue, -1), chip_index.get(chip, -1))
-        by_queue_chip[key] = by_queue_chip[key] + jobs if key in by_queue_chip else jobs
-    by_chip: dict[int, list[RunningJob]] = {}
-    for chip, jobs in by_chip_name.items():
-        c = chip_index.get(chip, -1)
-        by_chip[c] = by_chip[c] + jobs if c in by_chip else jobs
-    return usage, by_queue_chip, by_chip, fractional
+class RunningIndex:
+    """The running jobs with what every cycle derives from them, in one pass: quota usage in
+    thousandths per (queue, chip) name, the jobs by those names and by chip name, the fractional
+    ones, the GPUs they hold and the running count of each job array. A caller that keeps its
+    running jobs between cycles (scheduling.running) keeps one of these too and extends it with the
+    jobs started since, in id order, instead of a pass over 100,000 jobs each cycle: extending
+    the index of a list gives what the index of the longer list would. Jobs that hold no GPU are
+    left out. Each job is charged its GPUs of each chip times its share, as
+    ``RunningJob.demand_by_chip`` says, keyed by names (three dict lookups a job)."""
+
+    def __init__(self, running=()) -> None:
+        self.jobs: list[RunningJob] = []
+        self.usage: dict[tuple[str, str], int] = {}
+        self.named: dict[tuple[str, str], list[RunningJob]] = {}
+        self.by_chip_name: dict[str, list[RunningJob]] = {}
+        self.fractional: list[RunningJob] = []
+        self.array_running: dict[int, int] = {}  # array id -> its jobs running
+        self._held: list[np.ndarray] = []
+        self._owned = np.zeros(0, dtype=np.int64)  # every held GPU, joined once when asked
+        self.extend(running)
+
+    def extend(self, running) -> None:
+        usage, named, by_chip_name = self.usage, self.named, self.by_chip_name
+        arrays_running = self.array_running
+        for job in running:
+            if not len(job.held):
+                continue
+            self.jobs.append(job)
+            self._held.append(job.held)
+            queue, share = job.queue, job.share
+            if share < MILLI:
+                self.fractional.append(job)
+            if job.array is not None:
+                arrays_running[job.array] = arrays_running.get(job.array, 0) + 1
+            for chip, n in job.gpus_by_chip():
+                key = (queue, chip)
+                usage[key] = usage.get(key, 0) + n * share
+                jobs = named.get(key)
+                if jobs is None:
+                    jobs = named[key] = []
+                jobs.append(job)
+                jobs = by_chip_name.get(chip)
+                if jobs is None:
+                    jobs = by_chip_name[chip] = []
+                jobs.append(job)
+
+    def owned(self) -> np.ndarray:
+        """The snapshot indices of every GPU the jobs hold."""
+        if self._held:
+            self._owned = np.concatenate([self._owned, *self._held])
+            self._held = []
+        return self._owned
+
+    def maps(self, queue_index: dict, chip_index: dict):
+        """Fresh for one cycle (the cycle may replace entries; this index is kept): quota usage
+        by (queue, chip) name, the jobs by (queue index, chip index) and by chip index, the
+        fractional jobs. Names become indices once per key, an unknown name as -1 (lists that land
+        on the same index key are joined in the order their names were first seen)."""
+        by_queue_chip: dict[tuple[int, int], list[RunningJob]] = {}
+        for (queue, chip), jobs in self.named.items():
+            key = (queue_index.get(queue, -1), chip_index.get(chip, -1))
+            by_queue_chip[key] = by_queue_chip[key] + jobs if key in by_queue_chip else list(jobs)
+        by_chip: dict[int, list[RunningJob]] = {}
+        for chip, jobs in self.by_chip_name.items():
+            c = chip_index.get(chip, -1)
+            by_chip[c] = by_chip[c] + jobs if c in by_chip else list(jobs)
+        return dict(self.usage), by_queue_chip, by_chip, list(self.fractional)
 
 
 class CycleState:
@@ -84,17 +115,17 @@ class CycleState:
         self.queues = list(queues)
         self.queue_index = {q.name: i for i, q in enumerate(self.queues)}
         self.chip_index = {name: i for i, name in enumerate(self.topo.chip_names)}
-        self.running = [j for j in running if len(j.held)]
+        index = running if isinstance(running, RunningIndex) else RunningIndex(running)
+        self.running = list(index.jobs)
         self.pending = list(pending)
-        usage, self.running_by_queue_chip, self.running_by_chip, fractional = _running_maps(
-            self.running, self.queue_index, self.chip_index
+        usage, self.running_by_queue_chip, self.running_by_chip, fractional = index.maps(
+            self.queue_index, self.chip_index
         )
         self.quota = build_quota_book(self.queues, self.topo.chip_names, [], usage_by=usage)
         reachable = _reachable(layout, sites.get("unreachable"))
         self.schedulable = self.topo.schedulable() & reachable
         owned = np.zeros(self.topo.num_gpus, dtype=bool)
-        if self.running:
-            owned[np.concatenate([j.held for j in self.running])] = True
+        owned[index.owned()] = True
         # thousandths used on shared GPUs; a shared GPU is never free for whole-GPU jobs
         self.gpu_used = np.zeros(self.topo.num_gpus, dtype=np.int32)
         for job in fractional:
@@ -123,7 +154,7 @@ class CycleState:
         self.started: list[RunningJob] = []  # admitted this cycle, as running jobs
         # queue index -> the job its later jobs wait behind (engine.steps.ordering.QueueHold)
         self.queue_holds: dict = {}
-        self.array_running = arrays.running_counts(self.running)  # array id -> its jobs running
+        self.array_running = dict(index.array_running)  # array id -> its jobs running
         self.array_reasons: dict = {}  # array id -> why its jobs past the limit wait (engine.arrays)
         self.first_blocked: set[int] = set()  # queues whose first blocked job was seen
         self.quota_blocked = False  # the last job scheduled was refused by quota on every chip
