@@ -172,6 +172,7 @@ def try_chips(s: CycleState, qi, job, chips, max_level, reasons: list[Reason]) -
     """Admit and place on the first chip type that has quota and room (None: admitted);
     otherwise returns the chip types it found no room on, and adds each chip's reason."""
     capacity_blocked: list[int] = []
+    unplaced: list[tuple[int, int, int]] = []  # (where its reason goes, chip, level)
     s.quota_blocked = True
     for c in chips:
         check = s.quota.check(qi, c, job.demand)
@@ -200,7 +201,13 @@ def try_chips(s: CycleState, qi, job, chips, max_level, reasons: list[Reason]) -
         if s.queues[qi].may_use_spares and admit_on_spares(s, qi, job, c, inside):
             return None
         level = DATACENTER_LEVEL if job.id in s.span_waits else max_level
-        reasons.append(placement_reason(s, job, c, level))
+        unplaced.append((len(reasons), c, level))
+        reasons.append(None)
+    # Why it found no room, per chip type: worded only now that it stays pending (a job that
+    # starts on its sixth chip type needs none). Trying a chip type changes nothing unless the
+    # job starts, so each reads what it would have read when tried.
+    for at, c, level in unplaced:
+        reasons[at] = placement_reason(s, job, c, level)
     return capacity_blocked
 
 
