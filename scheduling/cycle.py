@@ -87,6 +87,8 @@ def run_cycle(
         timings["engine"] = (t2 - t1) * 1000
         # 3. apply
         gpus = apply_decisions(result, snapshot, now, old_reasons, ranked)
+        touched = [a.job_id for a in result.admissions] + [p.job_id for p in result.preemptions]
+        running.carry(touched + [r.job_id for r in result.resizes])
         timings["apply"] = (time.perf_counter() - t2) * 1000
         summary = CycleSummary(
             ran=True,

@@ -428,6 +428,23 @@ class AllocationTotals(models.Model):
         return f"{self.count:+d} active allocations"
 
 
+class RunningTotals(models.Model):
+    """On PostgreSQL, what the running jobs add up to (their count, and the sums of their ids, of
+    their revisions and of a hash of each id and revision), kept by a trigger (migration 0033) as
+    AllocationTotals is: each statement that writes jobs adds a row of what it changed. A cycle
+    that knows what it changed itself compares these few rows with what it expects instead of
+    reading every running job's id and revision again (scheduling.running). SQLite leaves it
+    empty."""
+
+    count = models.BigIntegerField()
+    id_sum = models.BigIntegerField()
+    revision_sum = models.BigIntegerField()
+    mix_sum = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.count:+d} running jobs"
+
+
 class Checkpoint(models.Model):
     """One saved checkpoint of a job, as reported by its nodes or taken at a fault."""
 

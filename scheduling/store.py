@@ -87,6 +87,24 @@ def _key(count, job_sum, gpu_sum, mix_sum) -> tuple:
     )
 
 
+def fold_totals(model) -> None:
+    """PostgreSQL: a totals table's rows (AllocationTotals, RunningTotals: a row of changes per
+    statement, added by trigger) folded into one once there are many (run by the cycle, under the
+    scheduling lock; rows other writers add meanwhile are left as they are)."""
+    if connection.vendor != "postgresql":
+        return
+    table = model._meta.db_table
+    sums = [f.column for f in model._meta.concrete_fields if not f.primary_key]
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT COUNT(*) >= %s FROM {table}", [FOLD_ROWS])
+        if cursor.fetchone()[0]:
+            cursor.execute(
+                f"WITH gone AS (DELETE FROM {table} RETURNING *) "
+                f"INSERT INTO {table} ({', '.join(sums)}) "
+                f"SELECT {', '.join(f'COALESCE(SUM({c}), 0)' for c in sums)} FROM gone"
+            )
+
+
 class AllocationStore:
     """Active allocations as (job id, GPU id) pairs, cached between reads under a key that any
     other writer's change alters, and carried over a cycle's own changes without a re-read."""
@@ -123,20 +141,7 @@ class AllocationStore:
 
     @staticmethod
     def fold() -> None:
-        """PostgreSQL: the totals' rows folded into one once there are many (run by the cycle,
-        under the scheduling lock; rows other writers add meanwhile are left as they are)."""
-        if connection.vendor != "postgresql":
-            return
-        table = AllocationTotals._meta.db_table
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT COUNT(*) >= %s FROM {table}", [FOLD_ROWS])
-            if cursor.fetchone()[0]:
-                cursor.execute(
-                    f"WITH gone AS (DELETE FROM {table} RETURNING *) "
-                    f"INSERT INTO {table} (count, job_sum, gpu_sum, mix_sum) "
-                    "SELECT COALESCE(SUM(count), 0), COALESCE(SUM(job_sum), 0), COALESCE(SUM(gpu_sum), 0), "
-                    "COALESCE(SUM(mix_sum), 0) FROM gone"
-                )
+        fold_totals(AllocationTotals)
 
     def is_current(self) -> bool:
         with connection.cursor() as cursor:
