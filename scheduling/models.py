@@ -30,6 +30,7 @@ from scheduling.choices import (
 from scheduling.forecast_models import JobForecast  # noqa: F401 - each pending job's expected start
 from scheduling.notify_models import WebhookDelivery  # noqa: F401 - the app's models are all here
 from scheduling.service_models import InferenceService, ServiceScale  # noqa: F401 - both live here too
+from scheduling.totals_models import AllocationTotals, RunningTotals  # noqa: F401 - kept by triggers
 from scheduling.usage_models import UsageDay  # noqa: F401 - the app's models are all here
 
 
@@ -410,39 +411,6 @@ class Allocation(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} on GPU {self.gpu_id}" + ("" if self.active else " (released)")
-
-
-class AllocationTotals(models.Model):
-    """On PostgreSQL, what the active allocations add up to (scheduling.store's key), kept by a
-    trigger (migration 0028): each statement that writes allocations adds one row of what it
-    changed, and the cycle folds the rows into one now and then. Reading these few rows replaces
-    an aggregate over every allocation row, history included. SQLite computes the same sums from
-    its covering index of the active rows and leaves this table empty."""
-
-    count = models.BigIntegerField()
-    job_sum = models.BigIntegerField()
-    gpu_sum = models.BigIntegerField()
-    mix_sum = models.BigIntegerField()
-
-    def __str__(self) -> str:
-        return f"{self.count:+d} active allocations"
-
-
-class RunningTotals(models.Model):
-    """On PostgreSQL, what the running jobs add up to (their count, and the sums of their ids, of
-    their revisions and of a hash of each id and revision), kept by a trigger (migration 0033) as
-    AllocationTotals is: each statement that writes jobs adds a row of what it changed. A cycle
-    that knows what it changed itself compares these few rows with what it expects instead of
-    reading every running job's id and revision again (scheduling.running). SQLite leaves it
-    empty."""
-
-    count = models.BigIntegerField()
-    id_sum = models.BigIntegerField()
-    revision_sum = models.BigIntegerField()
-    mix_sum = models.BigIntegerField()
-
-    def __str__(self) -> str:
-        return f"{self.count:+d} running jobs"
 
 
 class Checkpoint(models.Model):
