@@ -182,14 +182,16 @@ def insert_copies(instance, field: str, values: Sequence[int]) -> None:
         cursor.execute(sql, [*params, json.dumps([int(v) for v in values])])
 
 
-def insert_plain(objects: Sequence) -> None:
+def insert_plain(objects: Sequence, model=None) -> None:
     """Insert new instances of one model whose fields hold plain values (numbers, text, dates,
     JSON of plain values), in one statement: the rows travel as one JSON document that the
     database unpacks itself. Thousands of a cycle's events cost a few milliseconds, where
-    ``bulk_create`` prepares every field of every row in Python. No ids are set on the objects."""
+    ``bulk_create`` prepares every field of every row in Python. No ids are set on the objects.
+    ``model``: the model written (default: the first object's class); any object with its
+    fields' attributes may stand for an instance."""
     if not objects:
         return
-    model = type(objects[0])
+    model = model or type(objects[0])
     meta = model._meta
     qn = connection.ops.quote_name
     _, fields = _insert_statement(model)
