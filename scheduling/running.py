@@ -139,10 +139,11 @@ class RunningStore:
         if gone:
             keep = ~np.isin(ids, gone)
             ids, revisions, kept, at = ids[keep], revisions[keep], kept[keep], at[keep]
-        if not len(left) and not kept[len(old_ids) :].any() and kept[: len(old_ids)].all():
-            # only new jobs, after every job read before (a growing cluster of started jobs):
-            # the index grows by them instead of a pass over every running job
-            started = [built[i] for i in ids[len(old_ids) :].tolist()]
+        n = len(old_ids)
+        if not len(left) and int(kept.sum()) == n and kept[:n].all():
+            # every job read before unchanged and first, the rest new (a growing cluster of
+            # started jobs): the index grows by them instead of a pass over every running job
+            started = [built[i] for i in ids[n:].tolist()]
             jobs = self._jobs + started
             self.index.extend(started)
         else:

@@ -230,6 +230,28 @@ def test_the_engines_index_of_running_jobs_grows_by_started_jobs_and_is_rebuilt_
     assert _index_figures(rebuilt) == _index_figures(RunningIndex(RunningStore().load()))
 
 
+def test_a_changed_job_that_stops_between_the_two_reads_leaves_the_index(
+    queues, operator_client, eager_celery, django_capture_on_commit_callbacks, monkeypatch
+):
+    """A running job changed since the last read and stopped before its row was read again (it is
+    not rebuilt): neither the jobs nor the engine's index keep it, though every other job is as
+    it was."""
+    capture = django_capture_on_commit_callbacks
+    body = {"queue": "vision", "gpus": 8, "chip_types": ["H100-SXM"], "topology": "any"}
+    first = _post(operator_client, capture, body)
+    second = _post(operator_client, capture, body)
+    assert len(load_running_index().jobs) == 2
+    Job.objects.filter(pk=second.pk).update(priority=3)
+    build = RunningStore._build
+
+    def stopped_meanwhile(self, ids, *args):
+        return {i: j for i, j in build(self, ids, *args).items() if i != second.pk}
+
+    monkeypatch.setattr(RunningStore, "_build", stopped_meanwhile)
+    index = load_running_index()
+    assert [j.id for j in index.jobs] == [first.pk] and [j.id for j in load_running()] == [first.pk]
+
+
 def test_the_database_raises_a_jobs_revision_on_every_write_the_scheduler_reads(queues):
     """The trigger behind the running jobs' cache: ORM saves, bulk statements and raw SQL raise the
     revision when they name a column the engine reads; a pending reason alone does not."""
