@@ -92,9 +92,9 @@ def indices_problem(
     return wanted, None
 
 
-def running_counts(running) -> dict[int, int]:
-    """Array id -> how many of its jobs run now."""
-    counts: dict[int, int] = {}
+def running_counts(running, counts: dict[int, int] | None = None) -> dict[int, int]:
+    """Array id -> how many of its jobs run now (``counts``: added to these, which it returns)."""
+    counts = {} if counts is None else counts
     for job in running:
         if job.array is not None:
             counts[job.array] = counts.get(job.array, 0) + 1

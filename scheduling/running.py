@@ -46,7 +46,6 @@ COLUMNS = (
 _CHUNK = 10_000  # ids per IN (...) list
 # a hash of each (id, revision), summed with the counts (migration 0033's trigger keeps the same sum)
 _ID_FACTOR, _REVISION_FACTOR, _MODULUS = 2654435761, 40503, 1000000007
-MIX = f"((id * {_ID_FACTOR} + revision * {_REVISION_FACTOR}) % {_MODULUS})"
 
 
 def _figures(read: np.ndarray) -> tuple[int, int, int, int]:
@@ -126,10 +125,12 @@ class RunningStore:
         # the jobs that stopped since the last read have released their GPUs: usually no
         # allocation needs reading again (scheduling.store)
         left = old_ids[~_present(old_ids, ids)]
-        pairs = allocations.active_pairs(set(left.tolist()))
+        pairs = allocations.active_pairs(left)
         at = np.minimum(np.searchsorted(old_ids, ids), max(len(old_ids) - 1, 0))
-        kept = _present(ids, old_ids)
-        kept[kept] = self._revisions[at[kept]] == revisions[kept]
+        # present in the last read with the same revision
+        kept = np.zeros(len(ids), dtype=bool)
+        if len(old_ids):
+            kept = (old_ids[at] == ids) & (self._revisions[at] == revisions)
         moved = _moved(self._pairs, pairs)
         if moved:
             kept &= ~np.isin(ids, list(moved))

@@ -147,7 +147,7 @@ class AllocationStore:
         with connection.cursor() as cursor:
             return self._pairs is not None and self._key == self.key(cursor)
 
-    def active_pairs(self, left: set[int] | None = None) -> np.ndarray:
+    def active_pairs(self, left=None) -> np.ndarray:
         """(job id, GPU id) of every active allocation, ordered by job then GPU. One row per job
         comes back, its GPU ids packed in a string, so 100,000 allocations are not 100,000 Python
         tuples. ``left``: jobs the caller knows stopped since the last read (they finished, failed
@@ -158,9 +158,9 @@ class AllocationStore:
             key = self.key(cursor)
             if self._key == key and self._pairs is not None:
                 return self._pairs
-            if left and self._pairs is not None:
+            if left is not None and len(left) and self._pairs is not None:
                 cached = self._pairs
-                pairs = cached[~np.isin(cached[:, 0], list(left))]
+                pairs = cached[~np.isin(cached[:, 0], left)]
                 if _key(len(pairs), pairs[:, 0].sum(), pairs[:, 1].sum(), _mix(pairs)) == key:
                     self._key, self._pairs = key, pairs
                     return pairs

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine import arrays
 from engine.placement import FreePool, Layout
 from engine.pools import Pools
 from engine.quota import build_quota_book
@@ -55,17 +56,14 @@ class RunningIndex:
 
     def extend(self, running) -> None:
         usage, named, by_chip_name = self.usage, self.named, self.by_chip_name
-        arrays_running = self.array_running
-        for job in running:
-            if not len(job.held):
-                continue
+        holding = [job for job in running if len(job.held)]
+        arrays.running_counts(holding, self.array_running)
+        for job in holding:
             self.jobs.append(job)
             self._held.append(job.held)
             queue, share = job.queue, job.share
             if share < MILLI:
                 self.fractional.append(job)
-            if job.array is not None:
-                arrays_running[job.array] = arrays_running.get(job.array, 0) + 1
             for chip, n in job.gpus_by_chip():
                 key = (queue, chip)
                 usage[key] = usage.get(key, 0) + n * share

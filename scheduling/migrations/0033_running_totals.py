@@ -8,7 +8,7 @@
 
 from django.db import migrations, models
 
-MIX = "((id * 2654435761 + revision * 40503) % 1000000007)"  # scheduling.running.MIX
+MIX = "((id * 2654435761 + revision * 40503) % 1000000007)"  # scheduling.running._figures
 
 _PG = f"""
 CREATE OR REPLACE FUNCTION running_totals_changed() RETURNS trigger AS $$
