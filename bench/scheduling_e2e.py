@@ -202,7 +202,7 @@ def child() -> dict:
         run_scheduling_cycle.delay()
         allocated = 0
         while time.perf_counter() - t0 < 120:
-            allocated = Allocation.objects.filter(active=True).count()
+            allocated = Allocation.objects.filter(active=True).gpu_count()
             if allocated >= 0.9 * total:
                 break
             time.sleep(0.02)
@@ -253,13 +253,13 @@ def child() -> dict:
     for pk in Job.objects.filter(state="pending").values_list("pk", flat=True):
         Job.objects.filter(pk=pk).update(state="cancelled", finished_at=clock)
     in_bj1 = (
-        Allocation.objects.filter(active=True, gpu__node__rack__pod__datacenter__name="bj1")
+        Allocation.objects.filter(active=True, node__rack__pod__datacenter__name="bj1")
         .values_list("job_id", flat=True)
         .distinct()
     )
     for pk in list(in_bj1):
         change_state(pk, "cancel", actor="bench")
-    busy = Allocation.objects.filter(active=True).count()
+    busy = Allocation.objects.filter(active=True).gpu_count()
     figures["gang_background_busy_pct"] = round(100 * busy / total, 1)
     Queue.objects.create(name="urgent")
     QueueQuota.objects.create(

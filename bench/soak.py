@@ -153,12 +153,14 @@ class Churn:
             pass
 
     def _gpu_of_running_job(self):
-        from scheduling.models import Allocation
+        from scheduling.models import AllocatedGPU
 
         job_id = self._some_job(("running",))
         if job_id is None:
             return None
-        return Allocation.objects.filter(job_id=job_id, active=True).values_list("gpu_id", flat=True).first()
+        return (
+            AllocatedGPU.objects.filter(job_id=job_id, active=True).values_list("gpu_id", flat=True).first()
+        )
 
     def fault(self, xid: int = 43, counter: str = "faults"):
         from cluster.models import GPU

@@ -129,6 +129,7 @@ class TopologyCache:
         self._key: tuple | None = None  # what the snapshot was built from (see ``key``)
         self._snapshot: TopologySnapshot | None = None
         self.gpu_order: np.ndarray | None = None
+        self._cells: tuple | None = None
         self._checked_at = 0.0
         self._capacity: dict[tuple, tuple[int, int]] = {}
 
@@ -203,6 +204,44 @@ class TopologyCache:
         if len(ids) and (pos.max() >= len(sorted_ids) or np.any(sorted_ids[pos] != ids)):
             raise ValueError("allocation names a GPU that is not in the inventory")
         return self.gpu_order[pos]
+
+    def _cell_keys(self) -> np.ndarray:
+        """Each GPU's (node position x 128 + index on the node), ascending: the GPUs are ordered by
+        node, then index."""
+        snap = self._snapshot
+        if self._cells is None or self._cells[0] is not snap.gpu_id:
+            self._cells = (snap.gpu_id, snap.gpu_node.astype(np.int64) * 128 + snap.gpu_slot)
+        return self._cells[1]
+
+    def gpu_cells(self, gpu_ids) -> tuple[np.ndarray, np.ndarray]:
+        """(node database id, index on the node) of the given GPU database ids."""
+        snap = self.structure()
+        try:
+            at = self.gpu_indices(gpu_ids)
+        except ValueError:  # GPUs added in the last seconds
+            snap = self.current()
+            at = self.gpu_indices(gpu_ids)
+        return snap.node_id[snap.gpu_node[at]], snap.gpu_slot[at].astype(np.int64)
+
+    def gpus_at(self, node_ids, indices) -> np.ndarray:
+        """Database ids of the GPUs at (node database id, index on the node); -1 where the inventory
+        has no such GPU."""
+        nodes = np.asarray(node_ids, dtype=np.int64)
+        indices = np.asarray(indices, dtype=np.int64)
+        found = self._gpus_at(self.structure(), nodes, indices)
+        if (found < 0).any():  # perhaps GPUs added in the last seconds
+            found = self._gpus_at(self.current(), nodes, indices)
+        return found
+
+    def _gpus_at(self, snap: TopologySnapshot, nodes: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        if not len(snap.node_id) or not len(snap.gpu_id):
+            return np.full(len(nodes), -1, dtype=np.int64)
+        keys = self._cell_keys()
+        pos = np.minimum(np.searchsorted(snap.node_id, nodes), len(snap.node_id) - 1)
+        wanted = pos * 128 + indices
+        at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+        found = (snap.node_id[pos] == nodes) & (keys[at] == wanted)
+        return np.where(found, snap.gpu_id[at], -1)
 
     def _refresh_states(self, snap: TopologySnapshot) -> TopologySnapshot:
         table = GPU._meta.db_table

@@ -34,7 +34,7 @@ from monitoring.telemetry import netreports
 from monitoring.telemetry.ingest import latest_reports
 from monitoring.telemetry.livestore import live_store, newest_frame
 from monitoring.telemetry.overview import BUCKETS, ettr_last_day, overview
-from scheduling.models import Allocation, Job
+from scheduling.models import AllocatedGPU, Job
 from scheduling.usage import queue_health
 
 BUCKET_LABELS = {
@@ -109,10 +109,12 @@ def _state_counts(nodes, group: str) -> dict[int, dict]:
 
 def _held_counts(group: str) -> dict[int, int]:
 
-    key = f"gpu__node__{group}_id"
+    key = f"node__{group}_id"
     return {
         r[key]: r["n"]
-        for r in Allocation.objects.filter(active=True).values(key).annotate(n=Count("gpu_id", distinct=True))
+        for r in AllocatedGPU.objects.filter(active=True)
+        .values(key)
+        .annotate(n=Count("gpu_id", distinct=True))
     }
 
 
@@ -233,7 +235,7 @@ def node_detail(request, hostname: str):
             messages.success(request, f"{action.replace('_', ' ')} {node.hostname}: done")
         return redirect("node-page", hostname=node.hostname)
     gpus = list(node.gpus.order_by("index"))
-    holders = dict(Allocation.objects.filter(active=True, gpu__node=node).values_list("gpu_id", "job_id"))
+    holders = dict(AllocatedGPU.objects.filter(active=True, node=node).values_list("gpu_id", "job_id"))
     jobs = {j.pk: j for j in Job.objects.filter(pk__in=set(holders.values())).select_related("queue")}
     telemetry = _node_telemetry(node)
     gpu_rows = [

@@ -25,7 +25,7 @@ from cluster.models import ChipType
 from cluster.snapshot import topology_cache
 from engine.efficiency import pair_keys
 from scheduling.choices import EventKind
-from scheduling.models import Allocation, Cohort, Job, JobEvent, Queue, UsageDay
+from scheduling.models import AllocatedGPU, Cohort, Job, JobEvent, Queue, UsageDay
 from scheduling.store import allocations
 from scheduling.usage import queue_usage
 
@@ -42,7 +42,7 @@ def _utilized(util: np.ndarray | None) -> dict[tuple[str, str], float]:
     idx = topology_cache.gpu_indices(pairs[:, 1])
     weight = util[idx].astype(np.float64) / 100.0
     shared = list(
-        Allocation.objects.filter(active=True, share__lt=1000).values_list("job_id", "gpu_id", "share")
+        AllocatedGPU.objects.filter(active=True, share__lt=1000).values_list("job_id", "gpu_id", "share")
     )
     if shared:
         keys = pair_keys(pairs)

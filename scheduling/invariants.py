@@ -19,7 +19,7 @@ from django.db.models import Count, Q, Sum
 from cluster.models import ChipType
 from engine.quota import build_quota_book
 from scheduling.choices import JobState
-from scheduling.models import Allocation, Job
+from scheduling.models import AllocatedGPU, Allocation, Job
 from scheduling.store import load_queues
 
 
@@ -47,12 +47,14 @@ class StateReport:
 
 def check_database() -> StateReport:
     """Read the committed state and report every broken rule (call it outside a cycle)."""
-    active = Allocation.objects.filter(active=True)
+    active = AllocatedGPU.objects.filter(active=True)
     report = StateReport()
     report.double_allocations = (
         active.values("gpu_id").annotate(total=Sum("share")).filter(total__gt=1000).count()
     )
-    report.orphan_allocations = active.exclude(job__state=JobState.RUNNING).count()
+    report.orphan_allocations = (
+        Allocation.objects.filter(active=True).exclude(job__state=JobState.RUNNING).gpu_count()
+    )
     report.running_without_gpus = (
         Job.objects.filter(state=JobState.RUNNING)
         .annotate(held=Count("allocations", filter=Q(allocations__active=True)))
@@ -60,9 +62,9 @@ def check_database() -> StateReport:
         .count()
     )
     report.resurrected = Job.objects.filter(state=JobState.RUNNING, finished_at__isnull=False).count()
-    by_queue_and_chip = active.values("job__queue__name", "gpu__node__chip_type__name")
+    by_queue_and_chip = active.values("job__queue__name", "node__chip_type__name")
     usage = {
-        (row["job__queue__name"], row["gpu__node__chip_type__name"]): int(row["total"])
+        (row["job__queue__name"], row["node__chip_type__name"]): int(row["total"])
         for row in by_queue_and_chip.annotate(total=Sum("share"))
     }
     chips = list(ChipType.objects.order_by("name").values_list("name", flat=True))

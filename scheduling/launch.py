@@ -33,7 +33,7 @@ from engine import tiers
 from engine.lifecycle import JobStateError, saves_on_demand
 from scheduling.choices import EventKind, JobState, ProcessState
 from scheduling.locks import cycle_lock
-from scheduling.models import Allocation, Job, JobEvent, JobProcess
+from scheduling.models import AllocatedGPU, Allocation, Job, JobEvent, JobProcess
 from scheduling.services import change_state, requeue
 from scheduling.store import allocations
 from scheduling.trigger import assignments_changed, request_cycle
@@ -96,10 +96,10 @@ def generation_of(started_at: datetime | None, gpu_ids) -> str:
 def placements(job_ids) -> dict[int, Placement]:
     """The current placement of each running launched job of ``job_ids`` (two queries)."""
     rows = (
-        Allocation.objects.filter(job_id__in=list(job_ids), active=True, job__state=JobState.RUNNING)
+        AllocatedGPU.objects.filter(job_id__in=list(job_ids), active=True, job__state=JobState.RUNNING)
         .exclude(job__command="")
-        .values_list("job_id", "gpu_id", "gpu__node_id", "gpu__index", "created_at", "job__started_at")
-        .order_by("job_id", "gpu__node_id", "gpu__index")
+        .values_list("job_id", "gpu_id", "node_id", "index", "created_at", "job__started_at")
+        .order_by("job_id", "node_id", "index")
     )
     found: dict[int, Placement] = {}
     gpus: dict[int, list[int]] = {}
@@ -122,7 +122,7 @@ def placements(job_ids) -> dict[int, Placement]:
 
 def _node_jobs(node_id: int) -> list[int]:
     return list(
-        Allocation.objects.filter(gpu__node_id=node_id, active=True, job__state=JobState.RUNNING)
+        Allocation.objects.filter(node_id=node_id, active=True, job__state=JobState.RUNNING)
         .exclude(job__command="")
         .values_list("job_id", flat=True)
         .distinct()

@@ -1,7 +1,7 @@
 """Queues, cohorts, jobs, allocations and the job event log.
 
 The database guarantees the one rule that must never break: a GPU is in at most one active
-allocation (a partial unique index, on SQLite and PostgreSQL alike).
+allocation (partial unique indexes, on SQLite and PostgreSQL alike: scheduling.allocation_models).
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from cluster.models import GPU, ChipType, Node
+from cluster.models import ChipType, Node
 from engine import policy as checkpoint_policy
 from engine.workload import DEFAULT_HEAD_WAIT_S
+from scheduling.allocation_models import AllocatedGPU, Allocation  # noqa: F401 - the app's models are all here
 from scheduling.array_models import JobArray
 from scheduling.choices import (
     CheckpointKind,
@@ -367,50 +368,6 @@ class Job(models.Model):
     def effective_checkpoint_policy(self):
         """The job's own checkpoint policy, else its queue's default (None: neither)."""
         return self.checkpoint_policy or self.queue.default_checkpoint_policy
-
-
-class Allocation(models.Model):
-    # No separate single-column indexes: (job, gpu) of active rows serves job lookups and the
-    # partial unique index serves "who holds this GPU"; fewer indexes keep a 100k-GPU fill fast.
-    # On PostgreSQL these references are checked per statement by triggers (migration 0009), not
-    # per row by foreign keys; SQLite keeps its foreign keys. The rules are the same.
-    job = models.ForeignKey(
-        Job, on_delete=models.CASCADE, related_name="allocations", db_index=False, db_constraint=False
-    )
-    gpu = models.ForeignKey(
-        GPU, on_delete=models.CASCADE, related_name="allocations", db_index=False, db_constraint=False
-    )
-    active = models.BooleanField(default=True)
-    share = models.PositiveSmallIntegerField(default=1000, help_text="Thousandths of the GPU")
-    created_at = models.DateTimeField()
-    released_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        constraints = [
-            # a whole GPU is in at most one active allocation; the shared_gpu_guard triggers
-            # (migration 0005) refuse a whole allocation on a shared GPU and fractions past 1000
-            models.UniqueConstraint(
-                fields=["gpu"], condition=Q(active=True, share=1000), name="gpu_in_one_active_allocation"
-            ),
-            models.CheckConstraint(condition=Q(share__gte=1, share__lte=1000), name="allocation_share_range"),
-        ]
-        indexes = [
-            # Released allocations stay as history and outnumber the active ones as time goes on;
-            # the cycle's reads ("every active allocation, by job") and the per-job lookups only
-            # ever ask for active rows, so only those are indexed, job first.
-            models.Index(
-                fields=["job", "gpu"],
-                include=["id"],
-                condition=Q(active=True),
-                name="allocation_active_by_job",
-            ),
-            models.Index(
-                fields=["gpu"], condition=Q(active=True, share__lt=1000), name="allocation_shared_gpu"
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"job {self.job_id} on GPU {self.gpu_id}" + ("" if self.active else " (released)")
 
 
 class Checkpoint(models.Model):

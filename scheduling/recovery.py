@@ -24,7 +24,7 @@ from engine.workload import Preemption
 from scheduling.apply import apply_preemptions
 from scheduling.checkpoints import PHYSICS, job_policy
 from scheduling.choices import EventKind, JobState
-from scheduling.models import Allocation, Job, JobEvent
+from scheduling.models import AllocatedGPU, Allocation, Job, JobEvent
 from scheduling.plans import resize_job
 from scheduling.services import durable_checkpoint, requeue
 from scheduling.store import Holdings, NewAllocations, allocations
@@ -49,10 +49,11 @@ def jobs_hit(gpu_ids: list[int], link_ends: tuple[int, int] | None = None) -> li
     active = Allocation.objects.filter(active=True, job__state=JobState.RUNNING)
     if link_ends is not None:
         a, b = link_ends
-        in_a = set(active.filter(gpu__node__rack__pod__datacenter_id=a).values_list("job_id", flat=True))
-        in_b = set(active.filter(gpu__node__rack__pod__datacenter_id=b).values_list("job_id", flat=True))
+        in_a = set(active.filter(node__rack__pod__datacenter_id=a).values_list("job_id", flat=True))
+        in_b = set(active.filter(node__rack__pod__datacenter_id=b).values_list("job_id", flat=True))
         return sorted(in_a & in_b)
-    return sorted(set(active.filter(gpu_id__in=gpu_ids).values_list("job_id", flat=True)))
+    held = AllocatedGPU.objects.filter(active=True, job__state=JobState.RUNNING, gpu_id__in=gpu_ids)
+    return sorted(set(held.values_list("job_id", flat=True)))
 
 
 def recover_jobs(

@@ -17,7 +17,7 @@ from engine.steptime import ModelSpec
 from scheduling.bulk import insert_with_child, update_rows
 from scheduling.checkpoints import PHYSICS
 from scheduling.choices import EventKind, JobState
-from scheduling.models import QUEUE_SETTINGS, Allocation, Checkpoint, Job, JobEvent, Queue
+from scheduling.models import QUEUE_SETTINGS, AllocatedGPU, Checkpoint, Job, JobEvent, Queue
 from scheduling.plans import ranking_for
 from scheduling.store import allocations
 from scheduling.trigger import assignments_changed, request_cycle
@@ -147,10 +147,6 @@ def submit_job(*, now=None, **fields) -> Job:
     return job
 
 
-def _release(job: Job, now) -> int:
-    return Allocation.objects.filter(job=job, active=True).update(active=False, released_at=now)
-
-
 # the fields a requeue changes, for bulk updates
 REQUEUE_FIELDS = [
     "state",
@@ -247,7 +243,7 @@ def change_states(
             .filter(pk__in=chunk)
             .values_list("id", "state", "started_at", "command")
         )
-        held = Allocation.objects.filter(job_id__in=chunk, active=True)
+        held = AllocatedGPU.objects.filter(job_id__in=chunk, active=True)
         freed.update(held.values_list("job_id").annotate(n=Count("id")).order_by())
         allocations.release(now, jobs=chunk)
     updates, events = [], []

@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from cluster.snapshot import topology_cache
 from engine.placement import Layout
 from engine.workload import QueueSpec
+from scheduling.allocation_models import BANK
 from scheduling.models import Allocation, AllocationTotals, Job, Queue
 
 
@@ -65,26 +66,63 @@ class NewAllocations:
         )
 
 
-# a hash of each (job, GPU) pair, summed with the counts: two different sets of active pairs with
-# the same count and sums still differ (migration 0028's triggers keep the same sum)
-_JOB_FACTOR, _GPU_FACTOR, _MODULUS = 2654435761, 40503, 1000000007
-MIX = f"((job_id * {_JOB_FACTOR} + gpu_id * {_GPU_FACTOR}) % {_MODULUS})"
+# a hash of each active row (job, place = node id x 16 + bank, slots), summed with the counts: two
+# different sets of rows with the same count and sums still differ (migration 0035's triggers keep
+# the same sums)
+_JOB_FACTOR, _PLACE_FACTOR, _SLOTS_FACTOR, _MODULUS = 2654435761, 40503, 69069, 1000000007
+PLACE = "(node_id * 16 + bank)"
+MIX = f"((job_id * {_JOB_FACTOR} + {PLACE} * {_PLACE_FACTOR} + slots * {_SLOTS_FACTOR}) % {_MODULUS})"
 FOLD_ROWS = 256  # PostgreSQL's totals are folded into one row once they have this many
+_BITS = np.arange(BANK, dtype=np.int64)
 
 
-def _mix(pairs: np.ndarray) -> int:
-    return int(((pairs[:, 0] * _JOB_FACTOR + pairs[:, 1] * _GPU_FACTOR) % _MODULUS).sum())
-
-
-def _key(count, job_sum, gpu_sum, mix_sum) -> tuple:
+def _key(count, job_sum, place_sum, mix_sum) -> tuple:
     return (
         connection.alias,
         connection.settings_dict["NAME"],
         int(count or 0),
         int(job_sum or 0),
-        int(gpu_sum or 0),
+        int(place_sum or 0),
         int(mix_sum or 0),
     )
+
+
+def _rows_key(rows: np.ndarray) -> tuple:
+    """The key of (job, node, bank, slots) rows, as the database computes it."""
+    jobs, place = rows[:, 0], rows[:, 1] * 16 + rows[:, 2]
+    mix = (jobs * _JOB_FACTOR + place * _PLACE_FACTOR + rows[:, 3] * _SLOTS_FACTOR) % _MODULUS
+    return _key(len(rows), jobs.sum(), place.sum(), mix.sum())
+
+
+def _sorted(rows: np.ndarray) -> np.ndarray:
+    return rows[np.lexsort((rows[:, 3], rows[:, 2], rows[:, 1], rows[:, 0]))]
+
+
+def node_rows(pairs: np.ndarray) -> np.ndarray:
+    """(job id, node id, bank, slots) rows for (job id, GPU id) pairs: one per job, node and bank
+    of eight GPUs, the GPUs' bits or-ed together, sorted."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    if not len(pairs):
+        return np.zeros((0, 4), dtype=np.int64)
+    nodes, index = topology_cache.gpu_cells(pairs[:, 1])
+    jobs, banks, bits = pairs[:, 0], index // BANK, np.left_shift(1, index % BANK)
+    order = np.lexsort((banks, nodes, jobs))
+    jobs, nodes, banks, bits = jobs[order], nodes[order], banks[order], bits[order]
+    starts = np.flatnonzero(
+        np.r_[True, (jobs[1:] != jobs[:-1]) | (nodes[1:] != nodes[:-1]) | (banks[1:] != banks[:-1])]
+    )
+    return np.column_stack([jobs[starts], nodes[starts], banks[starts], np.bitwise_or.reduceat(bits, starts)])
+
+
+def gpu_pairs(rows: np.ndarray) -> np.ndarray:
+    """(job id, GPU id) of each GPU of (job, node, bank, slots) rows, by job then GPU (a bit whose
+    GPU the inventory no longer has is left out)."""
+    r, k = np.nonzero((rows[:, 3:4] >> _BITS) & 1)
+    gpus = topology_cache.gpus_at(rows[r, 1], rows[r, 2] * BANK + k)
+    jobs, known = rows[r, 0], gpus >= 0
+    jobs, gpus = jobs[known], gpus[known]
+    order = np.lexsort((gpus, jobs))
+    return np.stack([jobs[order], gpus[order]], axis=1)
 
 
 def fold_totals(model) -> None:
@@ -106,12 +144,14 @@ def fold_totals(model) -> None:
 
 
 class AllocationStore:
-    """Active allocations as (job id, GPU id) pairs, cached between reads under a key that any
-    other writer's change alters, and carried over a cycle's own changes without a re-read."""
+    """Active allocations as (job id, GPU id) pairs and as the database's rows (job id, node id,
+    bank, slots), cached between reads under a key that any other writer's change alters, and
+    carried over a cycle's own changes without a re-read."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._pairs: np.ndarray | None = None
+        self._rows: np.ndarray | None = None
 
     def reset(self) -> None:
         """Forget what earlier reads saw (tests that roll the database back call this)."""
@@ -122,11 +162,11 @@ class AllocationStore:
         return self._pairs
 
     def key(self, cursor) -> tuple:
-        """(database, active rows, the sums of their job ids, of their GPU ids and of a hash of
-        each pair): any insert, release or delete by anyone changes it, and the cycle's own view of
-        the rows gives the same figures as the database's. PostgreSQL keeps the figures as it writes
-        (AllocationTotals, by trigger) and this reads a few rows; SQLite sums its covering index of
-        the active rows."""
+        """(database, active rows, the sums of their job ids, of their places (node id x 16 +
+        bank) and of a hash of each row): any insert, release or delete by anyone changes it, and
+        the cycle's own view of the rows gives the same figures as the database's. PostgreSQL keeps
+        the figures as it writes (AllocationTotals, by trigger) and this reads a few rows; SQLite
+        sums its covering index of the active rows."""
         if connection.vendor == "postgresql":
             cursor.execute(
                 "SELECT SUM(count), SUM(job_sum), SUM(gpu_sum), SUM(mix_sum) "
@@ -134,7 +174,7 @@ class AllocationStore:
             )
         else:
             cursor.execute(
-                f"SELECT COUNT(*), SUM(job_id), SUM(gpu_id), SUM({MIX}) "
+                f"SELECT COUNT(*), SUM(job_id), SUM({PLACE}), SUM({MIX}) "
                 f"FROM {Allocation._meta.db_table} WHERE active"
             )
         return _key(*cursor.fetchone())
@@ -147,58 +187,52 @@ class AllocationStore:
         with connection.cursor() as cursor:
             return self._pairs is not None and self._key == self.key(cursor)
 
+    def active_rows(self) -> np.ndarray:
+        """(job id, node id, bank, slots) of every active allocation row, sorted."""
+        self.active_pairs()
+        return self._rows
+
     def active_pairs(self, left=None) -> np.ndarray:
-        """(job id, GPU id) of every active allocation, ordered by job then GPU. One row per job
-        comes back, its GPU ids packed in a string, so 100,000 allocations are not 100,000 Python
-        tuples. ``left``: jobs the caller knows stopped since the last read (they finished, failed
-        or were cancelled, releasing their GPUs): when the cached pairs without theirs give the
-        database's key, nothing is read (between two cycles that is most of what changes)."""
+        """(job id, GPU id) of every active allocation, ordered by job then GPU. The rows come
+        back as one string that NumPy parses, so 12,000 rows are not 12,000 Python tuples.
+        ``left``: jobs the caller knows stopped since the last read (they finished, failed or were
+        cancelled, releasing their GPUs): when the cached rows without theirs give the database's
+        key, nothing is read (between two cycles that is most of what changes)."""
         table = Allocation._meta.db_table
         with connection.cursor() as cursor:
             key = self.key(cursor)
             if self._key == key and self._pairs is not None:
                 return self._pairs
-            if left is not None and len(left) and self._pairs is not None:
-                cached = self._pairs
-                pairs = cached[~np.isin(cached[:, 0], left)]
-                if _key(len(pairs), pairs[:, 0].sum(), pairs[:, 1].sum(), _mix(pairs)) == key:
-                    self._key, self._pairs = key, pairs
-                    return pairs
+            if left is not None and len(left) and self._rows is not None:
+                rows = self._rows[~np.isin(self._rows[:, 0], left)]
+                if _rows_key(rows) == key:
+                    self._key, self._rows = key, rows
+                    self._pairs = self._pairs[~np.isin(self._pairs[:, 0], left)]
+                    return self._pairs
             if connection.vendor == "postgresql":
-                packed = "string_agg(gpu_id::text, ',')"
+                packed = "string_agg(concat_ws(',', job_id, node_id, bank, slots), ',')"
             else:
-                packed = "group_concat(gpu_id, ',')"
-            cursor.execute(
-                f"SELECT job_id, {packed} FROM {table} WHERE active GROUP BY job_id ORDER BY job_id"
-            )
-            rows = cursor.fetchall()
-        if not rows:
-            pairs = np.zeros((0, 2), dtype=np.int64)
-        else:
-            # numpy parses the joined text in one pass (a list of 100,000 strings costs 20 ms more)
-            gpus = np.fromstring(",".join(r[1] for r in rows), dtype=np.int64, sep=",")
-            counts = [r[1].count(",") + 1 for r in rows]
-            jobs = np.repeat(np.array([r[0] for r in rows], dtype=np.int64), counts)
-            order = np.lexsort((gpus, jobs))  # by job, then GPU: the order the carried pairs keep
-            pairs = np.stack([jobs[order], gpus[order]], axis=1)
-        self._key, self._pairs = key, pairs
-        return pairs
+                packed = "group_concat(job_id || ',' || node_id || ',' || bank || ',' || slots, ',')"
+            cursor.execute(f"SELECT {packed} FROM {table} WHERE active")
+            text = cursor.fetchone()[0]
+        rows = np.fromstring(text or "", dtype=np.int64, sep=",").reshape(-1, 4)
+        self._key, self._rows = key, _sorted(rows)
+        self._pairs = gpu_pairs(self._rows)
+        return self._pairs
 
     def insert(self, rows: NewAllocations, now: datetime, shares: dict[int, int] | None = None) -> None:
-        """Active allocations for the new rows; ``shares``: job id -> thousandths for jobs that
-        share a GPU (everyone else takes whole GPUs)."""
+        """Active allocations for the new GPUs, one row per job, node and bank; ``shares``: job id
+        -> thousandths for jobs that share a GPU (everyone else takes whole GPUs)."""
         table = Allocation._meta.db_table
         shares = shares or {}
-        columns = "(job_id, gpu_id, active, share, created_at)"
+        written = node_rows(rows.pairs())
+        share = [shares.get(j, 1000) for j in written[:, 0].tolist()]
+        columns = "(job_id, node_id, bank, slots, active, share, created_at)"
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
                 stamp = now.isoformat()
-                # one join per job over its GPU ids, not one formatted string per GPU
-                parts = []
-                for j, gpus in zip(rows.jobs, rows.gpus, strict=True):
-                    head, tail = f"{j}\t", f"\tt\t{shares.get(j, 1000)}\t{stamp}\n"
-                    parts.append(head + (tail + head).join(map(str, gpus.tolist())) + tail)
-                block = "".join(parts)
+                lines = ["\t".join(map(str, r)) for r in written.tolist()]
+                block = "".join(f"{line}\tt\t{s}\t{stamp}\n" for line, s in zip(lines, share, strict=True))
                 # COPY is not wrapped by Django: map driver errors to Django's (IntegrityError...)
                 with (
                     connection.wrap_database_errors,
@@ -206,45 +240,70 @@ class AllocationStore:
                 ):
                     copy.write(block)
             else:
-                # one statement per share (whole GPUs: one): the GPU ids travel as one JSON object
-                # of job id -> GPU ids that SQLite unpacks itself, three times faster than an
-                # executemany of one tuple per GPU. The timestamp is adapted once, as the ORM would.
+                # one statement: the rows travel as one JSON array that SQLite unpacks itself, three
+                # times faster than an executemany. The timestamp is adapted once, as the ORM would.
                 stamp = connection.ops.adapt_datetimefield_value(now)
-                by_share: dict[int, dict[str, list[int]]] = {}
-                for j, gpus in zip(rows.jobs, rows.gpus, strict=True):
-                    doc = by_share.setdefault(shares.get(j, 1000), {})
-                    doc.setdefault(str(j), []).extend(gpus.tolist())
-                for share, doc in by_share.items():
-                    cursor.execute(
-                        f"INSERT INTO {table} {columns} SELECT CAST(j.key AS INTEGER), g.value, 1, %s, %s "
-                        "FROM json_each(%s) AS j, json_each(j.value) AS g",
-                        [share, stamp, json.dumps(doc)],
-                    )
+                doc = [[*r, s] for r, s in zip(written.tolist(), share, strict=True)]
+                cursor.execute(
+                    f"INSERT INTO {table} {columns} SELECT t.value ->> 0, t.value ->> 1, t.value ->> 2, "
+                    "t.value ->> 3, 1, t.value ->> 4, %s FROM json_each(%s) AS t",
+                    [stamp, json.dumps(doc)],
+                )
 
     def release(self, now: datetime, *, jobs=None, job=None, gpu_ids=None) -> int:
-        """Release the active allocations of ``jobs`` (ids), or of ``job`` (optionally only on
-        ``gpu_ids``). Returns how many were released."""
+        """Release the active allocations of ``jobs`` (ids), or of ``job`` (optionally only its
+        ``gpu_ids``: a row keeps the GPUs it still holds, and a released row with the same times
+        records the others). Returns how many rows were released or narrowed."""
         qs = Allocation.objects.filter(active=True)
         qs = qs.filter(job_id__in=list(jobs)) if jobs is not None else qs.filter(job=job)
-        if gpu_ids is not None:
-            qs = qs.filter(gpu_id__in=list(gpu_ids))
-        return qs.update(active=False, released_at=now)
+        if gpu_ids is None:
+            return qs.update(active=False, released_at=now)
+        gone = {}
+        for _, node, bank, bits in node_rows([(0, g) for g in gpu_ids]).tolist():
+            gone[(node, bank)] = bits
+        whole, narrowed, history = [], 0, []
+        for a in qs.only("id", "job_id", "node_id", "bank", "slots", "share", "created_at"):
+            bits = a.slots & gone.get((a.node_id, a.bank), 0)
+            if bits == a.slots:
+                whole.append(a.pk)
+            elif bits:
+                Allocation.objects.filter(pk=a.pk).update(slots=a.slots & ~bits)
+                history.append(
+                    Allocation(
+                        job_id=a.job_id,
+                        node_id=a.node_id,
+                        bank=a.bank,
+                        slots=bits,
+                        active=False,
+                        share=a.share,
+                        created_at=a.created_at,
+                        released_at=now,
+                    )
+                )
+                narrowed += 1
+        if whole:
+            Allocation.objects.filter(pk__in=whole).update(active=False, released_at=now)
+        Allocation.objects.bulk_create(history)
+        return len(whole) + narrowed
 
     def carry(self, victims, shrunk, added: np.ndarray) -> None:
-        """Carry the cached pairs over a cycle's own changes (``victims``: job ids that lost all
-        their GPUs; ``shrunk``: (job id, GPU ids released); ``added``: new pairs), so the next
-        cycle does not read 100,000 rows again. They are kept once the transaction commits, under
-        the key they imply; the next read trusts them only if the database's key is the same, so
-        any other writer's change makes it read everything, as before."""
-        cached = self._pairs
-        self._key = self._pairs = None
-        if cached is None:
+        """Carry the cached pairs and rows over a cycle's own changes (``victims``: job ids that
+        lost all their GPUs; ``shrunk``: (job id, GPU ids released); ``added``: new pairs, written
+        by one ``insert``), so the next cycle does not read every row again. They are kept once the
+        transaction commits, under the key they imply; the next read trusts them only if the
+        database's key is the same, so any other writer's change makes it read everything."""
+        cached, rows = self._pairs, self._rows
+        self._key = self._pairs = self._rows = None
+        if cached is None or rows is None:
             return
         keys = (cached[:, 0] << 32) | cached[:, 1]  # ascending: the pairs are by job, then GPU
         keep = ~np.isin(cached[:, 0], list(victims)) if victims else np.ones(len(cached), dtype=bool)
+        if victims:
+            rows = rows[~np.isin(rows[:, 0], list(victims))]
         if shrunk:
             released = np.concatenate([(np.int64(j) << 32) | gpus.astype(np.int64) for j, gpus in shrunk])
             keep &= ~np.isin(keys, released)
+            rows = _narrowed(rows, node_rows(np.column_stack([released >> 32, released & 0xFFFFFFFF])))
         # the new pairs merged in where they sort (by job, then GPU, as a fresh read): a binary
         # search each instead of sorting 100,000 pairs again
         added = np.asarray(added, dtype=np.int64).reshape(-1, 2)
@@ -252,16 +311,34 @@ class AllocationStore:
         order = np.argsort(new_keys, kind="stable")
         at = np.searchsorted(keys[keep], new_keys[order])
         pairs = np.insert(cached[keep], at, added[order], axis=0)
-        # The key these pairs should have in the database. It is not checked here: the next read
+        rows = _sorted(np.concatenate([rows, node_rows(added)]))
+        # The key these rows should have in the database. It is not checked here: the next read
         # asks the database's key first thing, and any other writer's change, during this cycle or
         # after it, makes them differ.
         self.fold()
-        key = _key(len(pairs), pairs[:, 0].sum(), pairs[:, 1].sum(), _mix(pairs))
+        key = _rows_key(rows)
 
         def keep_carried() -> None:
-            self._key, self._pairs = key, pairs
+            self._key, self._pairs, self._rows = key, pairs, rows
 
         transaction.on_commit(keep_carried)
+
+
+def _narrowed(rows: np.ndarray, released: np.ndarray) -> np.ndarray:
+    """``rows`` less the GPUs of ``released`` rows (as ``AllocationStore.release`` narrows them in
+    the database): a row left with no GPU is gone."""
+    if not len(released):
+        return rows
+    key = lambda r: (r[:, 0] << 40) | (r[:, 1] << 8) | r[:, 2]  # noqa: E731 - job, node, bank
+    gone_keys = key(released)
+    order = np.argsort(gone_keys)
+    gone_keys, gone_bits = gone_keys[order], released[order, 3]
+    row_keys = key(rows)
+    at = np.minimum(np.searchsorted(gone_keys, row_keys), len(gone_keys) - 1)
+    hit = gone_keys[at] == row_keys
+    rows = rows.copy()
+    rows[hit, 3] &= ~gone_bits[at[hit]]
+    return rows[rows[:, 3] != 0]
 
 
 class Holdings:

@@ -10,7 +10,7 @@ from django.utils import timezone
 from engine.quota import build_quota_book
 from engine.workload import MILLI
 from scheduling.choices import JobState
-from scheduling.models import Allocation, Job, Queue
+from scheduling.models import AllocatedGPU, Job, Queue
 from scheduling.store import load_queues
 
 
@@ -20,9 +20,9 @@ def queue_usage() -> dict[str, list[dict]]:
     # charged by the chip type of each GPU held, as the scheduler charges it: a mixed-chip job
     # counts against each of its chip types, not only the first
     used = {
-        (row["job__queue__name"], row["gpu__node__chip_type__name"]): row["n"]
-        for row in Allocation.objects.filter(active=True)
-        .values("job__queue__name", "gpu__node__chip_type__name")
+        (row["job__queue__name"], row["node__chip_type__name"]): row["n"]
+        for row in AllocatedGPU.objects.filter(active=True)
+        .values("job__queue__name", "node__chip_type__name")
         .annotate(n=Sum("share"))  # thousandths: shared GPUs count their fraction
     }
     demand: dict[tuple[str, str], int] = defaultdict(int)

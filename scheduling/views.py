@@ -36,7 +36,7 @@ from scheduling.inference import replicas_of
 from scheduling.models import (
     ETTR_GOAL_DEFAULT,
     QUEUE_SETTINGS,
-    Allocation,
+    AllocatedGPU,
     CheckpointPolicy,
     Cohort,
     InferenceService,
@@ -152,26 +152,24 @@ def job_detail(request, pk: int):
 def _placement(job: Job) -> list[dict]:
     """The job's GPUs by rack and node: where it runs, for the placement map."""
     rows = (
-        Allocation.objects.filter(job=job, active=True)
-        .values(
-            "gpu__node__rack_id", "gpu__node__rack__name", "gpu__node__rack__pod__name", "gpu__node__hostname"
-        )
+        AllocatedGPU.objects.filter(job=job, active=True)
+        .values("node__rack_id", "node__rack__name", "node__rack__pod__name", "node__hostname")
         .annotate(n=Count("gpu_id"))
-        .order_by("gpu__node__rack_id", "gpu__node__hostname")
+        .order_by("node__rack_id", "node__hostname")
     )
     racks: dict[int, dict] = {}
     for r in rows:
         rack = racks.setdefault(
-            r["gpu__node__rack_id"],
+            r["node__rack_id"],
             {
-                "id": r["gpu__node__rack_id"],
-                "name": r["gpu__node__rack__name"],
-                "pod": r["gpu__node__rack__pod__name"],
+                "id": r["node__rack_id"],
+                "name": r["node__rack__name"],
+                "pod": r["node__rack__pod__name"],
                 "nodes": [],
                 "gpus": 0,
             },
         )
-        rack["nodes"].append((r["gpu__node__hostname"], r["n"]))
+        rack["nodes"].append((r["node__hostname"], r["n"]))
         rack["gpus"] += r["n"]
     return list(racks.values())
 

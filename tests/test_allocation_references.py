@@ -1,6 +1,7 @@
-"""An allocation always names a job and a GPU that exist, on SQLite (foreign keys) and on
-PostgreSQL (statement-level triggers that check a 100,000-row COPY in one join), and a GPU or job
-cannot be deleted from under an allocation, even by a transaction racing an insert."""
+"""An allocation always names a job, a node and GPUs of that node that exist, on SQLite (foreign
+keys and a trigger) and on PostgreSQL (statement-level triggers that check a whole COPY at once),
+and a node or job cannot be deleted from under an allocation, even by a transaction racing an
+insert."""
 
 import threading
 import time
@@ -11,7 +12,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from cluster.models import GPU
-from scheduling.models import Allocation, Job
+from scheduling.models import AllocatedGPU, Allocation, Job
 from scheduling.store import NewAllocations, allocations
 
 
@@ -39,30 +40,41 @@ def test_allocations_are_written_for_existing_jobs_and_gpus(queues):
     with transaction.atomic():
         allocations.insert(_rows(job.pk, gpus), timezone.now())
         _check_now()
-    assert sorted(Allocation.objects.filter(job=job, active=True).values_list("gpu_id", flat=True)) == gpus
+    assert sorted(AllocatedGPU.objects.filter(job=job, active=True).values_list("gpu_id", flat=True)) == gpus
 
 
 @pytest.mark.parametrize("missing", ["gpu", "job"])
 def test_an_allocation_naming_a_missing_gpu_or_job_is_refused(queues, missing):
     job = _job(queues)
-    gpu = GPU.objects.order_by("id").first().pk
-    absent = 10**9
-    rows = _rows(absent, [gpu]) if missing == "job" else _rows(job.pk, [gpu, absent])
+    gpu = GPU.objects.order_by("id").first()
     with pytest.raises(IntegrityError), transaction.atomic():
-        allocations.insert(rows, timezone.now())
+        if missing == "job":
+            allocations.insert(_rows(10**9, [gpu.pk]), timezone.now())
+        else:  # bank 1 of an 8-GPU node: GPUs 8-15, which it does not have
+            Allocation.objects.create(job=job, node=gpu.node, bank=1, slots=1, created_at=timezone.now())
         _check_now()
     assert not Allocation.objects.exists()
 
 
-def test_deleting_a_gpu_that_an_allocation_names_is_refused(queues):
+def test_the_store_refuses_a_gpu_the_inventory_does_not_have(queues):
+    job = _job(queues)
+    with pytest.raises(ValueError, match="not in the inventory"), transaction.atomic():
+        allocations.insert(_rows(job.pk, [10**9]), timezone.now())
+    assert not Allocation.objects.exists()
+
+
+def test_deleting_a_node_that_an_allocation_names_is_refused(queues):
     job = _job(queues)
     gpu = GPU.objects.order_by("id").first()
     with transaction.atomic():
         allocations.insert(_rows(job.pk, [gpu.pk]), timezone.now())
     Allocation.objects.filter(job=job).update(active=False, released_at=timezone.now())
-    with pytest.raises(IntegrityError), transaction.atomic():
-        GPU.objects.filter(pk=gpu.pk)._raw_delete(connection.alias)  # no ORM cascade
+    with pytest.raises(IntegrityError) as refused, transaction.atomic():
+        gpu.node.gpus.all()._raw_delete(connection.alias)
+        type(gpu.node).objects.filter(pk=gpu.node_id)._raw_delete(connection.alias)  # no ORM cascade
         _check_now()
+    if connection.vendor == "postgresql":
+        assert "a deleted node is still named by an allocation" in str(refused.value)
     assert GPU.objects.filter(pk=gpu.pk).exists()
     # the ORM deletes the allocations first (CASCADE), so deleting the job through it works
     job.delete()
@@ -82,29 +94,34 @@ def test_deleting_a_job_that_an_allocation_names_is_refused(queues):
 
 
 @pytest.mark.postgres
-def test_an_allocations_job_and_gpu_never_change(queues):
+def test_an_allocations_job_and_node_never_change_and_its_gpus_never_grow(queues):
     job = _job(queues)
-    first, second = GPU.objects.order_by("id").values_list("id", flat=True)[:2]
+    first, second = GPU.objects.order_by("id")[:2]
     with transaction.atomic():
-        allocations.insert(_rows(job.pk, [first]), timezone.now())
-    with pytest.raises(IntegrityError), transaction.atomic():
-        Allocation.objects.filter(job=job).update(gpu_id=second)
-    assert Allocation.objects.get(job=job).gpu_id == first
+        allocations.insert(_rows(job.pk, [first.pk, second.pk]), timezone.now())
+    other = type(first.node).objects.exclude(pk=first.node_id).first()
+    row = Allocation.objects.get(job=job)
+    for change in ({"node_id": other.pk}, {"bank": 1}, {"slots": row.slots | 4}):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            Allocation.objects.filter(pk=row.pk).update(**change)
+    Allocation.objects.filter(pk=row.pk).update(slots=row.slots & ~2)  # giving GPUs back is allowed
+    assert list(AllocatedGPU.objects.filter(job=job).values_list("gpu_id", flat=True)) == [first.pk]
 
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_a_gpu_deleted_while_an_allocation_is_written_is_refused(queues):
+def test_a_node_deleted_while_an_allocation_is_written_is_refused(queues):
     """The deleting transaction waits for the one writing the allocation, then sees its row."""
     job = _job(queues)
-    gpu = GPU.objects.order_by("id").first().pk
+    first = GPU.objects.order_by("id").first()
+    gpu, node = first.pk, first.node_id
     written, outcome = threading.Event(), {}
 
     def delete_gpu():
         written.wait(10)
         try:
             with transaction.atomic():
-                GPU.objects.filter(pk=gpu)._raw_delete(connection.alias)
+                type(first.node).objects.filter(pk=node)._raw_delete(connection.alias)
             outcome["deleted"] = True
         except IntegrityError as exc:
             outcome["refused"] = str(exc)
@@ -119,6 +136,6 @@ def test_a_gpu_deleted_while_an_allocation_is_written_is_refused(queues):
         time.sleep(0.5)  # the deleter is now waiting for this transaction
         assert deleter.is_alive()
     deleter.join(10)
-    assert "a deleted GPU is still named by an allocation" in outcome.get("refused", ""), outcome
+    assert "a deleted node is still named by an allocation" in outcome.get("refused", ""), outcome
     assert GPU.objects.filter(pk=gpu).exists()
-    assert Allocation.objects.filter(gpu_id=gpu, active=True).count() == 1
+    assert AllocatedGPU.objects.filter(gpu_id=gpu, active=True).count() == 1

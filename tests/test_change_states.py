@@ -8,7 +8,7 @@ import pytest
 
 from engine.lifecycle import JobStateError
 from scheduling.cycle import run_cycle
-from scheduling.models import Allocation, Job
+from scheduling.models import AllocatedGPU, Allocation, Job
 from scheduling.services import change_state, change_states
 
 
@@ -36,7 +36,7 @@ def test_jobs_finished_together_are_each_finished_with_their_gpus_released_and_a
         assert event.reason == "finished (simulated)"
         assert event.data == {"gpus_released": 2, "by": "simulated fleet"}
     assert not Allocation.objects.filter(job_id__in=ids[:5], active=True).exists()
-    assert Allocation.objects.filter(job_id=ids[5], active=True).count() == 2  # the other runs on
+    assert AllocatedGPU.objects.filter(job_id=ids[5], active=True).count() == 2  # the other runs on
     # one job alone, as an operator's action: the same rule
     cancelled = change_state(ids[5], "cancel", actor="operator")
     assert cancelled.state == "cancelled" and cancelled.started_at is None and cancelled.pending_reason == ""
@@ -53,5 +53,5 @@ def test_a_job_the_action_does_not_apply_to_changes_nothing(queues):
         "finished",
         "running",
     ]
-    assert Allocation.objects.filter(job_id=ids[0], active=True).count() == 2
+    assert AllocatedGPU.objects.filter(job_id=ids[0], active=True).count() == 2
     assert not Job.objects.get(pk=ids[0]).events.filter(kind="finished").exists()

@@ -16,7 +16,7 @@ from engine.steps.state import RunningIndex
 from engine.workload import RunningJob
 from scheduling import cycle
 from scheduling.bulk import update_rows
-from scheduling.models import Allocation, AllocationTotals, Job, Queue
+from scheduling.models import AllocatedGPU, Allocation, AllocationTotals, Job, Queue
 from scheduling.running import COLUMNS, RunningStore, load_running, load_running_index
 from scheduling.services import change_state, submit_job
 from scheduling.store import AllocationStore, NewAllocations, allocations
@@ -154,8 +154,8 @@ def test_running_jobs_kept_between_cycles_are_what_a_fresh_read_sees(
         j is first[j.id] for j in load_running()
     )  # nothing changed: every job is the one read before
     Job.objects.filter(pk=jobs[0].pk).update(priority=7, last_checkpoint_at=jobs[0].started_at)
-    gpu = Allocation.objects.filter(job=jobs[1], active=True).order_by("gpu_id").first()
-    Allocation.objects.filter(pk=gpu.pk).update(active=False)  # a GPU taken away by someone else
+    gpu = AllocatedGPU.objects.filter(job=jobs[1], active=True).order_by("gpu_id").first()
+    allocations.release(timezone.now(), job=jobs[1], gpu_ids=[gpu.gpu_id])  # a GPU taken away by someone else
     change_state(jobs[2].pk, "finish", actor="test")
     again = {j.id: j for j in load_running()}
     assert jobs[2].pk not in again and again[jobs[0].pk].priority == 7
@@ -168,7 +168,7 @@ def test_running_jobs_kept_between_cycles_are_what_a_fresh_read_sees(
 
 
 def _allocation_reads(queries) -> int:
-    return sum("GROUP BY job_id" in q["sql"] for q in queries)
+    return sum("group_concat(job_id" in q["sql"] or "concat_ws(',', job_id" in q["sql"] for q in queries)
 
 
 def test_jobs_that_finished_between_cycles_cost_no_read_of_the_allocations(
@@ -190,8 +190,8 @@ def test_jobs_that_finished_between_cycles_cost_no_read_of_the_allocations(
     # a job finishes and someone else also takes a GPU from another: the pairs without the
     # finished job's GPUs are not what the database holds, so everything is read
     change_state(jobs[2].pk, "finish", actor="test")
-    gpu = Allocation.objects.filter(job=jobs[3], active=True).order_by("gpu_id").first()
-    Allocation.objects.filter(pk=gpu.pk).update(active=False)
+    gpu = AllocatedGPU.objects.filter(job=jobs[3], active=True).order_by("gpu_id").first()
+    allocations.release(timezone.now(), job=jobs[3], gpu_ids=[gpu.gpu_id])
     with CaptureQueriesContext(connection) as queries:
         running = load_running()
     assert _allocation_reads(queries.captured_queries) == 1
@@ -276,10 +276,11 @@ def test_the_database_raises_a_jobs_revision_on_every_write_the_scheduler_reads(
     assert set(COLUMNS) | {"queue_id", "chip_id"} <= {c.strip() for c in watched.split(",")}
 
 
-def _summed(pairs: np.ndarray) -> tuple[int, int, int, int]:
-    """What the key counts, computed here from the pairs themselves."""
-    mix = (pairs[:, 0] * 2654435761 + pairs[:, 1] * 40503) % 1000000007
-    return len(pairs), int(pairs[:, 0].sum()), int(pairs[:, 1].sum()), int(mix.sum())
+def _summed(rows: np.ndarray) -> tuple[int, int, int, int]:
+    """What the key counts, computed here from the rows themselves (job, node, bank, slots)."""
+    jobs, place = rows[:, 0], rows[:, 1] * 16 + rows[:, 2]
+    mix = (jobs * 2654435761 + place * 40503 + rows[:, 3] * 69069) % 1000000007
+    return len(rows), int(jobs.sum()), int(place.sum()), int(mix.sum())
 
 
 def _key_figures() -> tuple:
@@ -302,20 +303,21 @@ def test_the_totals_postgresql_keeps_follow_every_writer(queues, monkeypatch):
     for i, job in enumerate(jobs):
         rows.add(job.pk, np.asarray(gpus[8 * i : 8 * i + 8]))
     allocations.insert(rows, timezone.now())
-    assert _key_figures() == _summed(_fresh())
+    assert _key_figures() == _summed(AllocationStore().active_rows())
     Allocation.objects.filter(job=jobs[0]).update(active=False, released_at=timezone.now())
-    assert _key_figures() == _summed(_fresh())
-    # one GPU moved from one job to another in one statement: the count and sums stay, the mix not
-    first = Allocation.objects.filter(job=jobs[1], active=True).order_by("gpu_id").first()
-    Allocation.objects.filter(pk=first.pk).update(active=False)
+    assert _key_figures() == _summed(AllocationStore().active_rows())
+    # one GPU given back (its row narrowed, a released row written), then taken by another job
+    first = AllocatedGPU.objects.filter(job=jobs[1], active=True).order_by("gpu_id").first()
+    allocations.release(timezone.now(), job=jobs[1], gpu_ids=[first.gpu_id])
+    assert _key_figures() == _summed(AllocationStore().active_rows())
     swapped = NewAllocations()
     swapped.add(jobs[2].pk, np.asarray([first.gpu_id]))
     allocations.insert(swapped, timezone.now(), {jobs[2].pk: 500})
-    assert _key_figures() == _summed(_fresh())
+    assert _key_figures() == _summed(AllocationStore().active_rows())
     with connection.cursor() as cursor:
         cursor.execute(f"DELETE FROM {Allocation._meta.db_table} WHERE job_id = %s", [jobs[1].pk])
-    assert _key_figures() == _summed(_fresh())
+    assert _key_figures() == _summed(AllocationStore().active_rows())
     monkeypatch.setattr(store, "FOLD_ROWS", 2)
     store.AllocationStore.fold()
     assert AllocationTotals.objects.count() == 1
-    assert _key_figures() == _summed(_fresh())
+    assert _key_figures() == _summed(AllocationStore().active_rows())

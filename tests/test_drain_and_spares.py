@@ -14,7 +14,7 @@ from engine.placement import Layout
 from engine.states import NODE_STATE_CODE
 from engine.workload import PendingJob, QueueSpec
 from scheduling.cycle import run_cycle
-from scheduling.models import Allocation, CheckpointPolicy, Job
+from scheduling.models import AllocatedGPU, Allocation, CheckpointPolicy, Job
 from tests.engine_helpers import cycle, layout_for, running
 
 QUEUE = [QueueSpec("train", nominal={"H100-SXM": 64})]
@@ -101,7 +101,7 @@ def test_draining_a_node_checkpoints_and_requeues_its_job_and_the_node_is_draine
     queues["vision"].save()
     job = _submit(operator_client, capture, gpus=8, topology="node")
     assert job.state == "running"
-    node = Allocation.objects.filter(job=job, active=True).first().gpu.node
+    node = AllocatedGPU.objects.filter(job=job, active=True).first().gpu.node
     Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(minutes=10))
 
     body = _drain(operator_client, capture, node)
@@ -109,7 +109,7 @@ def test_draining_a_node_checkpoints_and_requeues_its_job_and_the_node_is_draine
     node.refresh_from_db()
     job.refresh_from_db()
     assert node.state == "drained" and node.drain_deadline is None
-    assert not Allocation.objects.filter(gpu__node=node, active=True).exists()
+    assert not Allocation.objects.filter(node=node, active=True).exists()
     kinds = list(job.events.values_list("kind", "reason"))
     assert ("checkpointed", "saved before preemption") in kinds
     assert ("preempted", f"node {node.hostname} is draining") in kinds
@@ -124,7 +124,7 @@ def test_draining_a_node_checkpoints_and_requeues_its_job_and_the_node_is_draine
     run_cycle()  # the requeued job starts again, elsewhere
     job.refresh_from_db()
     assert job.state == "running"
-    assert not Allocation.objects.filter(job=job, active=True, gpu__node=node).exists()
+    assert not Allocation.objects.filter(job=job, active=True, node=node).exists()
     # a drained node is ready for repair
     with capture(execute=True):
         assert operator_client.post(f"/api/v1/nodes/{node.pk}/repair/", {}, format="json").status_code == 200
@@ -135,7 +135,7 @@ def test_a_drain_with_grace_lets_the_job_run_until_the_deadline(
 ):
     capture = django_capture_on_commit_callbacks
     job = _submit(operator_client, capture, gpus=8, topology="node")
-    node = Allocation.objects.filter(job=job, active=True).first().gpu.node
+    node = AllocatedGPU.objects.filter(job=job, active=True).first().gpu.node
     body = _drain(operator_client, capture, node, grace_s=3600)
     assert body["drain_deadline"] is not None
     job.refresh_from_db()
@@ -165,7 +165,7 @@ def test_spares_stay_idle_while_the_queue_has_work(
         Node.objects.filter(is_spare=True, chip_type__name="H100-SXM").values_list("pk", flat=True)
     )
     assert spare_nodes
-    held = set(Allocation.objects.filter(active=True).values_list("gpu__node_id", flat=True))
+    held = set(AllocatedGPU.objects.filter(active=True).values_list("gpu__node_id", flat=True))
     assert not held & spare_nodes
     waiting = [j for j in jobs if Job.objects.get(pk=j.pk).state == "pending"]
     assert len(waiting) == 2  # 64 H100 GPUs, 16 of them on spare nodes: six 8-GPU jobs run
@@ -225,7 +225,7 @@ def test_recovery_takes_back_a_borrowed_spare_preempting_its_job_first(
         QueueQuota.objects.create(queue=q, chip_type=h100, nominal=64)
 
     def node_of(job):
-        return Allocation.objects.filter(job=job, active=True).first().gpu.node
+        return AllocatedGPU.objects.filter(job=job, active=True).first().gpu.node
 
     with capture(execute=True):
         trains = [submit_job(queue=train, gpus=8, chip_types=["H100-SXM"], topology="node") for _ in range(6)]

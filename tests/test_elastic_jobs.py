@@ -4,7 +4,7 @@ shrunk when quota is reclaimed or a node fails, each resize recorded with its pl
 import pytest
 
 from cluster.models import GPU
-from scheduling.models import Allocation, Job
+from scheduling.models import AllocatedGPU, Allocation, Job
 
 MODEL = {"preset": "llama3-8b"}
 
@@ -15,7 +15,7 @@ def _post(client, capture, body):
 
 
 def _active(job):
-    return Allocation.objects.filter(job=job, active=True).count()
+    return AllocatedGPU.objects.filter(job=job, active=True).count()
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def test_a_node_failure_with_nowhere_to_go_shrinks_the_elastic_job(
         operator_client.post("/api/v1/faults/", {"gpu": gpu.pk, "source": "xid", "xid": 79}, format="json")
     job.refresh_from_db()
     assert job.state == "running" and job.allocated_gpus == _active(job) == 8
-    assert not Allocation.objects.filter(job=job, active=True, gpu__node=gpu.node).exists()
+    assert not Allocation.objects.filter(job=job, active=True, node=gpu.node).exists()
     resized = job.events.get(kind="resized")
     assert resized.data["new_gpus"] == 8 and "after a fault" in resized.reason
     recovered = job.events.get(kind="recovered")
@@ -171,7 +171,7 @@ def test_a_mixed_chip_job_runs_over_two_chip_types_with_a_mixed_plan(
     job = Job.objects.get(pk=response.json()["id"])
     assert job.state == "running" and job.allocated_gpus == _active(job) == 56
     chips = set(
-        Allocation.objects.filter(job=job, active=True).values_list("gpu__node__chip_type__name", flat=True)
+        AllocatedGPU.objects.filter(job=job, active=True).values_list("gpu__node__chip_type__name", flat=True)
     )
     assert chips == {"H100-SXM", "A100-80G"}
     plan = job.plan

@@ -21,7 +21,7 @@ from engine.checkpoint import CheckpointKind
 from engine.physics import Physics
 from monitoring.faults.services import handle_fault
 from monitoring.models import FaultEvent
-from scheduling.models import Allocation, Checkpoint, CheckpointPolicy, Job
+from scheduling.models import AllocatedGPU, Checkpoint, CheckpointPolicy, Job
 from sim.config import SimConfig
 from sim.reliability import _TrainingRun
 from sim.simulation import Simulation
@@ -67,12 +67,12 @@ def production(queues, operator_client, eager_celery, django_capture_on_commit_c
     verdicts, figures = [], {}
     for k, (dt, source, xid) in enumerate(SEQUENCE):
         fault = FaultEvent.objects.create(gpu=gpu, source=source, xid=xid, at=t0 + timedelta(seconds=dt))
-        before = set(Allocation.objects.filter(job=job, active=True).values_list("gpu_id", flat=True))
+        before = set(AllocatedGPU.objects.filter(job=job, active=True).values_list("gpu_id", flat=True))
         handle_fault(fault.pk)
         fault.refresh_from_db()
         v = fault.data["verdict"]
         verdicts.append((fault.action, v["repeated"], v["recent_faults"], v["lemon"], v["out"]))
-        after = set(Allocation.objects.filter(job=job, active=True).values_list("gpu_id", flat=True))
+        after = set(AllocatedGPU.objects.filter(job=job, active=True).values_list("gpu_id", flat=True))
         if k == 0:
             faulted = job.events.get(kind="faulted", data__fault=fault.pk).data
             recovered = job.events.get(kind="recovered", data__fault=fault.pk).data

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from cluster.models import GPU, Node
 from monitoring.models import FaultEvent
-from scheduling.models import Allocation, CheckpointPolicy, Job
+from scheduling.models import AllocatedGPU, Allocation, CheckpointPolicy, Job
 
 
 def _inject(client, capture, **body):
@@ -35,7 +35,9 @@ def test_a_gpu_off_the_bus_takes_the_node_down_and_the_job_moves_to_a_spare(
     running_job.refresh_from_db()
     assert running_job.state == "running"
     hosts = set(
-        Allocation.objects.filter(job=running_job, active=True).values_list("gpu__node__hostname", flat=True)
+        AllocatedGPU.objects.filter(job=running_job, active=True).values_list(
+            "gpu__node__hostname", flat=True
+        )
     )
     assert hosts and node.hostname not in hosts
     assert Node.objects.filter(hostname__in=hosts, is_spare=True).exists()  # a spare of the same pod
@@ -53,13 +55,13 @@ def test_an_application_fault_restarts_the_job_in_place(
     running_job, operator_client, django_capture_on_commit_callbacks
 ):
     node = _job_node(running_job)
-    before = set(Allocation.objects.filter(job=running_job, active=True).values_list("gpu_id", flat=True))
+    before = set(AllocatedGPU.objects.filter(job=running_job, active=True).values_list("gpu_id", flat=True))
     _inject(
         operator_client, django_capture_on_commit_callbacks, gpu=node.gpus.first().pk, source="xid", xid=13
     )
     node.refresh_from_db()
     assert node.state == "ready"
-    after = set(Allocation.objects.filter(job=running_job, active=True).values_list("gpu_id", flat=True))
+    after = set(AllocatedGPU.objects.filter(job=running_job, active=True).values_list("gpu_id", flat=True))
     assert before == after
     assert running_job.events.get(kind="recovered").data["outcome"] == "restart_in_place"
 
@@ -90,7 +92,7 @@ def test_a_gpu_reset_fault_takes_only_that_gpu_out(
     gpu.refresh_from_db()
     node.refresh_from_db()
     assert (gpu.state, gpu.health, node.state) == ("down", "critical", "ready")
-    held = set(Allocation.objects.filter(job=running_job, active=True).values_list("gpu_id", flat=True))
+    held = set(AllocatedGPU.objects.filter(job=running_job, active=True).values_list("gpu_id", flat=True))
     assert gpu.pk not in held and len(held) == 8
 
 

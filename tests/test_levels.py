@@ -279,7 +279,7 @@ def test_a_drain_preview_names_what_a_drain_would_hit_and_the_drain_follows_it(
 
     from cluster.models import AuditRecord, Node
     from scheduling.cycle import run_cycle
-    from scheduling.models import Allocation
+    from scheduling.models import AllocatedGPU
     from scheduling.services import submit_job
 
     job = submit_job(queue=queues["vision"], gpus=8, chip_types=["H100-SXM"], topology="node", name="victim")
@@ -293,7 +293,7 @@ def test_a_drain_preview_names_what_a_drain_would_hit_and_the_drain_follows_it(
     rack = node.rack
     seen = viewer_client.get(f"/api/v1/drain-preview/?within=rack:{rack.pk}").json()
     assert seen["domain"]["level"] == "rack" and seen["nodes"] == rack.nodes.count()
-    assert seen["gpus_allocated"] == Allocation.objects.filter(active=True, gpu__node__rack=rack).count()
+    assert seen["gpus_allocated"] == AllocatedGPU.objects.filter(active=True, gpu__node__rack=rack).count()
     hit = next(j for j in seen["jobs"] if j["id"] == job.pk)
     assert hit["gpus_here"] == hit["gpus"] == 8
     assert 590 <= hit["since_checkpoint_s"] <= 700  # since its last checkpoint, not since it started

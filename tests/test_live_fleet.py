@@ -13,7 +13,7 @@ from engine.frames import decode_frame
 from monitoring.models import FaultEvent
 from monitoring.telemetry.livestore import FRAME_KEY, STATE_KEY, live_store, reset_store
 from monitoring.whatif.fleet_driver import tick
-from scheduling.models import Job
+from scheduling.models import AllocatedGPU, Job
 
 
 @pytest.fixture
@@ -55,10 +55,10 @@ def test_a_tick_writes_one_frame_that_follows_the_work(store, running, viewer_cl
     seq, _, frame = decode_frame(response.content)
     assert seq == 1 and len(response.content) == 21 + 5 * 76  # five bytes per GPU, no rows
     from cluster.snapshot import topology_cache
-    from scheduling.models import Allocation
+    from scheduling.models import AllocatedGPU
 
     busy = topology_cache.gpu_indices(
-        np.array(list(Allocation.objects.filter(job=running, active=True).values_list("gpu_id", flat=True)))
+        np.array(list(AllocatedGPU.objects.filter(job=running, active=True).values_list("gpu_id", flat=True)))
     )
     idle = np.setdiff1d(np.arange(76), busy)
     assert frame["util"][busy].min() > 80 and frame["util"][idle].max() == 0
@@ -78,9 +78,8 @@ def test_due_faults_go_through_the_production_fault_path_and_nodes_come_back(
     tick()  # draws the first fault
     state = json.loads(store.get(STATE_KEY))
     from cluster.snapshot import topology_cache
-    from scheduling.models import Allocation
 
-    gpu = Allocation.objects.filter(job=running, active=True).select_related("gpu__node").first().gpu
+    gpu = AllocatedGPU.objects.filter(job=running, active=True).select_related("gpu__node").first().gpu
     node_index = int(np.flatnonzero(topology_cache.current().node_id == gpu.node_id)[0])
     state["next_fault"] = [state["sim_t"] - 1, node_index, "faulty_gpu"]  # XID 79: reboot the node
     store.put(STATE_KEY, json.dumps(state).encode())
@@ -133,10 +132,9 @@ def test_a_planned_training_job_runs_at_its_modelled_utilization(
     tick()
     _, _, frame = decode_frame(store.get(FRAME_KEY))
     from cluster.snapshot import topology_cache
-    from scheduling.models import Allocation
 
     gpus = topology_cache.gpu_indices(
-        np.array(list(Allocation.objects.filter(job=job, active=True).values_list("gpu_id", flat=True)))
+        np.array(list(AllocatedGPU.objects.filter(job=job, active=True).values_list("gpu_id", flat=True)))
     )
     assert abs(float(frame["util"][gpus].mean()) - 100 * share) < 3
 

@@ -13,7 +13,7 @@ from engine import policy as checkpoint_policy
 from engine.checkpoint import CheckpointKind
 from monitoring.faults.services import report_fault
 from scheduling.cycle import run_cycle
-from scheduling.models import Allocation, CheckpointPolicy, Queue, QueueQuota
+from scheduling.models import AllocatedGPU, CheckpointPolicy, Queue, QueueQuota
 from scheduling.services import submit_job
 from scheduling.store import load_queues
 from sim.config import SimConfig
@@ -51,7 +51,7 @@ def test_the_simulator_and_the_live_services_place_and_recover_alike(
     sim.arrive_and_schedule(job.pk)
 
     def live_nodes() -> list[str]:
-        held = Allocation.objects.filter(job=job, active=True)
+        held = AllocatedGPU.objects.filter(job=job, active=True)
         return sorted(set(held.values_list("gpu__node__hostname", flat=True)))
 
     def sim_nodes() -> list[str]:

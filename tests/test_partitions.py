@@ -13,7 +13,7 @@ from cluster.models import Datacenter, Node, NodeCredential
 from monitoring.models import FaultEvent, SitePartition
 from monitoring.telemetry import ingest
 from scheduling.cycle import run_cycle
-from scheduling.models import Allocation, Job, Queue
+from scheduling.models import AllocatedGPU, Job, Queue
 from scheduling.services import submit_job
 from tests.test_agent_api import _agent, _report
 from tests.test_links import two_sites  # noqa: F401 - the fixture: two campuses of 32 H100s
@@ -42,7 +42,7 @@ def test_a_whole_campus_silent_is_one_partition_and_no_node_faults(
     inside = submit_job(queue=queue, gpus=16, topology="datacenter", chip_types=["H100-SXM"])
     run_cycle()
     inside.refresh_from_db()
-    where = Allocation.objects.filter(job=inside, active=True).values_list(
+    where = AllocatedGPU.objects.filter(job=inside, active=True).values_list(
         "gpu__node__rack__pod__datacenter", flat=True
     )
     site = Datacenter.objects.get(pk=set(where).pop())
@@ -76,7 +76,7 @@ def test_a_whole_campus_silent_is_one_partition_and_no_node_faults(
     run_cycle()
     fresh.refresh_from_db()
     sites = set(
-        Allocation.objects.filter(job=fresh, active=True).values_list(
+        AllocatedGPU.objects.filter(job=fresh, active=True).values_list(
             "gpu__node__rack__pod__datacenter", flat=True
         )
     )
@@ -89,7 +89,7 @@ def test_a_whole_campus_silent_is_one_partition_and_no_node_faults(
     assert back["partitions_closed"] == [partition.pk]
     partition.refresh_from_db()
     assert partition.ended_at is not None
-    assert Allocation.objects.filter(job=inside, active=True).count() == 16
+    assert AllocatedGPU.objects.filter(job=inside, active=True).count() == 16
     assert Job.objects.filter(state="running").count() == 2
 
 
@@ -122,7 +122,7 @@ def test_an_operator_declares_and_ends_a_partition_once(agents, operator_client,
     )
     run_cycle()
     sites = set(
-        Allocation.objects.filter(job=job, active=True).values_list(
+        AllocatedGPU.objects.filter(job=job, active=True).values_list(
             "gpu__node__rack__pod__datacenter", flat=True
         )
     )

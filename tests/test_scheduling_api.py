@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from cluster.models import GPU
 from scheduling.cycle import run_cycle
-from scheduling.models import Allocation, Job, JobEvent
+from scheduling.models import AllocatedGPU, Allocation, Job, JobEvent
 
 
 def submit(client, capture, **body):
@@ -24,7 +24,7 @@ def test_a_submitted_job_is_scheduled_by_the_triggered_cycle(
     assert response.status_code == 201, response.json()
     job = Job.objects.get(pk=response.json()["id"])
     assert job.state == "running" and job.chip.name == "H100-SXM" and job.placement.startswith("rack ")
-    assert Allocation.objects.filter(job=job, active=True).count() == 16
+    assert AllocatedGPU.objects.filter(job=job, active=True).count() == 16
     detail = operator_client.get(f"/api/v1/jobs/{job.pk}/").json()
     assert [e["kind"] for e in detail["events"]] == ["submitted", "admitted", "placed"]
     assert len(detail["gpu_ids"]) == 16 and detail["pending_reason"] == ""
@@ -189,11 +189,11 @@ def test_the_database_refuses_a_gpu_in_two_active_allocations(queues):
     a = Job.objects.create(queue=queues["vision"], gpus=1, submitted_at=now, state="running")
     b = Job.objects.create(queue=queues["vision"], gpus=1, submitted_at=now, state="running")
     gpu = GPU.objects.first()
-    Allocation.objects.create(job=a, gpu=gpu, created_at=now)
+    Allocation.objects.hold(a, [gpu], created_at=now)
     with pytest.raises(IntegrityError), transaction.atomic():
-        Allocation.objects.create(job=b, gpu=gpu, created_at=now)
+        Allocation.objects.hold(b, [gpu], created_at=now)
     Allocation.objects.filter(job=a).update(active=False, released_at=now)
-    Allocation.objects.create(job=b, gpu=gpu, created_at=now)  # released GPUs can be allocated again
+    Allocation.objects.hold(b, [gpu], created_at=now)  # released GPUs can be allocated again
 
 
 def test_a_cycle_over_an_empty_queue_changes_nothing(queues):
@@ -221,10 +221,24 @@ def test_the_partial_unique_index_exists_after_every_migration(db):
     """Schema changes on the allocation table must never lose the guard against double allocation."""
     from django.db import connection
 
+    table = Allocation._meta.db_table
     with connection.cursor() as cursor:
-        constraints = connection.introspection.get_constraints(cursor, Allocation._meta.db_table)
-    guard = constraints.get("gpu_in_one_active_allocation")
-    assert guard is not None and guard["unique"] and guard["columns"] == ["gpu_id"]
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT c.relname, i.indisunique, array(SELECT a.attname FROM pg_attribute a "
+                "WHERE a.attrelid = c.oid ORDER BY a.attnum) FROM pg_index i "
+                "JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = %s::regclass",
+                [table],
+            )
+            indexes = {name: (unique, list(columns)) for name, unique, columns in cursor.fetchall()}
+        else:
+            cursor.execute(f"PRAGMA index_list({table})")
+            indexes = {}
+            for _, name, unique, *_ in cursor.fetchall():
+                cursor.execute(f"PRAGMA index_info({name})")
+                indexes[name] = (bool(unique), [row[2] for row in cursor.fetchall()])
+    for k in range(8):  # one per bit of a row's GPU slots
+        assert indexes.get(f"gpu_slot{k}_in_one_active_allocation") == (True, ["node_id", "bank"])
 
 
 def test_a_submitted_job_row_is_the_one_the_orm_would_write(queues, operator_client):

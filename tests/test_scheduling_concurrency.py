@@ -17,7 +17,7 @@ from django.utils import timezone
 from cluster.snapshot import topology_cache
 from engine.workload import Admission, CycleResult
 from scheduling.cycle import apply_decisions, run_cycle
-from scheduling.models import Allocation, Job
+from scheduling.models import AllocatedGPU, Allocation, Job
 from scheduling.trigger import clear_requested
 from scheduling.worker import worker_command
 
@@ -54,7 +54,7 @@ def test_concurrent_cycles_on_postgres_never_double_allocate(queues):
         t.start()
     for t in threads:
         t.join()
-    active = list(Allocation.objects.filter(active=True).values_list("gpu_id", flat=True))
+    active = list(AllocatedGPU.objects.filter(active=True).values_list("gpu_id", flat=True))
     assert len(active) == len(set(active)) == 48
     assert sum(s.admitted for s in summaries) == 6  # each job admitted once, by whichever cycle came first
     assert Job.objects.filter(state="running").count() == 6
@@ -98,7 +98,7 @@ def test_a_cycle_that_skipped_the_lock_still_cannot_double_allocate(queues):
     with pytest.raises(IntegrityError), transaction.atomic():
         apply_decisions(second, snapshot, now, {})
     assert Job.objects.get(pk=b.pk).state == "pending"  # the whole cycle rolled back
-    assert Allocation.objects.filter(active=True).count() == 8
+    assert AllocatedGPU.objects.filter(active=True).count() == 8
 
 
 @pytest.mark.django_db(transaction=True)
@@ -133,7 +133,7 @@ def test_a_real_celery_worker_runs_the_cycle_a_submit_asks_for(queues, operator_
                 break
             time.sleep(0.25)
         assert Job.objects.get(pk=job_id).state == "running", (tmp_path / "worker.log").read_text()[-3000:]
-        assert Allocation.objects.filter(job_id=job_id, active=True).count() == 16
+        assert AllocatedGPU.objects.filter(job_id=job_id, active=True).count() == 16
     finally:
         worker.terminate()
         worker.wait(20)

@@ -6,7 +6,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from cluster.models import GPU
-from scheduling.models import Allocation, Job
+from scheduling.models import AllocatedGPU, Allocation, Job
 
 
 def _submit(client, capture, **body):
@@ -24,7 +24,7 @@ def test_quarter_gpu_jobs_share_one_gpu_and_count_a_quarter_each(
     ]
     jobs = Job.objects.filter(pk__in=ids).order_by("pk")
     assert all(j.state == "running" for j in jobs)
-    allocations = list(Allocation.objects.filter(job__in=jobs, active=True).order_by("job_id"))
+    allocations = list(AllocatedGPU.objects.filter(job__in=jobs, active=True).order_by("job_id"))
     assert [a.share for a in allocations] == [250] * 5
     gpus = [a.gpu_id for a in allocations]
     assert len(set(gpus[:4])) == 1 and gpus[4] != gpus[0]
@@ -61,29 +61,29 @@ def two_jobs(queues):
 def test_the_database_refuses_shares_past_a_whole_gpu(two_jobs):
     a, b, _ = two_jobs
     gpu = GPU.objects.first()
-    Allocation.objects.create(job=a, gpu=gpu, share=600, created_at=timezone.now())
+    Allocation.objects.hold(a, [gpu], share=600, created_at=timezone.now())
     with pytest.raises(IntegrityError), transaction.atomic():
-        Allocation.objects.create(job=b, gpu=gpu, share=500, created_at=timezone.now())
-    assert Allocation.objects.filter(gpu=gpu, active=True).count() == 1
+        Allocation.objects.hold(b, [gpu], share=500, created_at=timezone.now())
+    assert AllocatedGPU.objects.filter(gpu=gpu, active=True).count() == 1
 
 
 def test_the_database_refuses_a_whole_gpu_on_a_shared_one_and_the_reverse(two_jobs):
     a, _, c = two_jobs
     shared, whole = GPU.objects.all()[:2]
-    Allocation.objects.create(job=a, gpu=shared, share=600, created_at=timezone.now())
+    Allocation.objects.hold(a, [shared], share=600, created_at=timezone.now())
     with pytest.raises(IntegrityError), transaction.atomic():
-        Allocation.objects.create(job=c, gpu=shared, created_at=timezone.now())
-    Allocation.objects.create(job=c, gpu=whole, created_at=timezone.now())
+        Allocation.objects.hold(c, [shared], created_at=timezone.now())
+    Allocation.objects.hold(c, [whole], created_at=timezone.now())
     with pytest.raises(IntegrityError), transaction.atomic():
-        Allocation.objects.create(job=a, gpu=whole, share=300, created_at=timezone.now())
+        Allocation.objects.hold(a, [whole], share=300, created_at=timezone.now())
 
 
 def test_released_shares_make_room_again(two_jobs):
     a, b, _ = two_jobs
     gpu = GPU.objects.first()
-    first = Allocation.objects.create(job=a, gpu=gpu, share=600, created_at=timezone.now())
+    first = Allocation.objects.hold(a, [gpu], share=600, created_at=timezone.now())[0]
     Allocation.objects.filter(pk=first.pk).update(active=False, released_at=timezone.now())
-    Allocation.objects.create(job=b, gpu=gpu, share=500, created_at=timezone.now())
+    Allocation.objects.hold(b, [gpu], share=500, created_at=timezone.now())
     # turning the released share back on would overfill the GPU
     with pytest.raises(IntegrityError), transaction.atomic():
         Allocation.objects.filter(pk=first.pk).update(active=True)
@@ -92,9 +92,9 @@ def test_released_shares_make_room_again(two_jobs):
 def test_turning_a_released_whole_gpu_back_on_over_a_share_is_refused(two_jobs):
     a, _, c = two_jobs
     gpu = GPU.objects.first()
-    whole = Allocation.objects.create(job=c, gpu=gpu, created_at=timezone.now())
+    whole = Allocation.objects.hold(c, [gpu], created_at=timezone.now())[0]
     Allocation.objects.filter(pk=whole.pk).update(active=False, released_at=timezone.now())
-    Allocation.objects.create(job=a, gpu=gpu, share=600, created_at=timezone.now())
+    Allocation.objects.hold(a, [gpu], share=600, created_at=timezone.now())
     with pytest.raises(IntegrityError), transaction.atomic():
         Allocation.objects.filter(pk=whole.pk).update(active=True)
-    assert Allocation.objects.filter(gpu=gpu, active=True).count() == 1
+    assert AllocatedGPU.objects.filter(gpu=gpu, active=True).count() == 1

@@ -40,9 +40,7 @@ def congested_links(entry: dict) -> dict[tuple[int, int | None], tuple[float, fl
 def jobs_across(pod_id: int) -> list[int]:
     """Jobs holding GPUs in the pod on more than one node: their traffic goes through its fabric."""
     nodes: dict[int, set[int]] = {}
-    rows = Allocation.objects.filter(active=True, gpu__node__rack__pod_id=pod_id).values_list(
-        "job_id", "gpu__node_id"
-    )
+    rows = Allocation.objects.filter(active=True, node__rack__pod_id=pod_id).values_list("job_id", "node_id")
     for job, node in rows.distinct():
         nodes.setdefault(job, set()).add(node)
     return sorted(job for job, held in nodes.items() if len(held) > 1)

@@ -24,7 +24,7 @@ from monitoring.telemetry import domains, fabric_view
 from monitoring.telemetry.domains import LevelQueryError, UnknownDomain
 from monitoring.telemetry.livestore import FRAME_KEY, NETWORK_KEY, live_store
 from scheduling.ettr import job_ettr
-from scheduling.models import Allocation, Job
+from scheduling.models import AllocatedGPU, Job
 
 _lock = threading.Lock()
 _aggregates: OrderedDict = OrderedDict()  # (id(snapshot), seq, metric, how, threshold) -> arrays
@@ -81,7 +81,7 @@ def _job_overlay(snap, hierarchy: Hierarchy, level: str, job_id: int) -> tuple[d
     if job is None:
         raise UnknownDomain("job", f"there is no job {job_id}")
     held = np.array(
-        Allocation.objects.filter(job=job, active=True).values_list("gpu_id", flat=True), dtype=np.int64
+        AllocatedGPU.objects.filter(job=job, active=True).values_list("gpu_id", flat=True), dtype=np.int64
     )
     gpus = topology_cache.gpu_indices(held)  # the cached order of the snapshot's GPU ids
     summary = {

@@ -325,7 +325,7 @@ class JobDetailSerializer(JobSerializer):
         return history
 
     def get_gpu_ids(self, job: Job) -> list[int]:
-        return list(job.allocations.filter(active=True).order_by("gpu_id").values_list("gpu_id", flat=True))
+        return list(job.gpus_held.filter(active=True).order_by("gpu_id").values_list("gpu_id", flat=True))
 
 
 class JobActionSerializer(serializers.Serializer):

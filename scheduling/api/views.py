@@ -122,7 +122,7 @@ class NodeRunsJob(BasePermission):
 
     def has_object_permission(self, request, view, obj) -> bool:
         node = node_of(request)
-        return node is not None and Allocation.objects.filter(job=obj, gpu__node=node, active=True).exists()
+        return node is not None and Allocation.objects.filter(job=obj, node=node, active=True).exists()
 
 
 class JobViewSet(
