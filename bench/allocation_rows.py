@@ -1,5 +1,6 @@
-"""Allocations as one row per GPU (today) or one row per node with a mask of its GPUs, each with
-the database's guarantee that no GPU is held twice, measured on SQLite and PostgreSQL.
+"""Allocations as one row per GPU (the product until migration 0034) or one row per node with a
+mask of its GPUs, each with the database's guarantee that no GPU is held twice, measured on SQLite
+and PostgreSQL.
 
     python -m bench.allocation_rows [--repeats 3]
 
@@ -11,8 +12,8 @@ a fresh table with the indexes a cycle needs: the insert of every allocation in 
 ones, and a check that the guarantee holds (a second holder of a held GPU is refused).
 
 The layouts and their guarantees:
-- ``gpu``, one row per GPU (``scheduling.models.Allocation``): a unique index on the GPU over the
-  active rows;
+- ``gpu``, one row per GPU (``scheduling.models.Allocation`` until migration 0034): a unique
+  index on the GPU over the active rows;
 - ``node``, one row per job and node, with a guard: on PostgreSQL an exclusion constraint
   (``btree_gist`` and ``intarray``: no two active rows of one node whose GPU slot arrays overlap,
   safe under concurrent writers); on SQLite a trigger that refuses an active row whose mask meets
@@ -20,7 +21,8 @@ The layouts and their guarantees:
 - ``slots``, one row per job and node with a mask of its GPUs, and one partial unique index on the
   node per GPU slot (``WHERE active AND mask & 4 != 0``...): plain B-tree checks on both databases,
   safe under concurrent writers. Small jobs share nodes in the workload, so rows of one node with
-  disjoint masks are accepted in every layout.
+  disjoint masks are accepted in every layout. The product keeps this one since migration 0034
+  (per bank of eight GPUs, so nodes of up to 72 GPUs fit one index per bit).
 
 The last line is the figures as JSON.
 """

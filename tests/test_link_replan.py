@@ -111,7 +111,7 @@ def test_an_elastic_job_shrinks_into_one_datacenter_when_the_link_slows_it(sites
     assert 16 <= job.allocated_gpus < gpus and "sites" not in job.plan
     resized = job.events.filter(kind="resized").latest("id")
     assert "shrunk into one datacenter" in resized.reason and "shrinks to its 32 GPUs" in resized.reason
-    assert job.allocations.filter(active=True).count() == job.allocated_gpus
+    assert job.gpus_held.filter(active=True).count() == job.allocated_gpus
 
 
 def test_within_the_threshold_a_job_stays_and_is_only_re_planned(sites, operator_client):

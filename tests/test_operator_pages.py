@@ -120,7 +120,7 @@ def test_faults_page_shows_racks_over_time_lemons_and_open_faults(
     queues, viewer, operator_client, eager_celery, django_capture_on_commit_callbacks
 ):
     job = _run_job(operator_client, django_capture_on_commit_callbacks)
-    gpu = job.allocations.filter(active=True).select_related("gpu__node__rack").first().gpu
+    gpu = job.gpus_held.filter(active=True).select_related("gpu__node__rack").first().gpu
     with django_capture_on_commit_callbacks(execute=True):
         r = operator_client.post(
             "/api/v1/faults/",
@@ -234,7 +234,7 @@ def test_job_page_shows_timeline_placement_and_lets_operators_suspend(
     queues, viewer, operator, operator_client, eager_celery, django_capture_on_commit_callbacks
 ):
     job = _run_job(operator_client, django_capture_on_commit_callbacks)
-    rack = Rack.objects.get(pk=job.allocations.filter(active=True).first().gpu.node.rack_id)
+    rack = Rack.objects.get(pk=job.gpus_held.filter(active=True).first().gpu.node.rack_id)
     page = _client(viewer).get(f"/jobs/{job.pk}/").content.decode()
     assert '"state": "pending"' in page and '"state": "running"' in page  # timeline segments
     assert f'<a href="/topology/rack/{rack.pk}/">{rack.name}</a></td><td>16</td>' in page
@@ -251,7 +251,7 @@ def test_the_node_page_shows_what_a_drain_or_a_mark_down_would_hit_before_either
     queues, viewer, operator, operator_client, eager_celery, django_capture_on_commit_callbacks
 ):
     job = _run_job(operator_client, django_capture_on_commit_callbacks)
-    node = job.allocations.filter(active=True).select_related("gpu__node").first().gpu.node
+    node = job.gpus_held.filter(active=True).select_related("gpu__node").first().gpu.node
     Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(seconds=1200))
     page = _client(operator).get(f"/nodes/{node.hostname}/").content.decode()
     assert 'id="node-impact"' in page and f"{job.pk} " in page

@@ -212,7 +212,41 @@ def add(apps, schema_editor):
             schema_editor.execute(sql)
 
 
+_PG_DROP = """
+DROP TRIGGER IF EXISTS allocation_references_insert ON scheduling_allocation;
+DROP TRIGGER IF EXISTS allocation_references_fixed ON scheduling_allocation;
+DROP TRIGGER IF EXISTS allocation_node_delete_lock ON cluster_node;
+DROP TRIGGER IF EXISTS allocation_node_delete_guard ON cluster_node;
+DROP TRIGGER IF EXISTS allocation_job_delete_lock ON scheduling_job;
+DROP TRIGGER IF EXISTS allocation_job_delete_guard ON scheduling_job;
+DROP TRIGGER IF EXISTS shared_gpu_guard_insert ON scheduling_allocation;
+DROP TRIGGER IF EXISTS shared_gpu_guard_update ON scheduling_allocation;
+DROP TRIGGER IF EXISTS allocation_totals_insert ON scheduling_allocation;
+DROP TRIGGER IF EXISTS allocation_totals_update ON scheduling_allocation;
+DROP TRIGGER IF EXISTS allocation_totals_delete ON scheduling_allocation;
+DROP TRIGGER IF EXISTS allocation_totals_truncate ON scheduling_allocation;
+"""
+_SQLITE_NAMES = (
+    "allocation_gpus_exist",
+    "allocation_references_fixed",
+    "shared_gpu_guard_insert_whole",
+    "shared_gpu_guard_insert_shared",
+    "shared_gpu_guard_update_whole",
+    "shared_gpu_guard_update_shared",
+)
+
+
+def drop(apps, schema_editor):
+    """Back to migration 0034: the triggers are gone (0034 going back restores the table per GPU
+    without its old triggers)."""
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(_PG_DROP)
+    else:
+        for name in _SQLITE_NAMES:
+            schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}")
+
+
 class Migration(migrations.Migration):
     dependencies = [("scheduling", "0034_allocations_per_node")]
 
-    operations = [migrations.RunPython(add, migrations.RunPython.noop)]
+    operations = [migrations.RunPython(add, drop)]
