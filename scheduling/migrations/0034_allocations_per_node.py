@@ -5,6 +5,11 @@ that no GPU is in two active whole allocations stays in the database: one partia
 per bit of the mask. Every row, active or released, is carried over: the GPUs of one job, node,
 bank, state, share and times become one row. ``AllocatedGPU`` is a view that reads the new rows
 one GPU at a time. Migration 0035 puts back the triggers (references, shared GPUs, totals).
+
+On SQLite a view must not name a table that a later migration rebuilds (Django's SQLite schema
+editor copies a table to change it, and SQLite then refuses the view): a later migration that
+alters ``scheduling_allocation`` or ``cluster_gpu`` drops the view first and creates it again
+after (``VIEW`` below).
 """
 
 import django.db.models.deletion
