@@ -161,6 +161,10 @@ class AllocationStore:
     def cached(self) -> np.ndarray | None:
         return self._pairs
 
+    @property
+    def cached_rows(self) -> np.ndarray | None:
+        return self._rows
+
     def key(self, cursor) -> tuple:
         """(database, active rows, the sums of their job ids, of their places (node id x 16 +
         bank) and of a hash of each row): any insert, release or delete by anyone changes it, and

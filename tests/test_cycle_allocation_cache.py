@@ -7,7 +7,7 @@ from dataclasses import fields
 
 import numpy as np
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -29,8 +29,13 @@ def _fresh() -> np.ndarray:
 
 
 def _carried_matches_the_database() -> bool:
-    carried = allocations.cached
-    return allocations.is_current() and np.array_equal(carried, _fresh())
+    carried, rows = allocations.cached, allocations.cached_rows
+    fresh = AllocationStore()
+    return (
+        allocations.is_current()
+        and np.array_equal(carried, fresh.active_pairs())
+        and np.array_equal(rows, fresh.active_rows())
+    )
 
 
 def _post(client, capture, body):
@@ -68,6 +73,35 @@ def test_admissions_shrinks_and_preemptions_are_carried_exactly(
     elastic.refresh_from_db()
     assert claimer.state == "running" and elastic.events.filter(kind="resized").exists()
     assert _carried_matches_the_database()
+
+
+def test_giving_back_part_of_a_node_narrows_its_row_and_is_carried_exactly(
+    queues, django_capture_on_commit_callbacks
+):
+    """A shrink that gives back half of an 8-GPU node (as ``apply`` does it: release the GPUs,
+    then carry the view over the change): the node's row is narrowed, a released row records the
+    GPUs given back, and the carried view is what a fresh read sees."""
+    job = submit_job(queue=queues["vision"], gpus=16, chip_types=["H100-SXM"], name="elastic")
+    gpus = np.array(GPU.objects.order_by("node_id", "index").values_list("id", flat=True)[:16])
+    rows = NewAllocations()
+    rows.add(job.pk, gpus)
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        allocations.insert(rows, timezone.now())
+        allocations.carry([], [], np.zeros((0, 2), dtype=np.int64))
+    allocations.active_pairs()
+    assert _carried_matches_the_database()
+    given_back = gpus[12:]  # the last four GPUs of the second node
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        allocations.release(timezone.now(), job=job, gpu_ids=given_back.tolist())
+        allocations.carry([], [(job.pk, given_back)], np.zeros((0, 2), dtype=np.int64))
+    assert sorted(Allocation.objects.filter(job=job).values_list("bank", "slots", "active")) == [
+        (0, 15, True),
+        (0, 240, False),
+        (0, 255, True),
+    ]
+    held = sorted(AllocatedGPU.objects.filter(job=job, active=True).values_list("gpu_id", flat=True))
+    assert held == sorted(gpus[:12].tolist())
+    assert _carried_matches_the_database() and allocations.cached_rows[:, 3].tolist() == [255, 15]
 
 
 def test_a_release_by_anyone_else_makes_the_next_cycle_read_everything(
