@@ -102,8 +102,7 @@ def apply_decisions(
         )
         _link_loads(result, snapshot, now)
         _plan_admitted(result, snapshot, now, events)
-    if rows:
-        allocations.insert(rows, now, _shares(result))
+    written = allocations.insert(rows, now, _shares(result)) if rows else None
 
     # 4. pending reasons (jobs whose chip types were ranked say so)
     for job_id, ranking in (ranked or {}).items():
@@ -117,7 +116,7 @@ def apply_decisions(
         mark_drained(snapshot.node_id[result.drained].tolist(), at=now)
 
     shrunk = [(r.job_id, snapshot.gpu_id[r.released]) for r in result.resizes if len(r.released)]
-    allocations.carry([p.job_id for p in result.preemptions], shrunk, rows.pairs())
+    allocations.carry([p.job_id for p in result.preemptions], shrunk, rows.pairs(), written)
     return len(rows)
 
 

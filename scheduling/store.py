@@ -224,9 +224,10 @@ class AllocationStore:
         self._pairs = gpu_pairs(self._rows)
         return self._pairs
 
-    def insert(self, rows: NewAllocations, now: datetime, shares: dict[int, int] | None = None) -> None:
+    def insert(self, rows: NewAllocations, now: datetime, shares: dict[int, int] | None = None) -> np.ndarray:
         """Active allocations for the new GPUs, one row per job, node and bank; ``shares``: job id
-        -> thousandths for jobs that share a GPU (everyone else takes whole GPUs)."""
+        -> thousandths for jobs that share a GPU (everyone else takes whole GPUs). Returns the rows
+        written (job id, node id, bank, slots)."""
         table = Allocation._meta.db_table
         shares = shares or {}
         written = node_rows(rows.pairs())
@@ -235,8 +236,10 @@ class AllocationStore:
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
                 stamp = now.isoformat()
-                lines = ["\t".join(map(str, r)) for r in written.tolist()]
-                block = "".join(f"{line}\tt\t{s}\t{stamp}\n" for line, s in zip(lines, share, strict=True))
+                block = "".join(
+                    f"{j}\t{n}\t{b}\t{m}\tt\t{s}\t{stamp}\n"
+                    for (j, n, b, m), s in zip(written.tolist(), share, strict=True)
+                )
                 # COPY is not wrapped by Django: map driver errors to Django's (IntegrityError...)
                 with (
                     connection.wrap_database_errors,
@@ -253,6 +256,7 @@ class AllocationStore:
                     "t.value ->> 3, 1, t.value ->> 4, %s FROM json_each(%s) AS t",
                     [stamp, json.dumps(doc)],
                 )
+        return written
 
     def release(self, now: datetime, *, jobs=None, job=None, gpu_ids=None) -> int:
         """Release the active allocations of ``jobs`` (ids), or of ``job`` (optionally only its
@@ -290,10 +294,11 @@ class AllocationStore:
         Allocation.objects.bulk_create(history)
         return len(whole) + narrowed
 
-    def carry(self, victims, shrunk, added: np.ndarray) -> None:
+    def carry(self, victims, shrunk, added: np.ndarray, written: np.ndarray | None = None) -> None:
         """Carry the cached pairs and rows over a cycle's own changes (``victims``: job ids that
         lost all their GPUs; ``shrunk``: (job id, GPU ids released); ``added``: new pairs, written
-        by one ``insert``), so the next cycle does not read every row again. They are kept once the
+        by one ``insert``, which returned ``written``, their rows), so the next cycle does not read
+        every row again. They are kept once the
         transaction commits, under the key they imply; the next read trusts them only if the
         database's key is the same, so any other writer's change makes it read everything."""
         cached, rows = self._pairs, self._rows
@@ -315,7 +320,7 @@ class AllocationStore:
         order = np.argsort(new_keys, kind="stable")
         at = np.searchsorted(keys[keep], new_keys[order])
         pairs = np.insert(cached[keep], at, added[order], axis=0)
-        rows = _sorted(np.concatenate([rows, node_rows(added)]))
+        rows = _sorted(np.concatenate([rows, node_rows(added) if written is None else written]))
         # The key these rows should have in the database. It is not checked here: the next read
         # asks the database's key first thing, and any other writer's change, during this cycle or
         # after it, makes them differ.
