@@ -8,9 +8,11 @@ from django.db import models
 
 
 class AllocationTotals(models.Model):
-    """On PostgreSQL, what the active allocations add up to (scheduling.store's key), kept by a
-    trigger (migration 0028): each statement that writes allocations adds one row of what it
-    changed, and the cycle folds the rows into one now and then. Reading these few rows replaces
+    """On PostgreSQL, what the active allocation rows add up to (scheduling.store's key: their
+    count and the sums of their job ids, of their places, node id x 16 + bank, in ``gpu_sum``, and
+    of a hash of job, place and slots), kept by a trigger (migrations 0028 and 0035): each
+    statement that writes allocations adds one row of what it changed, and the cycle folds the
+    rows into one now and then. Reading these few rows replaces
     an aggregate over every allocation row, history included. SQLite computes the same sums from
     its covering index of the active rows and leaves this table empty."""
 
