@@ -81,30 +81,6 @@ def test_deleting_a_node_that_an_allocation_names_is_refused(queues):
     assert not Allocation.objects.exists()
 
 
-def test_a_gpu_an_active_allocation_holds_cannot_be_deleted(queues):
-    job = _job(queues)
-    first, second = GPU.objects.order_by("node_id", "index")[:2]
-    with transaction.atomic():
-        allocations.insert(_rows(job.pk, [first.pk]), timezone.now())
-    with pytest.raises(IntegrityError) as refused, transaction.atomic():
-        GPU.objects.filter(pk=first.pk)._raw_delete(connection.alias)
-    assert "a deleted GPU is held by an active allocation" in str(refused.value)
-    GPU.objects.filter(pk=second.pk).delete()  # its neighbour on the node, held by nobody
-    Allocation.objects.filter(job=job).update(active=False, released_at=timezone.now())
-    GPU.objects.filter(pk=first.pk).delete()  # released: the history does not keep it
-    assert not GPU.objects.filter(pk__in=[first.pk, second.pk]).exists()
-
-
-def test_deleting_a_node_through_the_orm_takes_its_allocations_first(queues):
-    job = _job(queues)
-    gpu = GPU.objects.order_by("node_id", "index").first()
-    with transaction.atomic():
-        allocations.insert(_rows(job.pk, [gpu.pk]), timezone.now())
-    gpu.node.delete()
-    assert not Allocation.objects.filter(job=job).exists()
-    assert not GPU.objects.filter(pk=gpu.pk).exists()
-
-
 def test_deleting_a_job_that_an_allocation_names_is_refused(queues):
     job = _job(queues)
     with transaction.atomic():
