@@ -152,6 +152,7 @@ class AllocationStore:
         self._key: tuple | None = None
         self._pairs: np.ndarray | None = None
         self._rows: np.ndarray | None = None
+        self._inventory: tuple | None = None  # the inventory the pairs' GPU ids were read from
 
     def reset(self) -> None:
         """Forget what earlier reads saw (tests that roll the database back call this)."""
@@ -206,13 +207,13 @@ class AllocationStore:
         with connection.cursor() as cursor:
             key = self.key(cursor)
             if self._key == key and self._pairs is not None:
-                return self._pairs
+                return self._current_pairs()
             if left is not None and len(left) and self._rows is not None:
                 rows = self._rows[~np.isin(self._rows[:, 0], left)]
                 if _rows_key(rows) == key:
                     self._key, self._rows = key, rows
                     self._pairs = self._pairs[~np.isin(self._pairs[:, 0], left)]
-                    return self._pairs
+                    return self._current_pairs()
             if connection.vendor == "postgresql":
                 packed = "string_agg(concat_ws(',', job_id, node_id, bank, slots), ',')"
             else:
@@ -221,7 +222,14 @@ class AllocationStore:
             text = cursor.fetchone()[0]
         rows = np.fromstring(text or "", dtype=np.int64, sep=",").reshape(-1, 4)
         self._key, self._rows = key, _sorted(rows)
-        self._pairs = gpu_pairs(self._rows)
+        self._pairs, self._inventory = gpu_pairs(self._rows), topology_cache.key
+        return self._pairs
+
+    def _current_pairs(self) -> np.ndarray:
+        """The cached pairs, their GPU ids found again from the rows if the inventory changed since
+        (a row names a node and GPU slots; a GPU's id is the inventory's)."""
+        if self._inventory != topology_cache.key:
+            self._pairs, self._inventory = gpu_pairs(self._rows), topology_cache.key
         return self._pairs
 
     def insert(self, rows: NewAllocations, now: datetime, shares: dict[int, int] | None = None) -> np.ndarray:
@@ -327,8 +335,10 @@ class AllocationStore:
         self.fold()
         key = _rows_key(rows)
 
+        inventory = topology_cache.key
+
         def keep_carried() -> None:
-            self._key, self._pairs, self._rows = key, pairs, rows
+            self._key, self._pairs, self._rows, self._inventory = key, pairs, rows, inventory
 
         transaction.on_commit(keep_carried)
 

@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from cluster.models import GPU
+from cluster.snapshot import topology_cache
 from engine.steps.state import RunningIndex
 from engine.workload import RunningJob
 from scheduling import cycle
@@ -102,6 +103,24 @@ def test_giving_back_part_of_a_node_narrows_its_row_and_is_carried_exactly(
     held = sorted(AllocatedGPU.objects.filter(job=job, active=True).values_list("gpu_id", flat=True))
     assert held == sorted(gpus[:12].tolist())
     assert _carried_matches_the_database() and allocations.cached_rows[:, 3].tolist() == [255, 15]
+
+
+def test_the_cached_gpu_ids_follow_the_inventory(queues, django_capture_on_commit_callbacks):
+    """A row names a node and GPU slots; the GPU ids come from the inventory. A GPU replaced under
+    a held slot (a new row, a new id) shows with its new id, though no allocation changed."""
+    job = submit_job(queue=queues["vision"], gpus=2, chip_types=["H100-SXM"], name="held")
+    first, second = GPU.objects.order_by("node_id", "index")[:2]
+    rows = NewAllocations()
+    rows.add(job.pk, np.array([first.pk, second.pk]))
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        allocations.insert(rows, timezone.now())
+    assert allocations.active_pairs()[:, 1].tolist() == [first.pk, second.pk]
+    node, index = first.node, first.index
+    first.delete()
+    replaced = GPU.objects.create(node=node, index=index, uuid="GPU-replaced", serial="replaced-1")
+    topology_cache.current()  # the next cycle reads the inventory first
+    assert sorted(allocations.active_pairs()[:, 1].tolist()) == sorted([replaced.pk, second.pk])
+    assert _carried_matches_the_database()
 
 
 def test_a_release_by_anyone_else_makes_the_next_cycle_read_everything(
