@@ -36,6 +36,10 @@ def _bit(k: int) -> Q:
 GPU_COUNT = sum((F("slots").bitrightshift(k).bitand(1) for k in range(1, BANK)), F("slots").bitand(1))
 
 
+# a row's GPUs in thousandths (shared GPUs count their fraction), as the scheduler charges quota
+HELD_SHARE = GPU_COUNT * F("share")
+
+
 class AllocationQuerySet(models.QuerySet):
     def gpu_count(self) -> int:
         """How many GPUs these rows hold."""

@@ -21,6 +21,7 @@ from engine.quota import build_quota_book
 from scheduling.choices import JobState
 from scheduling.models import AllocatedGPU, Allocation, Job
 from scheduling.store import load_queues
+from scheduling.usage import held_by_queue_and_chip
 
 
 @dataclass
@@ -62,12 +63,7 @@ def check_database() -> StateReport:
         .count()
     )
     report.resurrected = Job.objects.filter(state=JobState.RUNNING, finished_at__isnull=False).count()
-    by_queue_and_chip = active.values("job__queue__name", "node__chip_type__name")
-    usage = {
-        (row["job__queue__name"], row["node__chip_type__name"]): int(row["total"])
-        for row in by_queue_and_chip.annotate(total=Sum("share"))
-    }
     chips = list(ChipType.objects.order_by("name").values_list("name", flat=True))
-    book = build_quota_book(load_queues(), chips, [], usage_by=usage)
+    book = build_quota_book(load_queues(), chips, [], usage_by=held_by_queue_and_chip())
     report.quota_violations = book.violations()
     return report

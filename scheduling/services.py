@@ -4,7 +4,7 @@ its event; GPUs are released in the same transaction, and a cycle is asked for a
 from __future__ import annotations
 
 from django.db import transaction
-from django.db.models import Count
+from django.db.models import Sum
 from django.utils import timezone
 
 from cluster.audit import changes, record
@@ -14,10 +14,11 @@ from engine.checkpoint import CheckpointKind
 from engine.lifecycle import JobStateError, job_action_target
 from engine.placement import LEVELS, level_limit
 from engine.steptime import ModelSpec
+from scheduling.allocation_models import GPU_COUNT
 from scheduling.bulk import insert_with_child, update_rows
 from scheduling.checkpoints import PHYSICS
 from scheduling.choices import EventKind, JobState
-from scheduling.models import QUEUE_SETTINGS, AllocatedGPU, Checkpoint, Job, JobEvent, Queue
+from scheduling.models import QUEUE_SETTINGS, Allocation, Checkpoint, Job, JobEvent, Queue
 from scheduling.plans import ranking_for
 from scheduling.store import allocations
 from scheduling.trigger import assignments_changed, request_cycle
@@ -243,8 +244,8 @@ def change_states(
             .filter(pk__in=chunk)
             .values_list("id", "state", "started_at", "command")
         )
-        held = AllocatedGPU.objects.filter(job_id__in=chunk, active=True)
-        freed.update(held.values_list("job_id").annotate(n=Count("id")).order_by())
+        held = Allocation.objects.filter(job_id__in=chunk, active=True)
+        freed.update(held.values_list("job_id").annotate(n=Sum(GPU_COUNT)).order_by())
         allocations.release(now, jobs=chunk)
     updates, events = [], []
     for job_id, state, started_at, _ in rows:

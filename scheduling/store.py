@@ -17,6 +17,7 @@ from cluster.snapshot import topology_cache
 from engine.placement import Layout
 from engine.workload import QueueSpec
 from scheduling.allocation_models import BANK
+from scheduling.bulk import update_rows
 from scheduling.models import Allocation, AllocationTotals, Job, Queue
 
 
@@ -70,7 +71,8 @@ class NewAllocations:
 # different sets of rows with the same count and sums still differ (migration 0035's triggers keep
 # the same sums)
 _JOB_FACTOR, _PLACE_FACTOR, _SLOTS_FACTOR, _MODULUS = 2654435761, 40503, 69069, 1000000007
-PLACE = "(node_id * 16 + bank)"
+_BANKS = 16  # a row's place: node id x 16 + bank (banks 0-8)
+PLACE = f"(node_id * {_BANKS} + bank)"
 MIX = f"((job_id * {_JOB_FACTOR} + {PLACE} * {_PLACE_FACTOR} + slots * {_SLOTS_FACTOR}) % {_MODULUS})"
 FOLD_ROWS = 256  # PostgreSQL's totals are folded into one row once they have this many
 _BITS = np.arange(BANK, dtype=np.int64)
@@ -89,7 +91,7 @@ def _key(count, job_sum, place_sum, mix_sum) -> tuple:
 
 def _rows_key(rows: np.ndarray) -> tuple:
     """The key of (job, node, bank, slots) rows, as the database computes it."""
-    jobs, place = rows[:, 0], rows[:, 1] * 16 + rows[:, 2]
+    jobs, place = rows[:, 0], rows[:, 1] * _BANKS + rows[:, 2]
     mix = (jobs * _JOB_FACTOR + place * _PLACE_FACTOR + rows[:, 3] * _SLOTS_FACTOR) % _MODULUS
     return _key(len(rows), jobs.sum(), place.sum(), mix.sum())
 
@@ -277,13 +279,13 @@ class AllocationStore:
         gone = {}
         for _, node, bank, bits in node_rows([(0, g) for g in gpu_ids]).tolist():
             gone[(node, bank)] = bits
-        whole, narrowed, history = [], 0, []
+        whole, narrowed, history = [], [], []
         for a in qs.only("id", "job_id", "node_id", "bank", "slots", "share", "created_at"):
             bits = a.slots & gone.get((a.node_id, a.bank), 0)
             if bits == a.slots:
                 whole.append(a.pk)
             elif bits:
-                Allocation.objects.filter(pk=a.pk).update(slots=a.slots & ~bits)
+                narrowed.append((a.pk, a.slots & ~bits))
                 history.append(
                     Allocation(
                         job_id=a.job_id,
@@ -296,11 +298,11 @@ class AllocationStore:
                         released_at=now,
                     )
                 )
-                narrowed += 1
+        update_rows(Allocation, ["slots"], narrowed)
         if whole:
             Allocation.objects.filter(pk__in=whole).update(active=False, released_at=now)
         Allocation.objects.bulk_create(history)
-        return len(whole) + narrowed
+        return len(whole) + len(narrowed)
 
     def carry(self, victims, shrunk, added: np.ndarray, written: np.ndarray | None = None) -> None:
         """Carry the cached pairs and rows over a cycle's own changes (``victims``: job ids that

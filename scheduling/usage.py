@@ -9,22 +9,28 @@ from django.utils import timezone
 
 from engine.quota import build_quota_book
 from engine.workload import MILLI
+from scheduling.allocation_models import HELD_SHARE
 from scheduling.choices import JobState
-from scheduling.models import AllocatedGPU, Job, Queue
+from scheduling.models import Allocation, Job, Queue
 from scheduling.store import load_queues
+
+
+def held_by_queue_and_chip() -> dict[tuple[str, str], int]:
+    """{(queue, chip type): thousandths of GPUs held}, charged by the chip type of each GPU held,
+    as the scheduler charges it: a mixed-chip job counts against each of its chip types, and a
+    shared GPU its fraction. One row per allocation row, not per GPU."""
+    return {
+        (row["job__queue__name"], row["node__chip_type__name"]): int(row["n"])
+        for row in Allocation.objects.filter(active=True)
+        .values("job__queue__name", "node__chip_type__name")
+        .annotate(n=Sum(HELD_SHARE))
+    }
 
 
 def queue_usage() -> dict[str, list[dict]]:
     """{queue name: [{chip_type, nominal, used, borrowed, lent, pending_demand, ...}, ...]}"""
     specs = load_queues()
-    # charged by the chip type of each GPU held, as the scheduler charges it: a mixed-chip job
-    # counts against each of its chip types, not only the first
-    used = {
-        (row["job__queue__name"], row["node__chip_type__name"]): row["n"]
-        for row in AllocatedGPU.objects.filter(active=True)
-        .values("job__queue__name", "node__chip_type__name")
-        .annotate(n=Sum("share"))  # thousandths: shared GPUs count their fraction
-    }
+    used = held_by_queue_and_chip()
     demand: dict[tuple[str, str], int] = defaultdict(int)
     for queue, chips, gpus, share in Job.objects.filter(state=JobState.PENDING).values_list(
         "queue__name", "chip_types", "gpus", "share"
