@@ -16,6 +16,8 @@ several chip types ("; ") take the kind and facts of the first: the job's prefer
 
 from __future__ import annotations
 
+import time
+
 PENDING_KINDS = ("stopped", "quota", "topology", "capacity", "reservation", "ordering", "array", "other")
 TOPOLOGY_LEVELS = ("node", "rack", "pod")  # a gang that fits the fleet but not one of these
 _KINDS = frozenset(PENDING_KINDS)
@@ -68,3 +70,16 @@ def duration(h_or_s: float) -> str:
     if s < 2 * 86400:
         return f"{s / 3600:.1f} h"
     return f"{s / 86400:.1f} d"
+
+
+WALL_CLOCK = 1e9  # a time at or past this is seconds since 1970 (2001 on); below, a run's own clock
+
+
+def moment(t: float) -> str:
+    """When something is expected, as a reason says it: on the wall clock, UTC to the minute; on a
+    simulated run's clock (which starts at 0), hours into the run. A time is named, not counted
+    down: a reason is rewritten only when its wording changes (scheduling.apply), so "in 65 s"
+    would be shown unchanged for several cycles while the time it names does not move."""
+    if t >= WALL_CLOCK:
+        return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+    return f"hour {t / 3600:.1f} of the run"

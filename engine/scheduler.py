@@ -32,7 +32,7 @@ from dataclasses import replace
 
 from engine import arrays
 from engine.placement import Layout, level_limit
-from engine.reasons import Reason, joined
+from engine.reasons import Reason, joined, moment
 from engine.scheduler_config import SchedulerConfig
 from engine.sites import DATACENTER_LEVEL
 from engine.steps.admission import admit_on_spares, chip_options, placement_reason
@@ -224,13 +224,14 @@ def try_reserve(s: CycleState, job, capacity_blocked: list[int], max_level: int)
                 chip = s.topo.chip_names[c]
                 return Reason(
                     f"waiting for reservation: {job.gpus} {chip} GPUs in "
-                    f"{reservation.domain}, expected free in {when:.0f} s",
+                    f"{reservation.domain}, expected free at {moment(reservation.start_at)}",
                     "reservation",
                     {
                         "gpus": job.gpus,
                         "chip": chip,
                         "domain": reservation.domain,
                         "free_in_s": round(when),
+                        "free_at": reservation.start_at,
                     },
                 )
     return None

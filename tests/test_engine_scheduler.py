@@ -253,15 +253,39 @@ def test_a_blocked_gang_reserves_and_short_jobs_backfill():
     (res,) = result.reservations
     assert res.job_id == 1 and res.start_at == 1000 and len(res.held) == 48
     assert result.pending[1].startswith("waiting for reservation: 48 H100-SXM GPUs in")
+    # the run's clock starts at 0: the time is named in hours into it (1000 s: hour 0.3)
+    assert result.pending[1].endswith("expected free at hour 0.3 of the run")
     assert result.pending[1].kind == "reservation" and result.pending[1].facts["free_in_s"] == 1000
     admitted = {a.job_id: a for a in result.admissions}
     assert 2 in admitted and admitted[2].backfilled
     assert (
-        "reserved for a larger job starting in 1000 s; this job would not end before it" in result.pending[3]
+        "reserved for a larger job starting at hour 0.3 of the run; this job would not end before it"
+        in result.pending[3]
     )
     assert (
         result.pending[3].kind == "reservation" and result.pending[3].facts["reservation_starts_in_s"] == 1000
     )
+
+
+def test_a_reservation_reason_names_its_time_and_does_not_count_down():
+    """On the wall clock the reasons name the UTC minute the reserved GPUs are expected free; a
+    minute later, nothing having changed, both sentences are the same (a countdown in seconds
+    would be stale between the cycles that rewrite it)."""
+    lay = layout_for(datacenters=1)
+    t0 = 1_796_000_000.0  # 2026-11-30 00:53:20 UTC
+    busy = [
+        running(lay, 10, "a", nodes=[0, 1, 2, 3], end=t0 + 1000),
+        running(lay, 11, "a", nodes=[4, 5], end=t0 + 5000),
+    ]
+    pending = [job(1, 48, priority=9), job(3, 8, estimated_duration_s=5000)]
+    first, _ = cycle(lay, [big_queue()], busy, pending, now=t0)
+    later, _ = cycle(lay, [big_queue()], busy, pending, now=t0 + 60)
+    assert first.pending[1].endswith("expected free at 2026-11-30 01:10 UTC")
+    assert "reserved for a larger job starting at 2026-11-30 01:10 UTC" in first.pending[3]
+    assert first.pending[1].facts["free_at"] == t0 + 1000
+    assert first.pending[3].facts["reservation_starts_at"] == t0 + 1000
+    assert later.pending == first.pending
+    assert later.pending[1].facts["free_in_s"] == 940
 
 
 def test_every_pending_reason_has_its_kind_and_facts():

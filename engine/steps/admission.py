@@ -6,7 +6,7 @@ pools, quota, result)."""
 from __future__ import annotations
 
 from engine.placement import LEVELS, FreePool
-from engine.reasons import Reason, placement_kind
+from engine.reasons import Reason, moment, placement_kind
 from engine.steps.state import CycleState
 from engine.workload import MILLI, Admission, PendingJob, RunningJob
 
@@ -134,10 +134,11 @@ def placement_reason(s: CycleState, job: PendingJob, c: int, max_level: int) -> 
             "chip": chip,
             "level": level_name,
             "reservation_starts_in_s": round(starts_in),
+            "reservation_starts_at": s.horizon,
         }
         return Reason(
-            f"{job.gpus} {chip} GPUs are free only on GPUs reserved for a larger job starting in "
-            f"{starts_in:.0f} s; this job {why}",
+            f"{job.gpus} {chip} GPUs are free only on GPUs reserved for a larger job starting at "
+            f"{moment(s.horizon)}; this job {why}",
             "reservation",
             facts,
         )
