@@ -16,7 +16,9 @@ meant to complete, one not done by the run's end counted up to that end (the mea
 jobs alone, also printed, rises when a policy completes more long jobs), the same weighted by their
 GPUs, how many had not ended, p95 wait before the first start, allocated utilization over the
 window, the share of GPU-hours run across datacenters, the busiest link's peak utilization, and the
-span-or-wait decisions' p99 time.
+span-or-wait decisions' p99 time. A second table splits the mean JCT by class of job: the gangs that
+may span, the stream's jobs of 64 GPUs or more (they need a pod or a datacenter of room) and its
+smaller ones, since a span's gain is one gang's and its cost falls on whoever needed the room.
 
 Fidelity: the step-time model's efficiency (one site's step time over the spanning step time) for
 the published cross-site runs it can reproduce: a 177B-parameter model on 1,024 GPUs with pipeline
@@ -60,6 +62,14 @@ def fidelity(distance_km: float, gbps: float, chip: str = "A100-80G") -> float:
     return cost.one_step_s / cost.span_step_s if cost else 0.0
 
 
+def job_class(spec) -> str:
+    """Who a span policy serves or costs: the large gangs that may span (queue pretrain), the
+    stream's jobs that need a pod or a datacenter of room (64 GPUs or more), and its small jobs."""
+    if spec.queue == "pretrain":
+        return "gangs"
+    return "stream_64plus" if spec.gpus >= 64 else "stream_small"
+
+
 def _window(sim: Simulation, days: float) -> dict:
     """Completion of the jobs that arrived in the first ``days`` (the run goes on past them until
     they drain). Mean and GPU-weighted mean JCT count every job meant to complete, one still
@@ -75,7 +85,11 @@ def _window(sim: Simulation, days: float) -> dict:
     done = np.array([j.ended - j.spec.arrival for j in meant if j.ended is not None])
     waits = [j.first_admit - j.spec.arrival for j in arrived if j.first_admit is not None]
     alloc = [x["allocated"] / sim.topo.num_gpus for x in sim.samples if x["t"] <= end]
+    by_class: dict[str, list[float]] = {}
+    for j, t in zip(meant, jct, strict=True):
+        by_class.setdefault(job_class(j.spec), []).append(float(t))
     return {
+        "mean_jct_s_by_class": {k: round(float(np.mean(v)), 1) for k, v in sorted(by_class.items())},
         "mean_jct_s": round(float(jct.mean()), 1) if len(jct) else None,
         "gpu_weighted_jct_s": round(float((jct * size).sum() / size.sum()), 1) if len(jct) else None,
         "mean_jct_completed_s": round(float(done.mean()), 1) if len(done) else None,
@@ -160,6 +174,16 @@ def main(argv: list[str] | None = None) -> int:
             "busiest link",
             "decision p99 ms",
         ),
+    )
+    classes = ("gangs", "stream_64plus", "stream_small")
+    print_table(
+        "Mean JCT by class of job (who a span serves, who it costs)",
+        [
+            (policy, seed, *(f"{r['mean_jct_s_by_class'].get(k, 0) / 3600:.2f} h" for k in classes))
+            for policy, results in runs.items()
+            for seed, r in zip(seeds, results, strict=True)
+        ],
+        ("policy", "seed", "gangs (may span)", "stream, 64+ GPUs", "stream, < 64 GPUs"),
     )
     best = {
         seed: min(SPAN_POLICIES, key=lambda p, i=i: runs[p][i]["mean_jct_s"] or float("inf"))
