@@ -144,6 +144,9 @@ def submit_job(*, now=None, **fields) -> Job:
     # are written by statements built once (one statement on PostgreSQL), not by the ORM anew.
     event = submitted_event(job, f"submitted to queue {job.queue.name}")
     insert_with_child(job, event, "job")  # both rows or neither
+    # a job just written has no forecast yet (the forecast plays pending jobs later): the answer
+    # to the submit reads none without asking the database
+    Job.forecast.related.set_cached_value(job, None)
     request_cycle()
     return job
 

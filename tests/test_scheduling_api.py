@@ -275,3 +275,21 @@ def test_a_submitted_job_row_is_the_one_the_orm_would_write(queues, operator_cli
     assert fast.chip_types == ["H100-SXM"] and isinstance(fast.model, dict) and fast.model
     assert Job.objects.filter(pk=fast.pk, chip_types__0="H100-SXM").exists()
     assert JobEvent.objects.filter(pk=event.pk, data__gpus=16).exists()
+
+
+def test_a_submit_answers_without_looking_for_a_forecast(queues, operator_client):
+    """A job just written has no expected start yet; the answer says so without a query for one
+    (a submit is a handful of statements, and pipelines send thousands)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from scheduling.forecast_models import JobForecast
+
+    with CaptureQueriesContext(connection) as queries:
+        response = operator_client.post(
+            "/api/v1/jobs/", {"queue": "vision", "gpus": 8, "chip_types": ["H100-SXM"]}, format="json"
+        )
+    assert response.status_code == 201, response.content
+    assert response.json()["expected_start"] is None
+    table = JobForecast._meta.db_table
+    assert not [q["sql"] for q in queries.captured_queries if table in q["sql"]]

@@ -49,6 +49,37 @@ def test_guessing_tokens_locks_the_address_out_and_forwarded_addresses_are_not_b
     assert node_guess.get("/api/v1/agent/assignments/").status_code == 429
 
 
+def test_a_lockout_another_web_process_set_is_honoured_within_a_second(operator, settings, monkeypatch):
+    """A clear lockout is remembered for CLEAR_MEMO_S (each token request saves a round trip to the
+    cache); one that another process set (written to the shared cache here) refuses this process's
+    requests once that time has passed, and a failure here is never answered from memory."""
+    from django.core.cache import cache
+    from rest_framework.authtoken.models import Token
+
+    from cluster.api import throttling
+
+    clock = [1000.0]
+    monkeypatch.setattr(throttling.time, "monotonic", lambda: clock[0])
+    good = Token.objects.create(user=operator)
+    client = APIClient(REMOTE_ADDR="10.7.7.7")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {good.key}")
+    assert client.get("/api/v1/jobs/").status_code == 200
+    cache.set(throttling._key("token", "10.7.7.7") + ":until", throttling.time.time() + 60, 60)
+    clock[0] += throttling.CLEAR_MEMO_S / 2
+    assert client.get("/api/v1/jobs/").status_code == 200  # still the clear answer it read
+    clock[0] += throttling.CLEAR_MEMO_S
+    refused = client.get("/api/v1/jobs/")
+    assert refused.status_code == 429 and "failed credentials" in refused.json()["detail"]
+    cache.delete(throttling._key("token", "10.7.7.7") + ":until")
+    settings.FAILURE_LIMITS = {**settings.FAILURE_LIMITS, "token": (2, 60)}
+    assert client.get("/api/v1/jobs/").status_code == 200
+    client.credentials(HTTP_AUTHORIZATION="Token wrong")
+    assert client.get("/api/v1/jobs/").status_code == 401
+    assert client.get("/api/v1/jobs/").status_code == 401  # the second failure locks it out
+    client.credentials(HTTP_AUTHORIZATION=f"Token {good.key}")
+    assert client.get("/api/v1/jobs/").status_code == 429  # at once: no time passed
+
+
 def test_submits_are_limited_per_user_and_a_refused_one_writes_nothing(queues, operator_client, monkeypatch):
     monkeypatch.setattr(SubmitThrottle, "rate", "2/min", raising=False)
     body = {"queue": "vision", "chip_types": ["H100-SXM"], "gpus": 8}
