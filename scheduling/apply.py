@@ -71,8 +71,8 @@ def apply_decisions(
     old_reasons: dict[int, str],
     ranked: dict[int, str] | None = None,
 ) -> int:
-    """Write a cycle's decisions; returns the number of GPUs newly allocated."""
-    result = still_current(result)
+    """Write a cycle's decisions, already checked against what changed since they were read
+    (``still_current``); returns the number of GPUs newly allocated."""
     chip_ids = dict(ChipType.objects.values_list("name", "id"))
     events: list[JobEvent | EventRow] = []
 

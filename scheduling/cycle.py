@@ -1,8 +1,10 @@
-"""One scheduling cycle against the database, in one transaction under the scheduling lock:
+"""One scheduling cycle against the database, under the scheduling lock (scheduling.locks.cycle_scope:
+on PostgreSQL one transaction throughout; on SQLite the write transaction only around the writes):
 
 1. read a snapshot: the inventory's states, queues, running and pending jobs (scheduling.store);
 2. decide: the pure engine (engine.scheduler.schedule), the same code the simulator runs;
-3. apply every decision with bulk writes and events (scheduling.apply);
+3. apply every decision with bulk writes and events (scheduling.apply), dropping those whose jobs
+   changed since they were read;
 4. after commit, publish the cycle's summary and, when the start limit left work, ask for the
    next cycle at once.
 """
@@ -22,8 +24,8 @@ from cluster.outages import best_effort
 from cluster.snapshot import topology_cache
 from engine.scheduler import SchedulerConfig, collections_deferred, schedule
 from scheduling import sites, store
-from scheduling.apply import apply_decisions
-from scheduling.locks import cycle_lock, lock_clock
+from scheduling.apply import apply_decisions, still_current
+from scheduling.locks import cycle_scope, lock_clock
 from scheduling.pending import load_pending, pending_jobs
 from scheduling.running import load_running_index, running
 from scheduling.signals import congestion_asked, partitions_asked
@@ -64,7 +66,7 @@ def run_cycle(
 ) -> CycleSummary:
     """Run one cycle. With ``wait=False`` a cycle already running elsewhere makes this one skip."""
     timings: dict[str, float] = {}
-    with transaction.atomic(), cycle_lock(wait=wait) as locked, collections_deferred():
+    with cycle_scope(wait=wait) as (locked, writing), collections_deferred():
         if not locked:
             return CycleSummary(ran=False)
         t0 = time.perf_counter()  # from the lock taken: a cycle waiting for another is not slow
@@ -85,29 +87,31 @@ def run_cycle(
         result = schedule(layout, queues, running_jobs, pending, now.timestamp(), config, **around)
         t2 = time.perf_counter()
         timings["engine"] = (t2 - t1) * 1000
-        # 3. apply
-        gpus = apply_decisions(result, snapshot, now, old_reasons, ranked)
-        touched = [a.job_id for a in result.admissions] + [p.job_id for p in result.preemptions]
-        running.carry(touched + [r.job_id for r in result.resizes])
-        timings["apply"] = (time.perf_counter() - t2) * 1000
-        summary = CycleSummary(
-            ran=True,
-            considered=result.considered,
-            admitted=len(result.admissions),
-            preempted=len(result.preemptions),
-            reserved=len(result.reservations),
-            pending=len(result.pending),
-            gpus_allocated=gpus,
-            drained=len(result.drained),
-            timings_ms={k: round(v, 1) for k, v in timings.items()},
-        )
-        # 4. after commit
-        transaction.on_commit(lambda: best_effort("publishing the cycle's summary", _publish, summary))
-        if result.admissions or result.preemptions or result.resizes:
-            assignments_changed()  # agents waiting on their assignments look again
-        if result.start_limited:  # the jobs past this cycle's start limit go next, at once
-            request_cycle(at_once=True)
-        held_to = lock_clock()  # the last moment inside the lock, before the commit releases it
+        # 3. apply (on SQLite the write transaction, and the database's write lock, begin here)
+        with writing():
+            result = still_current(result)  # decisions about jobs changed since they were read go
+            gpus = apply_decisions(result, snapshot, now, old_reasons, ranked)
+            touched = [a.job_id for a in result.admissions] + [p.job_id for p in result.preemptions]
+            running.carry(touched + [r.job_id for r in result.resizes])
+            timings["apply"] = (time.perf_counter() - t2) * 1000
+            summary = CycleSummary(
+                ran=True,
+                considered=result.considered,
+                admitted=len(result.admissions),
+                preempted=len(result.preemptions),
+                reserved=len(result.reservations),
+                pending=len(result.pending),
+                gpus_allocated=gpus,
+                drained=len(result.drained),
+                timings_ms={k: round(v, 1) for k, v in timings.items()},
+            )
+            # 4. after commit
+            transaction.on_commit(lambda: best_effort("publishing the cycle's summary", _publish, summary))
+            if result.admissions or result.preemptions or result.resizes:
+                assignments_changed()  # agents waiting on their assignments look again
+            if result.start_limited:  # the jobs past this cycle's start limit go next, at once
+                request_cycle(at_once=True)
+            held_to = lock_clock()  # the last moment inside the lock, before the commit releases it
     seconds = time.perf_counter() - t0  # with the commit, which releases the lock
     cycle_ran.send(sender=CycleSummary, seconds=seconds, summary=summary)
     log.info(

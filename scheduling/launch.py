@@ -32,7 +32,7 @@ from cluster.models import GPU, Node, NodeCredential
 from engine import tiers
 from engine.lifecycle import JobStateError, saves_on_demand
 from scheduling.choices import EventKind, JobState, ProcessState
-from scheduling.locks import cycle_lock
+from scheduling.locks import locked_transaction
 from scheduling.models import AllocatedGPU, Allocation, Job, JobEvent, JobProcess
 from scheduling.services import change_state, requeue
 from scheduling.store import allocations
@@ -373,7 +373,7 @@ def check_launches(now: datetime | None = None) -> list[int]:
     ]
     stopped = []
     for p in late:
-        with transaction.atomic(), cycle_lock(wait=True):
+        with locked_transaction():
             if _give_up_start(p, now, timeout):
                 stopped.append(p.job_id)
     return stopped

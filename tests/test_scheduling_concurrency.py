@@ -63,13 +63,13 @@ def test_concurrent_cycles_on_postgres_never_double_allocate(queues):
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_non_waiting_cycles_skip_while_one_holds_the_lock(queues):
-    from scheduling.locks import cycle_lock
+    from scheduling.locks import locked_transaction
 
     held = threading.Event()
     release = threading.Event()
 
     def hold():
-        with transaction.atomic(), cycle_lock(wait=True):
+        with locked_transaction():
             held.set()
             release.wait(10)
         connection.close()
@@ -219,3 +219,52 @@ def test_four_cycle_workers_under_churn_keep_every_invariant():
     assert figures["quota_violations"] == 0
     assert figures["other_violations"] == 0, out.stdout
     assert figures["submitted"] > 100 and figures["cancelled"] and figures["finished"] and figures["faults"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_submit_commits_while_a_cycle_decides_and_a_job_cancelled_meanwhile_is_not_started(
+    queues, monkeypatch
+):
+    """While a cycle reads and decides, writers are not held back (on SQLite it holds the
+    database's write lock only to apply; PostgreSQL never blocked them): a submit and a cancel
+    commit at once. The cancelled job's admission, decided before the cancel, is dropped."""
+    import scheduling.cycle as cycle_module
+    from scheduling.services import change_state, submit_job
+
+    first, cancelled = _make_jobs(queues, 2, 8)
+    deciding, go_on = threading.Event(), threading.Event()
+    decide = cycle_module.schedule
+
+    def slow_schedule(*args, **kwargs):
+        result = decide(*args, **kwargs)
+        deciding.set()
+        go_on.wait(20)
+        return result
+
+    monkeypatch.setattr(cycle_module, "schedule", slow_schedule)
+    summaries = []
+
+    def cycle():
+        try:
+            summaries.append(run_cycle(wait=True))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=cycle)
+    thread.start()
+    try:
+        assert deciding.wait(20)
+        t0 = time.monotonic()
+        late = submit_job(queue=queues["vision"], gpus=8, chip_types=["H100-SXM"], topology="any")
+        change_state(cancelled.pk, "cancel", actor="test")
+        waited = time.monotonic() - t0
+    finally:
+        go_on.set()
+        thread.join(30)
+    assert waited < 5  # not held until the cycle commits (it waits 20 s for go_on)
+    # the cancelled job's admission, decided before the cancel, was dropped
+    assert summaries and summaries[0].admitted == 1 and summaries[0].gpus_allocated == 8
+    assert Job.objects.get(pk=first.pk).state == "running"
+    assert Job.objects.get(pk=cancelled.pk).state == "cancelled"
+    assert not AllocatedGPU.objects.filter(job_id=cancelled.pk, active=True).exists()
+    assert Job.objects.get(pk=late.pk).state == "pending"  # not read by that cycle

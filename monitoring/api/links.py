@@ -25,7 +25,7 @@ from engine.sites import default_latency_ms, min_latency_ms
 from monitoring.faults import partitions
 from monitoring.faults.services import report_fault
 from monitoring.models import SitePartition
-from scheduling.locks import cycle_lock
+from scheduling.locks import locked_transaction
 from scheduling.replan import replan_crossing
 from scheduling.sites import jobs_crossing, load_of, running_loads
 from scheduling.trigger import request_cycle
@@ -145,7 +145,7 @@ class LinkViewSet(viewsets.ModelViewSet):
         body = LanesLostSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         lost, reason = body.validated_data["lanes_lost"], body.validated_data["reason"]
-        with transaction.atomic(), cycle_lock(wait=True):
+        with locked_transaction():
             link = get_object_or_404(
                 DatacenterLink.objects.select_for_update(of=("self",)).select_related("a", "b"), pk=pk
             )

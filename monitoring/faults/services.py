@@ -23,7 +23,7 @@ from monitoring.choices import FaultSource
 from monitoring.models import FaultEvent
 from monitoring.signals import fault_recorded
 from scheduling import recovery
-from scheduling.locks import cycle_lock
+from scheduling.locks import locked_transaction
 from scheduling.trigger import assignments_changed, request_cycle
 
 LEMON_WINDOW = timedelta(seconds=lifecycle.LEMON_WINDOW_S)
@@ -114,7 +114,7 @@ def handle_fault(fault_id: int, now=None) -> dict:
     """Classify a recorded fault, take hardware out of service and recover the jobs it hit, under
     the scheduling lock. ``now``: the clock (default: the wall clock)."""
     now = now or timezone.now()
-    with transaction.atomic(), cycle_lock(wait=True):
+    with locked_transaction():
         fault = (
             FaultEvent.objects.select_for_update(of=("self",))
             .select_related("gpu__node", "node", "pod", "link")
