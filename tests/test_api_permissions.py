@@ -150,6 +150,38 @@ def test_a_token_carries_its_users_role_and_stops_with_the_user(small_cluster, v
     assert r.status_code == 401 and r.json()["detail"] == "User inactive or deleted."
 
 
+def test_a_remembered_token_follows_changes_here_at_once_and_elsewhere_within_a_second(
+    small_cluster, viewer, operator, monkeypatch
+):
+    """A web process remembers a token it found for a second; a change made through it (a role
+    taken away, the token deleted) applies to the next request, one made elsewhere (here a bulk
+    update, which sends no signal) once the second has passed."""
+    from django.contrib.auth.models import Group
+
+    from cluster.api import authentication
+
+    clock = [5000.0]
+    monkeypatch.setattr(authentication.time, "monotonic", lambda: clock[0])
+    token = Token.objects.create(user=operator)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    node = Node.objects.first()
+    cordon = reverse("node-cordon", args=[node.pk])
+    assert client.post(cordon, {"reason": "memo test"}).status_code == 200
+    operator.groups.set([Group.objects.get_or_create(name="viewer")[0]])  # through this process: at once
+    assert client.post(cordon, {"reason": "memo test"}).status_code == 403
+    type(operator).objects.filter(pk=operator.pk).update(is_active=False)  # no signal
+    assert client.get(list_url("nodes")).status_code == 200  # remembered for the second
+    clock[0] += authentication.TOKEN_MEMO_S
+    r = client.get(list_url("nodes"))
+    assert r.status_code == 401 and r.json()["detail"] == "User inactive or deleted."
+    viewer_token = Token.objects.create(user=viewer)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {viewer_token.key}")
+    assert client.get(list_url("nodes")).status_code == 200
+    viewer_token.delete()
+    assert client.get(list_url("nodes")).status_code == 401
+
+
 def test_session_authentication_works(small_cluster, viewer):
     client = APIClient()
     assert client.login(username=viewer.username, password="pw")

@@ -5,11 +5,18 @@ reads the user's groups: two queries and about a millisecond of query building o
 which is a quarter of a job submission. This class answers the same way (the same user, the same
 token object, the same errors) from one plain SQL statement that also returns the user's group
 names, so the role check needs no query of its own.
+
+A token found is remembered by the web process for TOKEN_MEMO_S (1 s): a pipeline submitting
+hundreds of jobs a second sends the same token each time. A change to a user, its groups or its
+tokens made through this process forgets every remembered token at once (``forget_tokens``, on
+the models' signals); one made elsewhere (another web process, a bulk update) is seen within the
+second. A token not found is never remembered: each guess is counted (cluster.api.throttling).
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 from django.contrib.auth import get_user_model
 from django.db import connection
@@ -24,6 +31,13 @@ from cluster.api.throttling import blocked_for, client_address, record_failure
 from cluster.roles import remember_groups
 
 _query: dict[str, tuple] = {}
+TOKEN_MEMO_S = 1.0
+_known: dict[str, tuple[float, tuple]] = {}  # token key -> (time.monotonic read, its row converted)
+
+
+def forget_tokens(**_) -> None:
+    """Forget every remembered token (connected to the user, group membership and token signals)."""
+    _known.clear()
 
 
 def _statement():
@@ -88,20 +102,29 @@ class TokenAuthentication(authentication.TokenAuthentication):
 
     def authenticate_credentials(self, key):
         sql, attnames, converters = _statement()
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [key])
-            row = cursor.fetchone()
-        if row is None:
-            raise exceptions.AuthenticationFailed(_("Invalid token."))
-        groups = row[1]
-        created, *values = [
-            _convert(v, col, conv) for v, (col, conv) in zip([row[0], *row[2:]], converters, strict=True)
-        ]
-        user = get_user_model().from_db(connection.alias, attnames, values)
+        now = time.monotonic()
+        known = _known.get(key)
+        if known is not None and now - known[0] < TOKEN_MEMO_S:
+            created, groups, values = known[1]
+        else:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, [key])
+                row = cursor.fetchone()
+            if row is None:
+                raise exceptions.AuthenticationFailed(_("Invalid token."))
+            groups = row[1]
+            if isinstance(groups, str):  # SQLite returns JSON as text
+                groups = json.loads(groups)
+            created, *values = [
+                _convert(v, col, conv) for v, (col, conv) in zip([row[0], *row[2:]], converters, strict=True)
+            ]
+            if len(_known) > 10_000:  # many tokens: start over rather than grow
+                _known.clear()
+            _known[key] = (now, (created, groups, values))
+        # a user of its own for each request (views may set attributes on it)
+        user = get_user_model().from_db(connection.alias, attnames, list(values))
         if not user.is_active:
             raise exceptions.AuthenticationFailed(_("User inactive or deleted."))
-        if isinstance(groups, str):  # SQLite returns JSON as text
-            groups = json.loads(groups)
         remember_groups(user, (g for g in groups or () if g is not None))  # the role check reads them
         token = Token(key=key, user=user, created=created)
         token._state.adding, token._state.db = False, connection.alias
