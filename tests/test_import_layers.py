@@ -25,6 +25,7 @@ ALLOWED = {
 
 # project imports inside functions that must stay there: (file, module imported) -> why
 INNER_ALLOWED = {
+    ("cluster/apps.py", "cluster.api.authentication"): "Django app loading: receivers connect in ready()",
     ("scheduling/apps.py", "cluster.signals"): "Django app loading: receivers connect in ready()",
     ("scheduling/apps.py", "scheduling"): "Django app loading: its receivers import models and tasks",
     ("monitoring/apps.py", "cluster.signals"): "Django app loading: receivers connect in ready()",
