@@ -16,6 +16,7 @@ several chip types ("; ") take the kind and facts of the first: the job's prefer
 
 from __future__ import annotations
 
+import functools
 import time
 
 PENDING_KINDS = ("stopped", "quota", "topology", "capacity", "reservation", "ordering", "array", "other")
@@ -75,6 +76,7 @@ def duration(h_or_s: float) -> str:
 WALL_CLOCK = 1e9  # a time at or past this is seconds since 1970 (2001 on); below, a run's own clock
 
 
+@functools.lru_cache(maxsize=1024)  # a cycle names its few reservation starts for thousands of jobs
 def moment(t: float) -> str:
     """When something is expected, as a reason says it: on the wall clock, UTC to the minute; on a
     simulated run's clock (which starts at 0), hours into the run. A time is named, not counted
