@@ -41,15 +41,11 @@ def locked_transaction(wait: bool = True):
     """A transaction under the scheduling lock, the two taken in the one order every holder uses;
     yields whether the lock is held (``wait=False``: False at once when another holds it, and
     then no transaction is open on SQLite)."""
-    if connection.vendor == "postgresql":
-        with transaction.atomic(), cycle_lock(wait) as locked:
-            yield locked
-        return
-    with cycle_lock(wait) as locked:
+    with cycle_scope(wait) as (locked, writing):
         if not locked:
             yield False
             return
-        with transaction.atomic():
+        with writing():
             yield True
 
 

@@ -158,10 +158,10 @@ def test_a_remembered_token_follows_changes_here_at_once_and_elsewhere_within_a_
     update, which sends no signal) once the second has passed."""
     from django.contrib.auth.models import Group
 
-    from cluster.api import authentication
+    from cluster.api import authentication, memo
 
     clock = [5000.0]
-    monkeypatch.setattr(authentication.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(memo.time, "monotonic", lambda: clock[0])
     token = Token.objects.create(user=operator)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")

@@ -56,10 +56,10 @@ def test_a_lockout_another_web_process_set_is_honoured_within_a_second(operator,
     from django.core.cache import cache
     from rest_framework.authtoken.models import Token
 
-    from cluster.api import throttling
+    from cluster.api import memo, throttling
 
     clock = [1000.0]
-    monkeypatch.setattr(throttling.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(memo.time, "monotonic", lambda: clock[0])
     good = Token.objects.create(user=operator)
     client = APIClient(REMOTE_ADDR="10.7.7.7")
     client.credentials(HTTP_AUTHORIZATION=f"Token {good.key}")

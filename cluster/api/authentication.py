@@ -16,7 +16,6 @@ second. A token not found is never remembered: each guess is counted (cluster.ap
 from __future__ import annotations
 
 import json
-import time
 
 from django.contrib.auth import get_user_model
 from django.db import connection
@@ -27,12 +26,13 @@ from rest_framework import authentication, exceptions
 from rest_framework.authtoken.models import Token
 
 from cluster.agents import REVOKED_CREDENTIAL, UNKNOWN_CREDENTIAL, credential_for
+from cluster.api.memo import MISSING, Memo
 from cluster.api.throttling import blocked_for, client_address, record_failure
 from cluster.roles import remember_groups
 
 _query: dict[str, tuple] = {}
 TOKEN_MEMO_S = 1.0
-_known: dict[str, tuple[float, tuple]] = {}  # token key -> (time.monotonic read, its row converted)
+_known = Memo(TOKEN_MEMO_S)  # token key -> its row, converted
 
 
 def forget_tokens(**_) -> None:
@@ -102,10 +102,9 @@ class TokenAuthentication(authentication.TokenAuthentication):
 
     def authenticate_credentials(self, key):
         sql, attnames, converters = _statement()
-        now = time.monotonic()
         known = _known.get(key)
-        if known is not None and now - known[0] < TOKEN_MEMO_S:
-            created, groups, values = known[1]
+        if known is not MISSING:
+            created, groups, values = known
         else:
             with connection.cursor() as cursor:
                 cursor.execute(sql, [key])
@@ -118,9 +117,7 @@ class TokenAuthentication(authentication.TokenAuthentication):
             created, *values = [
                 _convert(v, col, conv) for v, (col, conv) in zip([row[0], *row[2:]], converters, strict=True)
             ]
-            if len(_known) > 10_000:  # many tokens: start over rather than grow
-                _known.clear()
-            _known[key] = (now, (created, groups, values))
+            _known.put(key, (created, groups, values))
         # a user of its own for each request (views may set attributes on it)
         user = get_user_model().from_db(connection.alias, attnames, list(values))
         if not user.is_active:

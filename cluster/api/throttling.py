@@ -20,6 +20,7 @@ from django.conf import settings
 from django.core.cache import cache
 from rest_framework.throttling import AnonRateThrottle, SimpleRateThrottle, UserRateThrottle
 
+from cluster.api.memo import MISSING, Memo
 from cluster.outages import best_effort
 
 _local = threading.Lock()
@@ -114,34 +115,30 @@ def _key(kind: str, who: str) -> str:
     return f"myriad:failures:{kind}:{who}"
 
 
-# (kind, who) -> when (time.monotonic) the lockout was last read as not set. Every request with a
-# token checks the lockout first, a round trip to Redis that is an eighth of a submit's time; a
-# clear answer is taken as still clear for CLEAR_MEMO_S. A failure in this process forgets it at
-# once, so a lockout reached here blocks the next request; one reached through another web
-# process is seen here within CLEAR_MEMO_S.
+# (kind, who) whose lockout was read as not set. Every request with a token checks the lockout
+# first, a round trip to Redis that is an eighth of a submit's time; a clear answer is taken as
+# still clear for CLEAR_MEMO_S. A failure in this process forgets it at once, so a lockout reached
+# here blocks the next request; one reached through another web process is seen here within
+# CLEAR_MEMO_S.
 CLEAR_MEMO_S = 1.0
-_clear: dict[tuple[str, str], float] = {}
+_clear = Memo(CLEAR_MEMO_S)
 
 
 def blocked_for(kind: str, who: str) -> int:
     """Seconds until ``who`` may try ``kind`` again (0: now, and while the counts cannot be read)."""
-    now = time.monotonic()
-    seen = _clear.get((kind, who))
-    if seen is not None and now - seen < CLEAR_MEMO_S:
+    if _clear.get((kind, who)) is not MISSING:
         return 0
     until = best_effort("reading a lockout", cache.get, _key(kind, who) + ":until")
     wait = max(0, math.ceil(until - time.time())) if until else 0
     if wait:
-        _clear.pop((kind, who), None)
+        _clear.forget((kind, who))
     else:
-        if len(_clear) > 10_000:  # many addresses: start over rather than grow
-            _clear.clear()
-        _clear[(kind, who)] = now
+        _clear.put((kind, who), True)
     return wait
 
 
 def record_failure(kind: str, who: str) -> int:
-    _clear.pop((kind, who), None)
+    _clear.forget((kind, who))
     return best_effort("counting a failed attempt", _record_failure, kind, who, default=0)
 
 
