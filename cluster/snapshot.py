@@ -35,6 +35,16 @@ _UNUSUAL_GPUS_SQL = (
     + ")"
 )
 
+# What changes between two reads of an unchanged inventory, in one statement: the nodes not ready
+# (0), the spare nodes (1), the GPUs not ready or not healthy (2).
+_STATES_SQL = (
+    f"SELECT 0, id, state, '' FROM {Node._meta.db_table} WHERE state IN ("
+    + ", ".join(f"'{s}'" for s in NODE_STATE_CODE if s != "ready")
+    + f") UNION ALL SELECT 1, id, '', '' FROM {Node._meta.db_table} WHERE is_spare"
+    + " UNION ALL "
+    + _UNUSUAL_GPUS_SQL.format(table=GPU._meta.db_table).replace("SELECT id,", "SELECT 2, id,", 1)
+)
+
 
 def _rows(sql: str) -> list[tuple]:
     with connection.cursor() as cursor:
@@ -244,23 +254,23 @@ class TopologyCache:
         return np.where(found, snap.gpu_id[at], -1)
 
     def _refresh_states(self, snap: TopologySnapshot) -> TopologySnapshot:
-        table = GPU._meta.db_table
         node_state = np.zeros(snap.num_nodes, dtype=np.int8)
-        odd_nodes = _rows(f"SELECT id, state FROM {Node._meta.db_table} WHERE state <> 'ready'")  # 12.5k rows
-        if odd_nodes:
-            where = np.searchsorted(snap.node_id, [n[0] for n in odd_nodes])
-            node_state[where] = [NODE_STATE_CODE[n[1]] for n in odd_nodes]
         spare = np.zeros(snap.num_nodes, dtype=bool)
-        spares = _rows(f"SELECT id FROM {Node._meta.db_table} WHERE is_spare")
-        if spares:
-            spare[np.searchsorted(snap.node_id, [s[0] for s in spares])] = True
         gpu_state = np.zeros(snap.num_gpus, dtype=np.int8)
         gpu_health = np.zeros(snap.num_gpus, dtype=np.int8)
-        unusual = _rows(_UNUSUAL_GPUS_SQL.format(table=table))
+        rows = _rows(_STATES_SQL)  # one round trip, each part an index lookup
+        odd_nodes = [r for r in rows if r[0] == 0]
+        if odd_nodes:
+            where = np.searchsorted(snap.node_id, [n[1] for n in odd_nodes])
+            node_state[where] = [NODE_STATE_CODE[n[2]] for n in odd_nodes]
+        spares = [r[1] for r in rows if r[0] == 1]
+        if spares:
+            spare[np.searchsorted(snap.node_id, spares)] = True
+        unusual = [r for r in rows if r[0] == 2]
         if unusual:
-            where = self.gpu_indices([u[0] for u in unusual])
-            gpu_state[where] = [GPU_STATE_CODE[u[1]] for u in unusual]
-            gpu_health[where] = [GPU_HEALTH_CODE[u[2]] for u in unusual]
+            where = self.gpu_indices([u[1] for u in unusual])
+            gpu_state[where] = [GPU_STATE_CODE[u[2]] for u in unusual]
+            gpu_health[where] = [GPU_HEALTH_CODE[u[3]] for u in unusual]
         deadlines = (
             _drain_deadlines(snap.node_id) if (node_state == NODE_STATE_CODE["draining"]).any() else None
         )

@@ -10,7 +10,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import NamedTuple
 
-from django.db.models import Max
+from django.db.models import OuterRef, Subquery
 
 from cluster.models import ChipType
 from cluster.services import mark_drained
@@ -70,10 +70,14 @@ def apply_decisions(
     now: datetime,
     old_reasons: dict[int, str],
     ranked: dict[int, str] | None = None,
+    chips: dict[int, str] | None = None,
 ) -> int:
     """Write a cycle's decisions, already checked against what changed since they were read
-    (``still_current``); returns the number of GPUs newly allocated."""
-    chip_ids = dict(ChipType.objects.values_list("name", "id"))
+    (``still_current``); returns the number of GPUs newly allocated. ``chips``: the chip types'
+    names by id, when the caller has read them already."""
+    if chips is None:
+        chips = dict(ChipType.objects.values_list("id", "name"))
+    chip_ids = {name: chip_id for chip_id, name in chips.items()}
     events: list[JobEvent | EventRow] = []
 
     # 1. preemptions first: their GPUs are released before the preemptors take them
@@ -135,18 +139,16 @@ def _link_loads(result: CycleResult, snapshot, now: datetime) -> None:
 
 def _waits(job_ids: list[int], now: datetime) -> dict[int, float]:
     """Seconds each job waited for this admission: since its last requeue, else its submission
-    (the queue history reads it from the admitted event: scheduling.history)."""
+    (the queue history reads it from the admitted event: scheduling.history). One statement."""
     if not job_ids:
         return {}
-    since = dict(Job.objects.filter(pk__in=job_ids).values_list("id", "submitted_at"))
-    for job_id, at in (
-        JobEvent.objects.filter(job_id__in=job_ids, kind=EventKind.REQUEUED)
-        .values("job_id")
-        .annotate(last=Max("at"))
-        .values_list("job_id", "last")
-    ):
-        since[job_id] = max(since[job_id], at)
-    return {j: round(max(0.0, (now - at).total_seconds()), 3) for j, at in since.items()}
+    requeued = JobEvent.objects.filter(job_id=OuterRef("pk"), kind=EventKind.REQUEUED).order_by("-at")
+    rows = (
+        Job.objects.filter(pk__in=job_ids)
+        .annotate(requeued=Subquery(requeued.values("at")[:1]))
+        .values_list("id", "submitted_at", "requeued")
+    )
+    return {j: round(max(0.0, (now - max(at, again or at)).total_seconds()), 3) for j, at, again in rows}
 
 
 class EventRow(NamedTuple):

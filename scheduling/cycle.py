@@ -75,11 +75,11 @@ def run_cycle(
         # 1. read
         snapshot = topology_cache.current()
         layout = store.layouts.layout(snapshot)
-        queues = store.load_queues()
-        running_jobs = load_running_index()  # kept between cycles: grown by the jobs started since
+        queues, names = store.load_queues_and_names()
+        running_jobs = load_running_index(names)  # kept between cycles: grown by the jobs started since
         if config is None:
             config = sites.config()
-        pending, old_reasons, ranked = load_pending(now, array_window=config.max_starts)
+        pending, old_reasons, ranked = load_pending(now, config.max_starts, names.queues)
         t1 = time.perf_counter()
         timings["load"] = (t1 - t0) * 1000
         # 2. decide
@@ -90,7 +90,7 @@ def run_cycle(
         # 3. apply (on SQLite the write transaction, and the database's write lock, begin here)
         with writing():
             result = still_current(result)  # decisions about jobs changed since they were read go
-            gpus = apply_decisions(result, snapshot, now, old_reasons, ranked)
+            gpus = apply_decisions(result, snapshot, now, old_reasons, ranked, names.chips)
             touched = [a.job_id for a in result.admissions] + [p.job_id for p in result.preemptions]
             running.carry(touched + [r.job_id for r in result.resizes])
             timings["apply"] = (time.perf_counter() - t2) * 1000

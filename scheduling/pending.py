@@ -155,11 +155,16 @@ class PendingStore:
         self.__init__()
 
     def load(
-        self, now: datetime | None = None, array_window: int | None = None
+        self,
+        now: datetime | None = None,
+        array_window: int | None = None,
+        queues: dict[int, str] | None = None,
     ) -> tuple[list[PendingJob], dict[int, str], dict[int, str]]:
         """The pending jobs due at ``now``, their current reasons, and the chip ranking to show in
-        the reason of jobs whose chip types were ranked."""
-        queues = dict(Queue.objects.values_list("id", "name"))
+        the reason of jobs whose chip types were ranked. ``queues``: the queues' names by id, when
+        the caller has read them already."""
+        if queues is None:
+            queues = dict(Queue.objects.values_list("id", "name"))
         key = (connection.alias, connection.settings_dict["NAME"], tuple(sorted(queues.items())))
         if key != self._key:
             self._key, self._jobs = key, {}
@@ -218,10 +223,10 @@ pending_jobs = PendingStore()
 
 
 def load_pending(
-    now: datetime | None = None, array_window: int | None = None
+    now: datetime | None = None, array_window: int | None = None, queues: dict[int, str] | None = None
 ) -> tuple[list[PendingJob], dict[int, str], dict[int, str]]:
     """The cycle's read: the pending jobs (kept between cycles), their reasons, their rankings."""
-    return pending_jobs.load(now, array_window)
+    return pending_jobs.load(now, array_window, queues)
 
 
 def read_pending(now: datetime | None = None) -> list[PendingJob]:

@@ -21,13 +21,12 @@ from __future__ import annotations
 import numpy as np
 from django.db import connection, transaction
 
-from cluster.models import ChipType
 from cluster.snapshot import topology_cache
 from engine.steps.state import RunningIndex
 from engine.workload import RunningJob
 from scheduling.choices import JobState
-from scheduling.models import Job, Queue, RunningTotals
-from scheduling.store import allocations, epoch, fold_totals
+from scheduling.models import Job, RunningTotals
+from scheduling.store import Names, allocations, epoch, fold_totals, load_queues_and_names
 
 # the columns the engine reads, in RunningJob's order after the queue and chip names
 COLUMNS = (
@@ -101,10 +100,12 @@ class RunningStore:
         """Forget what earlier reads saw (tests that roll the database back call this)."""
         self.__init__()
 
-    def load(self) -> list[RunningJob]:
-        """Every running job, by id, with the GPUs it holds (snapshot indices)."""
-        queues = dict(Queue.objects.values_list("id", "name"))
-        chips = dict(ChipType.objects.values_list("id", "name"))
+    def load(self, names: Names | None = None) -> list[RunningJob]:
+        """Every running job, by id, with the GPUs it holds (snapshot indices). ``names``: the
+        queues' and chip types' names by id, when the caller has read them already."""
+        if names is None:
+            names = load_queues_and_names()[1]
+        queues, chips = names
         key = (
             connection.alias,
             connection.settings_dict["NAME"],
@@ -280,7 +281,7 @@ def load_running() -> list[RunningJob]:
     return running.load()
 
 
-def load_running_index() -> RunningIndex:
+def load_running_index(names: Names | None = None) -> RunningIndex:
     """The running jobs as the engine takes them, with the index kept between reads."""
-    running.load()
+    running.load(names)
     return running.index

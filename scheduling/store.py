@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import NamedTuple
 
 import numpy as np
 from django.db import connection, transaction
 
+from cluster.models import ChipType
 from cluster.snapshot import topology_cache
 from engine.placement import Layout
 from engine.workload import QueueSpec
@@ -411,29 +413,71 @@ def reset() -> None:
 # --- the cycle's reads -------------------------------------------------------------------------
 
 
-def load_queues() -> list[QueueSpec]:
+class Names(NamedTuple):
+    """Database id -> name of the queues and of the chip types, as a cycle reads them once."""
+
+    queues: dict[int, str]
+    chips: dict[int, str]
+
+
+_QUEUE_FIELDS = (
+    "id",
+    "name",
+    "cohort__name",
+    "priority",
+    "weight",
+    "reclaim_within_cohort",
+    "within_queue",
+    "stopped",
+    "queueing_strategy",
+    "head_wait_s",
+    "may_use_spares",
+    "borrow_preempt_max_priority",
+    "quotas__chip_type__name",
+    "quotas__nominal",
+    "quotas__borrowing_limit",
+    "quotas__lending_limit",
+)
+
+
+def load_queues_and_names() -> tuple[list[QueueSpec], Names]:
+    """The queues as the engine takes them (by name, each quota by chip type in id order), and the
+    names of the queues and chip types by id: two statements (a queue and its quotas are one row
+    per quota, joined)."""
+    rows = Queue.objects.order_by("name", "quotas__chip_type_id").values_list(*_QUEUE_FIELDS)
+    grouped: dict[int, list[tuple]] = {}
+    for row in rows:
+        grouped.setdefault(row[0], []).append(row)
     specs = []
-    for q in Queue.objects.select_related("cohort").prefetch_related("quotas__chip_type"):
-        quotas = list(q.quotas.all())
+    for quotas in grouped.values():
+        (_, name, cohort, priority, weight, reclaim, within, stopped, strategy, head_wait, spares, up_to) = (
+            quotas[0][:12]
+        )
+        quotas = [q[12:] for q in quotas if q[12] is not None]
         specs.append(
             QueueSpec(
-                name=q.name,
-                cohort=q.cohort.name if q.cohort else None,
-                priority=q.priority,
-                weight=q.weight,
-                nominal={x.chip_type.name: x.nominal for x in quotas},
-                borrowing_limit={x.chip_type.name: x.borrowing_limit for x in quotas},
-                lending_limit={x.chip_type.name: x.lending_limit for x in quotas},
-                reclaim_within_cohort=q.reclaim_within_cohort,
-                within_queue=q.within_queue,
-                stopped=q.stopped,
-                queueing=q.queueing_strategy,
-                head_wait_s=float(q.head_wait_s) if q.head_wait_s is not None else None,
-                may_use_spares=q.may_use_spares,
-                borrow_preempt_max_priority=q.borrow_preempt_max_priority,
+                name=name,
+                cohort=cohort,
+                priority=priority,
+                weight=weight,
+                nominal={chip: nominal for chip, nominal, _, _ in quotas},
+                borrowing_limit={chip: limit for chip, _, limit, _ in quotas},
+                lending_limit={chip: limit for chip, _, _, limit in quotas},
+                reclaim_within_cohort=reclaim,
+                within_queue=within,
+                stopped=stopped,
+                queueing=strategy,
+                head_wait_s=float(head_wait) if head_wait is not None else None,
+                may_use_spares=spares,
+                borrow_preempt_max_priority=up_to,
             )
         )
-    return specs
+    queues = {queue_id: rows[0][1] for queue_id, rows in grouped.items()}
+    return specs, Names(queues, dict(ChipType.objects.values_list("id", "name")))
+
+
+def load_queues() -> list[QueueSpec]:
+    return load_queues_and_names()[0]
 
 
 def epoch(column: str) -> str:
