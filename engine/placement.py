@@ -46,6 +46,7 @@ class Layout:
         self.topo = topo
         self.num_chips = len(topo.chip_names)
         self.node_chip = topo.node_chip.astype(np.int64)
+        self.chip_nodes = [np.flatnonzero(self.node_chip == c) for c in range(self.num_chips)]  # ascending
         self.node_gpu_start = np.searchsorted(topo.gpu_node, np.arange(topo.num_nodes)).astype(np.int64)
         self.node_gpu_count = np.bincount(topo.gpu_node, minlength=topo.num_nodes).astype(np.int64)
         # domain index of each node at each level; the cluster is one domain
@@ -195,7 +196,16 @@ class FreePool:
             return
         lay = self.layout
         owners = lay.gpu_node[indices]
-        if len(owners) > 1 and (owners[1:] < owners[:-1]).any():
+        node = owners[0]
+        if len(owners) == 1 or (owners == node).all():
+            # one node (a small job): scalar updates, no per-level scatter
+            n = sign * len(owners)
+            self.node_free[node] += n
+            chip = lay.node_chip[node]
+            for k in range(1, len(LEVELS)):
+                self.level_free[k][chip, lay.node_domain[k][node]] += n
+            return
+        if (owners[1:] < owners[:-1]).any():
             # unsorted (several jobs' GPUs given back at once): count per node, no sort
             per_node = np.bincount(owners, minlength=len(self.node_free))
             nodes = np.flatnonzero(per_node)
@@ -236,6 +246,15 @@ class FreePool:
         capacity = self.layout.level_capacity[:, chip]
         for level in range(0, max_level + 1):
             if capacity[level] < gpus:
+                continue
+            if level == 0 and within is None:  # (congestion is marked on racks and pods only)
+                # the chip's nodes only (the best fit, first in node order, as over every node)
+                nodes = self.layout.chip_nodes[chip]
+                free = self.node_free[nodes]
+                fits = np.flatnonzero(free >= gpus)
+                if fits.size:
+                    self.congested_choice = False
+                    return 0, int(nodes[fits[np.argmin(free[fits])]])
                 continue
             counts = self.counts(level, chip)
             if within is not None:

@@ -54,12 +54,17 @@ def admit_placed(s: CycleState, qi: int, job: PendingJob, c: int, max_level: int
 def admit_on_spares(s: CycleState, qi: int, job: PendingJob, c: int, max_level: int) -> bool:
     """A job of a queue allowed to borrow spares, with no room elsewhere, goes on spare nodes
     (whole gang there); fault recovery may take them back, preempting it."""
+    known = s.no_spare_room.get((c, max_level))
+    if known is not None and job.gpus >= known:
+        return False  # a job this large or smaller found no room on spares this cycle
     if s.spare_pool is None:
         if not s.spare_free.any():
+            s.no_spare_room[(c, max_level)] = 0
             return False
         s.spare_pool = FreePool(s.layout, s.spare_free)
     placed = s.spare_pool.place(c, job.gpus, max_level)
     if placed is None:
+        s.no_spare_room[(c, max_level)] = job.gpus if known is None else min(job.gpus, known)
         return False
     gpus, level, domain = placed
     record_admission(s, qi, job, c, gpus, level, domain, on_spares=True)

@@ -136,6 +136,9 @@ class CycleState:
         # free GPUs of spare nodes, for queues allowed to borrow them (built when first asked)
         self.spare_free = self.topo.usable() & self.topo.node_spare[self.topo.gpu_node] & ~owned & reachable
         self.spare_pool: FreePool | None = None
+        # (chip, level limit) -> the smallest job that found no room on spares this cycle (the
+        # spare pool only shrinks within a cycle)
+        self.no_spare_room: dict[tuple[int, int], int] = {}
         self.lowest_cache: dict[tuple[int, int], tuple[list, float]] = {}  # engine.steps.preemption
         self.reserved = np.zeros(self.topo.num_gpus, dtype=bool)
         self.horizon = float("inf")  # earliest reservation start
