@@ -10,7 +10,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import NamedTuple
 
-from django.db.models import OuterRef, Subquery
+from django.db.models import BooleanField, ExpressionWrapper, OuterRef, Q, Subquery
 
 from cluster.models import ChipType
 from cluster.services import mark_drained
@@ -71,12 +71,16 @@ def apply_decisions(
     old_reasons: dict[int, str],
     ranked: dict[int, str] | None = None,
     chips: dict[int, str] | None = None,
+    decided: Decided | None = None,
 ) -> int:
     """Write a cycle's decisions, already checked against what changed since they were read
     (``still_current``); returns the number of GPUs newly allocated. ``chips``: the chip types'
-    names by id, when the caller has read them already."""
+    names by id, and ``decided``: what ``still_current`` read of the admitted jobs, when the caller
+    has them already."""
     if chips is None:
         chips = dict(ChipType.objects.values_list("id", "name"))
+    if decided is None:
+        decided = read_decided([a.job_id for a in result.admissions], lock=False)
     chip_ids = {name: chip_id for chip_id, name in chips.items()}
     events: list[JobEvent | EventRow] = []
 
@@ -91,7 +95,7 @@ def apply_decisions(
 
     # 3. admissions: state, placement, events, plans
     admitted_jobs = []
-    waits = _waits([a.job_id for a in result.admissions], now)
+    waits = _waits([a.job_id for a in result.admissions], now, decided)
     for a in result.admissions:
         rows.add(a.job_id, snapshot.gpu_id[a.held])
         admitted_jobs.append(
@@ -105,8 +109,10 @@ def apply_decisions(
             admitted_jobs,
         )
         _link_loads(result, snapshot, now)
-        _plan_admitted(result, snapshot, now, events)
-    written = allocations.insert(rows, now, _shares(result)) if rows else None
+        _plan_admitted(result, snapshot, now, events, decided.modelled)
+    single = {a.job_id for a in result.admissions if len(a.held) == 1}
+    shares = {j: share for j, share in decided.shares.items() if j in single}
+    written = allocations.insert(rows, now, shares) if rows else None
 
     # 4. pending reasons (jobs whose chip types were ranked say so)
     for job_id, ranking in (ranked or {}).items():
@@ -137,18 +143,48 @@ def _link_loads(result: CycleResult, snapshot, now: datetime) -> None:
         after_joining(joined, now)
 
 
-def _waits(job_ids: list[int], now: datetime) -> dict[int, float]:
-    """Seconds each job waited for this admission: since its last requeue, else its submission
-    (the queue history reads it from the admitted event: scheduling.history). One statement."""
+class Decided(NamedTuple):
+    """What the writes need to know of the jobs a cycle decided about, read in one statement with
+    their rows locked (``read_decided``): the state each is in now, when it last joined the queue
+    (its last requeue, else its submission), the thousandths of a GPU of those that share one,
+    and which describe their model (they get a parallel plan)."""
+
+    states: dict[int, str]
+    since: dict[int, datetime]
+    shares: dict[int, int]
+    modelled: set[int]
+
+
+def read_decided(job_ids, lock: bool = True) -> Decided:
+    """The facts of ``job_ids`` (one statement; ``lock``: their rows locked until the commit)."""
     if not job_ids:
-        return {}
+        return Decided({}, {}, {}, set())
     requeued = JobEvent.objects.filter(job_id=OuterRef("pk"), kind=EventKind.REQUEUED).order_by("-at")
+    rows = Job.objects.select_for_update() if lock else Job.objects
     rows = (
-        Job.objects.filter(pk__in=job_ids)
-        .annotate(requeued=Subquery(requeued.values("at")[:1]))
-        .values_list("id", "submitted_at", "requeued")
+        rows.filter(pk__in=list(job_ids))
+        .annotate(
+            requeued=Subquery(requeued.values("at")[:1]),
+            modelled=ExpressionWrapper(~Q(model={}), output_field=BooleanField()),
+        )
+        .values_list("id", "state", "submitted_at", "requeued", "share", "modelled")
     )
-    return {j: round(max(0.0, (now - max(at, again or at)).total_seconds()), 3) for j, at, again in rows}
+    decided = Decided({}, {}, {}, set())
+    for job_id, state, submitted, again, share, modelled in rows:
+        decided.states[job_id] = state
+        decided.since[job_id] = max(submitted, again or submitted)
+        if share < 1000:
+            decided.shares[job_id] = share
+        if modelled:
+            decided.modelled.add(job_id)
+    return decided
+
+
+def _waits(job_ids: list[int], now: datetime, decided: Decided | None = None) -> dict[int, float]:
+    """Seconds each job waited for this admission: since its last requeue, else its submission
+    (the queue history reads it from the admitted event: scheduling.history)."""
+    since = (decided or read_decided(job_ids, lock=False)).since
+    return {j: round(max(0.0, (now - since[j]).total_seconds()), 3) for j in job_ids if j in since}
 
 
 class EventRow(NamedTuple):
@@ -198,11 +234,13 @@ def _admission_events(a, now: datetime, wait_s: float | None = None) -> list[Eve
     ]
 
 
-def _plan_admitted(result: CycleResult, snapshot, now: datetime, events: list[JobEvent]) -> None:
-    """Jobs that describe their model get a modelled parallel plan for where they landed."""
-    admitted = {a.job_id: a for a in result.admissions}
-    modelled = Job.objects.filter(pk__in=list(admitted)).exclude(model={}).only("id", "model")
-    for job in modelled:
+def _plan_admitted(result: CycleResult, snapshot, now: datetime, events: list[JobEvent], modelled) -> None:
+    """Jobs that describe their model (``modelled``) get a modelled parallel plan for where they
+    landed."""
+    admitted = {a.job_id: a for a in result.admissions if a.job_id in modelled}
+    if not admitted:
+        return
+    for job in Job.objects.filter(pk__in=list(admitted)).only("id", "model"):
         a = admitted[job.pk]
         plan = plan_for(job, a.chip, snapshot, a.held, a.parts)
         Job.objects.filter(pk=job.pk).update(plan=plan)
@@ -228,35 +266,29 @@ def _apply_resizes(resizes, snapshot, now: datetime, rows: NewAllocations) -> li
     return events
 
 
-def _shares(result: CycleResult) -> dict[int, int]:
-    """Thousandths per admitted job that shares a GPU (one query, only when some might)."""
-    single = [a.job_id for a in result.admissions if len(a.held) == 1]
-    if not single:
-        return {}
-    return dict(Job.objects.filter(pk__in=single, share__lt=1000).values_list("id", "share"))
-
-
-def still_current(result: CycleResult) -> CycleResult:
+def still_current(result: CycleResult) -> tuple[CycleResult, Decided]:
     """The decisions whose jobs are still in the state the cycle read, their rows locked until the
     cycle commits. An operator's cancel or a node's finish does not take the scheduling lock: one
     that committed after the cycle read its snapshot drops that job's decision (a job cancelled
     while pending is not started; a running job that finished is not preempted or resized, and its
     GPUs are already free). One that comes after this waits for the cycle, then acts on what it
-    wrote."""
-    decided = {a.job_id for a in result.admissions}
-    decided |= {p.job_id for p in result.preemptions} | {r.job_id for r in result.resizes}
-    if not decided:
-        return result
-    states = dict(Job.objects.select_for_update().filter(pk__in=decided).values_list("id", "state"))
+    wrote. Returns the decisions kept and what the writes need of their jobs (``Decided``, read in
+    the same statement)."""
+    ids = {a.job_id for a in result.admissions}
+    ids |= {p.job_id for p in result.preemptions} | {r.job_id for r in result.resizes}
+    decided = read_decided(ids)
+    if not ids:
+        return result, decided
+    states = decided.states
     admissions = [a for a in result.admissions if states.get(a.job_id) == JobState.PENDING]
     preemptions = [p for p in result.preemptions if states.get(p.job_id) == JobState.RUNNING]
     resizes = [r for r in result.resizes if states.get(r.job_id) == JobState.RUNNING]
     dropped = len(result.admissions) + len(result.preemptions) + len(result.resizes)
     dropped -= len(admissions) + len(preemptions) + len(resizes)
     if not dropped:
-        return result
+        return result, decided
     log.info("cycle: %d decisions dropped; their jobs changed state after the cycle read them", dropped)
-    return replace(result, admissions=admissions, preemptions=preemptions, resizes=resizes)
+    return replace(result, admissions=admissions, preemptions=preemptions, resizes=resizes), decided
 
 
 def apply_preemptions(preemptions, now: datetime) -> list[JobEvent]:

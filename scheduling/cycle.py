@@ -89,8 +89,8 @@ def run_cycle(
         timings["engine"] = (t2 - t1) * 1000
         # 3. apply (on SQLite the write transaction, and the database's write lock, begin here)
         with writing():
-            result = still_current(result)  # decisions about jobs changed since they were read go
-            gpus = apply_decisions(result, snapshot, now, old_reasons, ranked, names.chips)
+            result, decided = still_current(result)  # decisions about jobs changed since read go
+            gpus = apply_decisions(result, snapshot, now, old_reasons, ranked, names.chips, decided)
             touched = [a.job_id for a in result.admissions] + [p.job_id for p in result.preemptions]
             running.carry(touched + [r.job_id for r in result.resizes])
             timings["apply"] = (time.perf_counter() - t2) * 1000
