@@ -251,3 +251,22 @@ def test_recovery_takes_back_a_borrowed_spare_preempting_its_job_first(
     ) in set(borrower.events.values_list("kind", "reason"))
     assert node_of(victim) == spare_node
     assert victim.events.filter(kind="recovered", data__outcome="spare").exists()
+
+
+def test_a_job_too_large_for_the_spares_left_does_not_keep_a_smaller_one_off_them():
+    base = layout_for(pods_per_dc=1, datacenters=1)  # 4 nodes of 8 GPUs
+    spare = np.zeros(base.topo.num_nodes, dtype=bool)
+    spare[3] = True
+    lay = Layout(replace(base.topo, node_spare=spare))
+    queues = [QueueSpec("burst", nominal={"H100-SXM": 64}, may_use_spares=True)]
+    busy = [running(lay, 1, "burst", nodes=[0, 1, 2]), running(lay, 2, "burst", gpus=list(range(24, 28)))]
+    # four spare GPUs left: the 8-GPU job finds no room on them, the 4-GPU job after it does, and
+    # the next 4-GPU job finds them taken
+    pending = [
+        PendingJob(10, "burst", 8, chip_types=("H100-SXM",), submitted_at=1.0),
+        PendingJob(11, "burst", 4, chip_types=("H100-SXM",), submitted_at=2.0),
+        PendingJob(12, "burst", 4, chip_types=("H100-SXM",), submitted_at=3.0),
+    ]
+    result, _ = cycle(lay, queues, busy, pending, now=5.0)
+    assert [(a.job_id, a.on_spares) for a in result.admissions] == [(11, True)]
+    assert {10, 12} <= set(result.pending)
