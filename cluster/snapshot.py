@@ -26,14 +26,15 @@ def _positions(sorted_ids: np.ndarray, ids) -> np.ndarray:
     return pos.astype(np.int32)
 
 
-# Written as IN lists (not <>) so the state and health indexes serve it without a table scan.
-_UNUSUAL_GPUS_SQL = (
-    "SELECT id, state, health FROM {table} WHERE state IN ("
+# Written as IN lists (not <>) so the state and health indexes serve them without a table scan.
+_UNUSUAL_GPUS_WHERE = (
+    "state IN ("
     + ", ".join(f"'{s}'" for s in GPU_STATE_CODE if s != "ready")
     + ") OR health IN ("
     + ", ".join(f"'{h}'" for h in GPU_HEALTH_CODE if h != "ok")
     + ")"
 )
+_UNUSUAL_GPUS_SQL = "SELECT id, state, health FROM {table} WHERE " + _UNUSUAL_GPUS_WHERE
 
 # What changes between two reads of an unchanged inventory, in one statement: the nodes not ready
 # (0), the spare nodes (1), the GPUs not ready or not healthy (2).
@@ -41,8 +42,7 @@ _STATES_SQL = (
     f"SELECT 0, id, state, '' FROM {Node._meta.db_table} WHERE state IN ("
     + ", ".join(f"'{s}'" for s in NODE_STATE_CODE if s != "ready")
     + f") UNION ALL SELECT 1, id, '', '' FROM {Node._meta.db_table} WHERE is_spare"
-    + " UNION ALL "
-    + _UNUSUAL_GPUS_SQL.format(table=GPU._meta.db_table).replace("SELECT id,", "SELECT 2, id,", 1)
+    + f" UNION ALL SELECT 2, id, state, health FROM {GPU._meta.db_table} WHERE {_UNUSUAL_GPUS_WHERE}"
 )
 
 

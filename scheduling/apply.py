@@ -12,7 +12,6 @@ from typing import NamedTuple
 
 from django.db.models import BooleanField, ExpressionWrapper, OuterRef, Q, Subquery
 
-from cluster.models import ChipType
 from cluster.services import mark_drained
 from engine.reasons import Reason
 from engine.workload import CycleResult
@@ -24,7 +23,7 @@ from scheduling.models import Checkpoint, Job, JobEvent
 from scheduling.plans import plan_for, plan_summary, resize_job
 from scheduling.replan import after_joining
 from scheduling.services import AWAITING_CYCLE, REQUEUE_FIELDS, requeue, stop_job
-from scheduling.store import NewAllocations, allocations
+from scheduling.store import NewAllocations, allocations, chip_names
 
 REASON_REFRESH_CYCLES = 10
 log = logging.getLogger("myriad.scheduling")
@@ -78,7 +77,7 @@ def apply_decisions(
     names by id, and ``decided``: what ``still_current`` read of the admitted jobs, when the caller
     has them already."""
     if chips is None:
-        chips = dict(ChipType.objects.values_list("id", "name"))
+        chips = chip_names()
     if decided is None:
         decided = read_decided([a.job_id for a in result.admissions], lock=False)
     chip_ids = {name: chip_id for chip_id, name in chips.items()}

@@ -26,7 +26,7 @@ from cluster.snapshot import topology_cache
 from engine.efficiency import pair_keys
 from scheduling.choices import EventKind
 from scheduling.models import AllocatedGPU, Cohort, Job, JobEvent, Queue, UsageDay
-from scheduling.store import allocations
+from scheduling.store import allocations, chip_names
 from scheduling.usage import queue_usage
 
 MAX_WINDOW_DAYS = 400
@@ -132,7 +132,7 @@ def _add_preempted(cells: dict, events, chip_type: str | None) -> None:
     """Each preempted event's lost seconds x the GPUs and chip it held then (older events: the
     job's own), added to its day, queue and chip type."""
     cohorts = dict(Queue.objects.values_list("name", "cohort__name"))
-    chips = dict(ChipType.objects.values_list("id", "name"))
+    chips = chip_names()
     for at, q, data, chip, gpus in events.values_list(
         "at", "job__queue__name", "data", "job__chip__name", "job__gpus"
     ):

@@ -20,9 +20,9 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from cluster.fields import FieldError
-from cluster.models import ChipType
 from scheduling.choices import EventKind, JobState
 from scheduling.models import Job, JobEvent, Queue, UsageDay
+from scheduling.store import chip_names
 
 MAX_WINDOW = timedelta(days=400)
 CONTENDED_WAIT_S = 900.0  # a chip type whose p90 wait passes this is under contention
@@ -125,7 +125,7 @@ def queue_history(*, since: datetime, until: datetime, queue=None, starving_afte
     for q, wait, chip in _admissions(since, until, queue):
         waits[q].append(wait)
         chip_waits[chip or "any"].append(wait)
-    chips = dict(ChipType.objects.values_list("id", "name"))
+    chips = chip_names()
     preempted: dict[str, int] = defaultdict(int)
     chip_preempted: dict[str, int] = defaultdict(int)
     for q, chip_id, job_chip in events.filter(kind=EventKind.PREEMPTED).values_list(

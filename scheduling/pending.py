@@ -29,8 +29,8 @@ from django.utils import timezone
 from engine.steptime import ModelSpec, describe_ranking
 from engine.workload import PendingJob
 from scheduling.choices import JobState
-from scheduling.models import Job, JobArray, Queue
-from scheduling.store import epoch
+from scheduling.models import Job, JobArray
+from scheduling.store import epoch, queue_names
 
 _ARRAYS_PER_STATEMENT = 200  # UNION ALL terms per statement (SQLite allows 500)
 _CHUNK = 10_000  # ids per IN (...) list
@@ -164,7 +164,7 @@ class PendingStore:
         the reason of jobs whose chip types were ranked. ``queues``: the queues' names by id, when
         the caller has read them already."""
         if queues is None:
-            queues = dict(Queue.objects.values_list("id", "name"))
+            queues = queue_names()
         key = (connection.alias, connection.settings_dict["NAME"], tuple(sorted(queues.items())))
         if key != self._key:
             self._key, self._jobs = key, {}

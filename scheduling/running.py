@@ -26,7 +26,7 @@ from engine.steps.state import RunningIndex
 from engine.workload import RunningJob
 from scheduling.choices import JobState
 from scheduling.models import Job, RunningTotals
-from scheduling.store import Names, allocations, epoch, fold_totals, load_queues_and_names
+from scheduling.store import Names, allocations, epoch, fold_totals, load_names
 
 # the columns the engine reads, in RunningJob's order after the queue and chip names
 COLUMNS = (
@@ -103,9 +103,7 @@ class RunningStore:
     def load(self, names: Names | None = None) -> list[RunningJob]:
         """Every running job, by id, with the GPUs it holds (snapshot indices). ``names``: the
         queues' and chip types' names by id, when the caller has read them already."""
-        if names is None:
-            names = load_queues_and_names()[1]
-        queues, chips = names
+        queues, chips = names or load_names()
         key = (
             connection.alias,
             connection.settings_dict["NAME"],

@@ -427,24 +427,24 @@ class Names(NamedTuple):
     chips: dict[int, str]
 
 
-_QUEUE_FIELDS = (
-    "id",
-    "name",
-    "cohort__name",
-    "priority",
-    "weight",
-    "reclaim_within_cohort",
-    "within_queue",
-    "stopped",
-    "queueing_strategy",
-    "head_wait_s",
-    "may_use_spares",
-    "borrow_preempt_max_priority",
-    "quotas__chip_type__name",
-    "quotas__nominal",
-    "quotas__borrowing_limit",
-    "quotas__lending_limit",
+_QUEUE_FIELDS = (  # a queue's settings, then one quota per row (None without quotas)
+    *("id", "name", "cohort__name", "priority", "weight", "reclaim_within_cohort", "within_queue"),
+    *("stopped", "queueing_strategy", "head_wait_s", "may_use_spares", "borrow_preempt_max_priority"),
+    *("quotas__chip_type__name", "quotas__nominal", "quotas__borrowing_limit", "quotas__lending_limit"),
 )
+
+
+def queue_names() -> dict[int, str]:
+    return dict(Queue.objects.values_list("id", "name"))
+
+
+def chip_names() -> dict[int, str]:
+    return dict(ChipType.objects.values_list("id", "name"))
+
+
+def load_names() -> Names:
+    """The names alone, for a reader that does not need the queues' settings."""
+    return Names(queue_names(), chip_names())
 
 
 def load_queues_and_names() -> tuple[list[QueueSpec], Names]:
@@ -456,11 +456,11 @@ def load_queues_and_names() -> tuple[list[QueueSpec], Names]:
     for row in rows:
         grouped.setdefault(row[0], []).append(row)
     specs = []
-    for quotas in grouped.values():
+    for queue_rows in grouped.values():
         (_, name, cohort, priority, weight, reclaim, within, stopped, strategy, head_wait, spares, up_to) = (
-            quotas[0][:12]
+            queue_rows[0][:12]
         )
-        quotas = [q[12:] for q in quotas if q[12] is not None]
+        quotas = [q[12:] for q in queue_rows if q[12] is not None]
         specs.append(
             QueueSpec(
                 name=name,
@@ -480,7 +480,7 @@ def load_queues_and_names() -> tuple[list[QueueSpec], Names]:
             )
         )
     queues = {queue_id: rows[0][1] for queue_id, rows in grouped.items()}
-    return specs, Names(queues, dict(ChipType.objects.values_list("id", "name")))
+    return specs, Names(queues, chip_names())
 
 
 def load_queues() -> list[QueueSpec]:
