@@ -137,6 +137,29 @@ def test_machine_calls_get_the_answers_of_the_full_request_cycle(apps, queues, o
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True)
+def test_remembered_paths_answer_for_their_own_object_and_the_memory_stays_bounded(
+    apps, queues, operator, monkeypatch
+):
+    """The short path remembers where each path resolves: each job's page answers with that job
+    however often and in whatever order it is asked, and past the limit the memory starts again."""
+    _, short, _ = apps
+    monkeypatch.setattr("config.machine_api.RESOLVED_PATHS", 3)
+    op = {"Authorization": f"Token {Token.objects.create(user=operator).key}"}
+    js = {"Content-Type": "application/json"}
+    ids = []
+    for gpus in (1, 2, 4, 8):
+        body = json.dumps({"queue": "vision", "gpus": gpus, "chip_types": ["H100-SXM"], "topology": "any"})
+        status, _, answer = _call(short, "POST", "/api/v1/jobs/", {**op, **js}, body.encode())
+        assert status == 201, answer
+        ids.append(json.loads(answer)["id"])
+    for job_id in [*ids, *reversed(ids), *ids]:
+        status, _, answer = _call(short, "GET", f"/api/v1/jobs/{job_id}/", op)
+        assert status == 200 and json.loads(answer)["id"] == job_id
+        assert len(short.handler.resolved) <= 3
+    assert _call(short, "GET", "/api/v1/jobs/999999/", op)[0] == 404
+
+
 def test_browsers_and_anonymous_calls_go_the_full_way(apps, queues, operator):
     full, short, served = apps
     assert _call(short, "GET", "/api/v1/jobs/", {})[0] == 401  # anonymous

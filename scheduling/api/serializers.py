@@ -71,6 +71,15 @@ class QueueNameField(serializers.SlugRelatedField):
         return found[0]
 
 
+def _shallow(field):
+    """What ``copy.copy`` makes of a field (a new instance of its class holding the same attribute
+    values), without the pickling protocol ``copy.copy`` goes through, which cost a submit 0.1 ms
+    for its forty fields."""
+    new = object.__new__(type(field))
+    new.__dict__.update(field.__dict__)
+    return new
+
+
 class JobSerializer(serializers.ModelSerializer):
     queue = QueueNameField(slug_field="name", queryset=Queue.objects.all())
     chip_types = serializers.ListField(child=serializers.CharField(), required=False, default=list)
@@ -208,7 +217,7 @@ class JobSerializer(serializers.ModelSerializer):
         if cached is None:
             cached = JobSerializer._field_cache[cls] = super().get_fields()
         return {
-            name: copy.deepcopy(field) if isinstance(field, serializers.BaseSerializer) else copy.copy(field)
+            name: copy.deepcopy(field) if isinstance(field, serializers.BaseSerializer) else _shallow(field)
             for name, field in cached.items()
         }
 
