@@ -11,7 +11,7 @@ import numpy as np
 
 from engine.placement import LEVELS, level_limit
 from engine.steps.admission import admit_placed, record_admission
-from engine.steps.preemption import victim_candidates
+from engine.steps.preemption import eviction_reason, victim_candidates
 from engine.steps.spanning import admit_elastic_or_span, spans
 from engine.steps.state import CycleState
 from engine.workload import MILLI, PendingJob, Resize, RunningJob
@@ -48,6 +48,10 @@ def admit_by_shrinking(
     s: CycleState, qi: int, job: PendingJob, c: int, max_level: int, own: bool = True
 ) -> bool:
     """Make room by shrinking elastic jobs the policies would let this job evict."""
+    if s.any_shrinkable is None:  # no job becomes shrinkable within a cycle: asked once
+        s.any_shrinkable = any(j.shrinkable for j in s.running)
+    if not s.any_shrinkable:
+        return False
     candidates = [
         (v, why) for v, why in victim_candidates(s, qi, job, c, own) if v.shrinkable and v.id not in s.resized
     ]
@@ -55,7 +59,7 @@ def admit_by_shrinking(
         return False
     candidates.sort(key=lambda vc: (vc[0].priority, -len(vc[0].held)))
     trial = s.pools.open.copy()
-    chosen: list[tuple[RunningJob, str, np.ndarray]] = []
+    chosen: list[tuple[RunningJob, int, np.ndarray]] = []
 
     def deficit() -> int:
         quota_short = job.gpus - (quota_headroom(s, qi, c, list(range(job.gpus, 0, -1))) or 0)
@@ -85,7 +89,8 @@ def admit_by_shrinking(
         s.pools.give(usable)
         keep = np.setdiff1d(victim.held, release)
         replace_running(s, victim, replace(victim, held=keep))
-        reason = f"shrunk from {len(victim.held)} to {len(keep)} GPUs for job {job.id} ({why})"
+        because = eviction_reason(s, qi, job, c, victim, why)
+        reason = f"shrunk from {len(victim.held)} to {len(keep)} GPUs for job {job.id} ({because})"
         s.result.resizes.append(
             Resize(victim.id, len(victim.held), keep, np.empty(0, np.int64), release, reason, job.id)
         )

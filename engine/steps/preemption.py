@@ -12,27 +12,33 @@ from engine.steps.admission import charge, record_admission
 from engine.steps.state import CycleState
 from engine.workload import PendingJob, Preemption, Reclaim, RunningJob, WithinQueue
 
-
 # --- 4. preemption -------------------------------------------------------------------
+# why a candidate would go: it lends quota the job's queue reclaims; it is the queue's own
+# lower-priority work; the same, with borrowed quota taken back first and not enough alone
+RECLAIMED, OWN, OWN_AFTER_RECLAIM = 0, 1, 2
+
+
 def victim_candidates(
     s: CycleState, qi: int, job: PendingJob, c: int, own: bool = True
-) -> list[tuple[RunningJob, str]]:
-    """Jobs ``job`` may evict on chip ``c``, in the order they go (Kueue's rules): first jobs
-    of queues borrowing from the cohort, when this queue reclaims its nominal quota; then, if
-    ``own``, its own queue's lower-priority jobs; inside each group lowest priority first, then
-    least work since the last checkpoint. A job that would still borrow after evicting its own
-    queue's work preempts nothing unless its queue allows preempting while borrowing."""
+) -> list[tuple[RunningJob, int]]:
+    """Jobs ``job`` may evict on chip ``c``, with why (RECLAIMED, OWN, OWN_AFTER_RECLAIM), in the
+    order they go (Kueue's rules): first jobs of queues borrowing from the cohort, when this
+    queue reclaims its nominal quota; then, if ``own``, its own queue's lower-priority jobs;
+    inside each group lowest priority first, then least work since the last checkpoint. A job
+    that would still borrow after evicting its own queue's work preempts nothing unless its
+    queue allows preempting while borrowing. The reasons are worded for the victims chosen only
+    (``eviction_reason``): in a full cluster thousands of pending jobs weigh candidates each
+    cycle and evict none."""
     queue = s.queues[qi]
-    chip = s.topo.chip_names[c]
     cohort = s.quota.cohort_of[qi]
     mine = []
     if own and queue.within_queue == WithinQueue.LOWER_PRIORITY:
         running = s.running_by_queue_chip.get((qi, c), [])
         if running and job.priority > lowest_priority(s, qi, c, running):
-            mine = [
-                v for v in running if v.id not in s.victims and not v.fractional and v.priority < job.priority
-            ]
+            order = eviction_order(s, qi, c)
+            mine = [v for v in order if v.id not in s.victims and v.priority < job.priority]
     usage, nominal = s.quota.usage[qi, c], s.quota.nominal[qi, c]
+    chip = s.topo.chip_names[c]
     freeable = sum(dict(v.demand_by_chip()).get(chip, 0) for v in mine)
     within_nominal = usage - freeable + job.demand <= nominal
     s.borrow_blocked = None
@@ -51,29 +57,53 @@ def victim_candidates(
     reclaiming = (
         queue.reclaim_within_cohort != Reclaim.NEVER and cohort >= 0 and usage < nominal and within_nominal
     )
-    candidates = []
+    reclaimed: list[RunningJob] = []
     if reclaiming:
+        anyone = queue.reclaim_within_cohort == Reclaim.ANY
         for vq in np.flatnonzero(
             (s.quota.cohort_of == cohort) & (s.quota.usage[:, c] > s.quota.nominal[:, c])
         ):
             if vq == qi:
                 continue
-            for victim in s.running_by_queue_chip.get((int(vq), c), []):
-                if victim.id in s.victims or victim.fractional:  # a shared GPU frees only when all leave
-                    continue
-                if queue.reclaim_within_cohort == Reclaim.ANY or victim.priority < job.priority:
-                    why = (
-                        f"preempted by job {job.id}: queue {queue.name} reclaims {chip} quota lent to "
-                        f"queue {victim.queue} (borrowed quota goes back first)"
-                    )
-                    candidates.append((0, victim, why))
-    for victim in mine:
-        why = f"preempted by higher-priority job {job.id} in queue {queue.name}"
-        if reclaiming:
-            why += " (its own lower-priority work, as borrowed quota alone was not enough)"
-        candidates.append((1, victim, why))
-    candidates.sort(key=lambda g: (g[0], g[1].priority, g[1].lost_work(s.now), -g[1].started_at))
-    return [(victim, why) for _, victim, why in candidates]
+            reclaimed += [
+                v
+                for v in eviction_order(s, int(vq), c)
+                if v.id not in s.victims and (anyone or v.priority < job.priority)
+            ]
+        if len(reclaimed) > 1:  # several lenders: one order over them all
+            reclaimed.sort(key=s.eviction_keys.__getitem__)
+    mine_why = OWN_AFTER_RECLAIM if reclaiming else OWN
+    return [(v, RECLAIMED) for v in reclaimed] + [(v, mine_why) for v in mine]
+
+
+def eviction_order(s: CycleState, qi: int, c: int) -> list[RunningJob]:
+    """Queue ``qi``'s whole-GPU jobs on chip ``c`` (a shared GPU frees only when all its jobs
+    leave) in the order they would be evicted: lowest priority, then least work since the last
+    checkpoint, then the latest started. Sorted once a cycle (a list replaced by a resize is
+    sorted again); the jobs chosen as victims are left out by the callers."""
+    running = s.running_by_queue_chip.get((qi, c), [])
+    cached = s.eviction_order.get((qi, c))
+    if cached is None or cached[0] is not running:
+        whole = [v for v in running if not v.fractional]
+        for v in whole:
+            s.eviction_keys[v] = (v.priority, v.lost_work(s.now), -v.started_at)
+        whole.sort(key=s.eviction_keys.__getitem__)
+        cached = s.eviction_order[(qi, c)] = (running, whole)
+    return cached[1]
+
+
+def eviction_reason(s: CycleState, qi: int, job: PendingJob, c: int, victim: RunningJob, why: int) -> str:
+    """The sentence a victim's eviction records, for ``why`` from ``victim_candidates``."""
+    queue = s.queues[qi].name
+    if why == RECLAIMED:
+        return (
+            f"preempted by job {job.id}: queue {queue} reclaims {s.topo.chip_names[c]} quota lent to "
+            f"queue {victim.queue} (borrowed quota goes back first)"
+        )
+    text = f"preempted by higher-priority job {job.id} in queue {queue}"
+    if why == OWN_AFTER_RECLAIM:
+        text += " (its own lower-priority work, as borrowed quota alone was not enough)"
+    return text
 
 
 def lowest_priority(s: CycleState, qi: int, c: int, running: list[RunningJob]) -> float:
@@ -201,6 +231,7 @@ def evict_and_place(s: CycleState, qi, job, c, level, domain, victims, usable, c
     gpus, lvl, dom = placed
     for victim, why in victims:
         s.victims.add(victim.id)
-        s.result.preemptions.append(Preemption(victim.id, job.id, why))
+        because = eviction_reason(s, qi, job, c, victim, why)
+        s.result.preemptions.append(Preemption(victim.id, job.id, because))
     record_admission(s, qi, job, c, gpus, lvl, dom, preempted=[v.id for v, _ in victims])
     return True

@@ -140,6 +140,9 @@ class CycleState:
         # spare pool only shrinks within a cycle)
         self.no_spare_room: dict[tuple[int, int], int] = {}
         self.lowest_cache: dict[tuple[int, int], tuple[list, float]] = {}  # engine.steps.preemption
+        self.eviction_order: dict[tuple[int, int], tuple[list, list]] = {}  # engine.steps.preemption
+        self.eviction_keys: dict = {}  # running job -> its place in the eviction order
+        self.any_shrinkable: bool | None = None  # engine.steps.elasticity, asked once a cycle
         self.reserved = np.zeros(self.topo.num_gpus, dtype=bool)
         self.horizon = float("inf")  # earliest reservation start
         self.reservation_attempts = 0
