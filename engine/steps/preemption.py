@@ -5,6 +5,8 @@ pools, quota, result)."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import numpy as np
 
 from engine.reasons import Reason
@@ -35,8 +37,7 @@ def victim_candidates(
     if own and queue.within_queue == WithinQueue.LOWER_PRIORITY:
         running = s.running_by_queue_chip.get((qi, c), [])
         if running and job.priority > lowest_priority(s, qi, c, running):
-            order = eviction_order(s, qi, c)
-            mine = [v for v in order if v.id not in s.victims and v.priority < job.priority]
+            mine = takeable(s, qi, c, below=job.priority)
     usage, nominal = s.quota.usage[qi, c], s.quota.nominal[qi, c]
     chip = s.topo.chip_names[c]
     freeable = sum(dict(v.demand_by_chip()).get(chip, 0) for v in mine)
@@ -59,28 +60,21 @@ def victim_candidates(
     )
     reclaimed: list[RunningJob] = []
     if reclaiming:
-        anyone = queue.reclaim_within_cohort == Reclaim.ANY
-        for vq in np.flatnonzero(
-            (s.quota.cohort_of == cohort) & (s.quota.usage[:, c] > s.quota.nominal[:, c])
-        ):
-            if vq == qi:
-                continue
-            reclaimed += [
-                v
-                for v in eviction_order(s, int(vq), c)
-                if v.id not in s.victims and (anyone or v.priority < job.priority)
-            ]
+        below = None if queue.reclaim_within_cohort == Reclaim.ANY else job.priority
+        for vq in borrowers(s, cohort, c):
+            if vq != qi:
+                reclaimed += takeable(s, vq, c, below)
         if len(reclaimed) > 1:  # several lenders: one order over them all
             reclaimed.sort(key=s.eviction_keys.__getitem__)
     mine_why = OWN_AFTER_RECLAIM if reclaiming else OWN
     return [(v, RECLAIMED) for v in reclaimed] + [(v, mine_why) for v in mine]
 
 
-def eviction_order(s: CycleState, qi: int, c: int) -> list[RunningJob]:
+def eviction_order(s: CycleState, qi: int, c: int) -> tuple[list[RunningJob], list[int]]:
     """Queue ``qi``'s whole-GPU jobs on chip ``c`` (a shared GPU frees only when all its jobs
     leave) in the order they would be evicted: lowest priority, then least work since the last
-    checkpoint, then the latest started. Sorted once a cycle (a list replaced by a resize is
-    sorted again); the jobs chosen as victims are left out by the callers."""
+    checkpoint, then the latest started; and their priorities. Sorted once a cycle (a list
+    replaced by a resize is sorted again)."""
     running = s.running_by_queue_chip.get((qi, c), [])
     cached = s.eviction_order.get((qi, c))
     if cached is None or cached[0] is not running:
@@ -88,7 +82,28 @@ def eviction_order(s: CycleState, qi: int, c: int) -> list[RunningJob]:
         for v in whole:
             s.eviction_keys[v] = (v.priority, v.lost_work(s.now), -v.started_at)
         whole.sort(key=s.eviction_keys.__getitem__)
-        cached = s.eviction_order[(qi, c)] = (running, whole)
+        cached = s.eviction_order[(qi, c)] = (running, (whole, [v.priority for v in whole]))
+    return cached[1]
+
+
+def takeable(s: CycleState, qi: int, c: int, below: float | None) -> list[RunningJob]:
+    """Queue ``qi``'s jobs on chip ``c`` in eviction order that are not victims already and,
+    unless ``below`` is None, of a priority below ``below``."""
+    order, priorities = eviction_order(s, qi, c)
+    if below is not None:
+        order = order[: bisect_left(priorities, below)]
+    return [v for v in order if v.id not in s.victims]
+
+
+def borrowers(s: CycleState, cohort: int, c: int) -> list[int]:
+    """The queues of ``cohort`` using more of chip ``c`` than their nominal quota. Quota moves
+    only with the cycle's admissions, evictions and resizes, so the answer is kept until one of
+    those happens (a full cluster asks it for each of thousands of pending jobs)."""
+    moved = (len(s.result.admissions), len(s.result.preemptions), len(s.result.resizes))
+    cached = s.borrowers.get((cohort, c))
+    if cached is None or cached[0] != moved:
+        over = (s.quota.cohort_of == cohort) & (s.quota.usage[:, c] > s.quota.nominal[:, c])
+        cached = s.borrowers[(cohort, c)] = (moved, np.flatnonzero(over).tolist())
     return cached[1]
 
 

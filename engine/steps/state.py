@@ -142,6 +142,7 @@ class CycleState:
         self.lowest_cache: dict[tuple[int, int], tuple[list, float]] = {}  # engine.steps.preemption
         self.eviction_order: dict[tuple[int, int], tuple[list, list]] = {}  # engine.steps.preemption
         self.eviction_keys: dict = {}  # running job -> its place in the eviction order
+        self.borrowers: dict[tuple[int, int], tuple[tuple, list[int]]] = {}  # (cohort, chip) -> queues
         self.any_shrinkable: bool | None = None  # engine.steps.elasticity, asked once a cycle
         self.reserved = np.zeros(self.topo.num_gpus, dtype=bool)
         self.horizon = float("inf")  # earliest reservation start
