@@ -140,7 +140,8 @@ class CycleState:
         # spare pool only shrinks within a cycle)
         self.no_spare_room: dict[tuple[int, int], int] = {}
         self.lowest_cache: dict[tuple[int, int], tuple[list, float]] = {}  # engine.steps.preemption
-        self.eviction_order: dict[tuple[int, int], tuple[list, list]] = {}  # engine.steps.preemption
+        # (queue, chip) -> (its running list, (its jobs in eviction order, their priorities))
+        self.eviction_order: dict[tuple[int, int], tuple[list, tuple[list, list]]] = {}
         self.eviction_keys: dict = {}  # running job -> its place in the eviction order
         self.borrowers: dict[tuple[int, int], tuple[tuple, list[int]]] = {}  # (cohort, chip) -> queues
         self.any_shrinkable: bool | None = None  # engine.steps.elasticity, asked once a cycle
