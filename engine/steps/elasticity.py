@@ -52,9 +52,7 @@ def admit_by_shrinking(
         s.any_shrinkable = any(j.shrinkable for j in s.running)
     if not s.any_shrinkable:
         return False
-    candidates = [
-        (v, why) for v, why in victim_candidates(s, qi, job, c, own) if v.shrinkable and v.id not in s.resized
-    ]
+    candidates = [(v, why) for v, why in victim_candidates(s, qi, job, c, own) if v.shrinkable]
     if not candidates:
         return False
     candidates.sort(key=lambda vc: (vc[0].priority, -len(vc[0].held)))

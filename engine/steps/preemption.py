@@ -87,12 +87,14 @@ def eviction_order(s: CycleState, qi: int, c: int) -> tuple[list[RunningJob], li
 
 
 def takeable(s: CycleState, qi: int, c: int, below: float | None) -> list[RunningJob]:
-    """Queue ``qi``'s jobs on chip ``c`` in eviction order that are not victims already and,
-    unless ``below`` is None, of a priority below ``below``."""
+    """Queue ``qi``'s jobs on chip ``c`` in eviction order that are neither victims already nor
+    shrunk this cycle (a job shrunk for one job is not then evicted for another: its shrink and
+    its eviction would be two changes to one job in one cycle) and, unless ``below`` is None, of
+    a priority below ``below``."""
     order, priorities = eviction_order(s, qi, c)
     if below is not None:
         order = order[: bisect_left(priorities, below)]
-    return [v for v in order if v.id not in s.victims]
+    return [v for v in order if v.id not in s.victims and v.id not in s.resized]
 
 
 def borrowers(s: CycleState, cohort: int, c: int) -> list[int]:
