@@ -109,9 +109,8 @@ def apply_decisions(
         )
         _link_loads(result, snapshot, now)
         _plan_admitted(result, snapshot, now, events, decided.modelled)
-    single = {a.job_id for a in result.admissions if len(a.held) == 1}
-    shares = {j: share for j, share in decided.shares.items() if j in single}
-    written = allocations.insert(rows, now, shares) if rows else None
+    # a job that shares a GPU asks for one (a constraint of the job table): its share is its row's
+    written = allocations.insert(rows, now, decided.shares) if rows else None
 
     # 4. pending reasons (jobs whose chip types were ranked say so)
     for job_id, ranking in (ranked or {}).items():
