@@ -226,7 +226,7 @@ SPAN_POLICY = env_choice("MYRIAD_SPAN_POLICY", "pays", ("never", "whenever", "pa
 SPAN_MARGIN = env_float("MYRIAD_SPAN_MARGIN", 0.1, minimum=0.0)
 LINK_MAX_SHARE = env_float("MYRIAD_LINK_MAX_SHARE", 0.9, minimum=0.01)
 # a job crossing a link that became this much slower than in one datacenter (lanes lost) moves
-# into one datacenter or shrinks into one (elastic) when that finishes sooner (engine.sites.replan)
+# into one datacenter or shrinks into one (elastic) when that finishes sooner (engine.linkreplan.replan)
 SPAN_REPLAN_SLOWDOWN = env_float("MYRIAD_SPAN_REPLAN_SLOWDOWN", 0.2, minimum=0.0)
 AUTOSCALE_INTERVAL_S = env_int("MYRIAD_AUTOSCALE_INTERVAL_S", 30, minimum=1)
 SIMULATED_FLEET = env_bool("MYRIAD_SIMULATED_FLEET", False)

@@ -22,10 +22,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import NamedTuple
 
-from engine.physics import Physics
 from engine.reasons import duration
-from engine.steptime import MODELS, Fabric, ModelSpec, NoFeasiblePlan, _ranked, best_plan
+from engine.stagecut import chain, cut_plan
+from engine.stagecut import describe as describe_stages
+from engine.steptime import MODELS, Fabric, ModelSpec, NoFeasiblePlan, Plan, _ranked, one_site_table
 
 LINK_STATES = ("up", "degraded", "down")
 SPAN_POLICIES = ("never", "whenever", "pays")
@@ -156,12 +158,23 @@ class SpanCost:
     one_step_s: float
     span_step_s: float
     loads: tuple[tuple[tuple[int, int], float], ...]  # (link, bytes/s) the job would take
-    stages: tuple[tuple[int, int], ...]  # (datacenter, whole model replicas there) per datacenter
+    # "replicas": (datacenter, whole model replicas there), by datacenter; "stages": (datacenter,
+    # pipeline stages of every replica there), in pipeline order (engine.stagecut)
+    stages: tuple[tuple[int, int], ...]
     plan: str  # e.g. "TP8 PP4 DP32"
+    cut: str = "replicas"  # what each datacenter holds: whole replicas, or whole pipeline stages
 
     @property
     def slowdown(self) -> float:
         return self.span_step_s / self.one_step_s - 1.0
+
+    def layout(self, names: dict[int, str]) -> str:
+        """Which part of the job runs where, e.g. "TP8 PP16 DP64, stages 1-10 in bj1, 11-16 in
+        bj2" or "TP8 PP4 DP32, replicas: 24 in bj1, 8 in bj2"."""
+        if self.cut == "stages":
+            return f"{self.plan}, {describe_stages(self.stages, names)}"
+        each = ", ".join(f"{n} in {names.get(dc, str(dc))}" for dc, n in self.stages)
+        return f"{self.plan}, replicas: {each}"
 
 
 @lru_cache(maxsize=8192)
@@ -170,9 +183,9 @@ def _step(model: ModelSpec, chip: str, gpus: int, k: int, link_gbytes: float, la
     only plans that keep whole model replicas (TP x PP GPUs, a divisor of ``whole``: the GCD of
     the GPUs in each) inside each datacenter qualify: tensor and pipeline traffic never crosses
     a link, the gradients' all-reduce does."""
-    fabric = Fabric()
     if k == 1:
-        return best_plan(model, chip, gpus, fabric=fabric, span_level=DATACENTER_LEVEL)
+        return one_site_table(model, chip, gpus, DATACENTER_LEVEL).build(0)
+    fabric = Fabric()
     lat = list(fabric.latency_s)
     lat[4] = latency_s
     fabric = replace(fabric, datacenter_link_gbps=link_gbytes, latency_s=tuple(lat))
@@ -195,14 +208,13 @@ def replica_sizes(model: ModelSpec | None, chip: str, gpus: int, most: int = 6) 
     best plan first, distinct, at most ``most``: the quanta a split across datacenters may keep
     whole ((1,) when no plan fits)."""
     try:
-        build, order = _ranked(model or MODELS[DEFAULT_MODEL], chip, gpus, None, DATACENTER_LEVEL, 1, None)
+        table = one_site_table(model or MODELS[DEFAULT_MODEL], chip, gpus, DATACENTER_LEVEL)
     except (NoFeasiblePlan, KeyError):
         return (1,)
     sizes: list[int] = []
-    for i in order:
-        plan = build(int(i))
-        if plan.tp * plan.pp not in sizes:
-            sizes.append(plan.tp * plan.pp)
+    for size in (table.tp * table.pp).tolist():
+        if size not in sizes:
+            sizes.append(size)
             if len(sizes) == most:
                 break
     return tuple(sizes) or (1,)
@@ -230,15 +242,56 @@ def replica_split(free: dict[int, int], gpus: int, quantum: int) -> dict[int, in
     return None if rest else split
 
 
-def span_plan(model: ModelSpec, chip: str, split: dict[int, int], room_bytes: float, latency_s: float):
-    """The best plan on ``split`` ({datacenter: GPUs}) with ``room_bytes`` per second left on the
-    slowest link it crosses (None: no plan keeps whole replicas in each datacenter)."""
+class SitePlan(NamedTuple):
+    """A job's plan across datacenters: the plan, what each datacenter holds (``cut``:
+    "replicas" or "stages") and how many of them, per datacenter (stages in pipeline order), and
+    the bytes per step it sends over each link it crosses."""
+
+    plan: Plan
+    cut: str
+    parts: tuple[tuple[int, int], ...]
+    bytes_per_step: float = 0.0
+
+
+PLAN_TOLERANCE = 0.01  # of the plans within 1% of the fastest step, the one taking least of the links
+
+
+def fastest(options, step, load):
+    """The plan to run of ``options``: of those within PLAN_TOLERANCE of the fastest ``step``, the
+    one with the least ``load`` on the links (links are shared: several times the load for a
+    tenth of a percent of speed is a poor trade). None without options."""
+    if not options:
+        return None
+    best = min(step(o) for o in options)
+    return min((o for o in options if step(o) <= best * (1 + PLAN_TOLERANCE)), key=load)
+
+
+def span_plan(
+    model: ModelSpec, chip: str, split: dict[int, int], room_bytes: float, latency_s: float
+) -> SitePlan | None:
+    """The plan on ``split`` ({datacenter: GPUs}) with ``room_bytes`` per second left on the
+    slowest link it crosses: whole replicas in each datacenter, or the pipeline cut at the links,
+    chosen as ``fastest`` does (None: neither fits the split)."""
     gpus = sum(split.values())
     if len(split) < 2:
-        return _step(model, chip, gpus, 1, 0.0, 0.0, 0)
-    return _step(
-        model, chip, gpus, len(split), _round(room_bytes / 1e9), latency_s, math.gcd(*split.values())
-    )
+        return SitePlan(_step(model, chip, gpus, 1, 0.0, 0.0, 0), "replicas", ((*split, gpus),))
+    options = []
+    k = len(split)
+    whole = _step(model, chip, gpus, k, _round(room_bytes / 1e9), latency_s, math.gcd(*split.values()))
+    if whole is not None:
+        replica = whole.tp * whole.pp
+        parts = tuple((d, n // replica) for d, n in sorted(split.items()))
+        options.append(SitePlan(whole, "replicas", parts, _gradient_bytes(model, k)))
+    cut = cut_plan(model, chip, tuple(sorted(split.items())), room_bytes, latency_s)
+    if cut is not None:
+        options.append(SitePlan(cut.plan, "stages", cut.stages, cut.bytes_per_step))
+    return fastest(options, lambda o: o.plan.step_s, lambda o: o.bytes_per_step / o.plan.step_s)
+
+
+def _gradient_bytes(model: ModelSpec, k: int) -> float:
+    """Bytes per step over each link of the ring: the shards' all-reduce sends 2(k-1)/k x 2 bytes
+    per parameter."""
+    return 2 * (k - 1) / k * 2.0 * model.params
 
 
 def why_not(split: dict[int, int], links: SiteLinks) -> str:
@@ -253,11 +306,26 @@ def span_cost(
     chip: str,
     split: dict[int, int],
     links: SiteLinks,
+    cuts: tuple[str, ...] = ("replicas", "stages"),
 ) -> SpanCost | None:
-    """The cost of running ``model`` on ``split`` ({datacenter: GPUs}) over ``links``; None when
-    a link it needs has no room left (absent, down, or already at its share) or no plan keeps
-    whole replicas in each datacenter."""
+    """The cost of running ``model`` on ``split`` ({datacenter: GPUs}) over ``links``, the faster
+    of whole replicas in each datacenter and the pipeline cut at the links (engine.stagecut; only
+    those in ``cuts``); None when none has a plan whose links have room left (absent, down, or
+    already at their share)."""
     model = model or MODELS[DEFAULT_MODEL]
+    try:
+        one = _step(model, chip, sum(split.values()), 1, 0.0, 0.0, 0)
+    except (NoFeasiblePlan, KeyError):
+        return None
+    costs = {"replicas": _replicas_cost, "stages": _cut_cost}
+    options = [c for c in (costs[cut](model, chip, split, links, one) for cut in cuts) if c]
+    return fastest(options, lambda c: c.span_step_s, lambda c: sum(load for _, load in c.loads))
+
+
+def _replicas_cost(
+    model: ModelSpec, chip: str, split: dict[int, int], links: SiteLinks, one
+) -> SpanCost | None:
+    """Whole replicas in each datacenter: the gradients' all-reduce crosses a ring of links."""
     dcs = tuple(sorted(split))
     gpus = sum(split.values())
     pairs = ring(dcs)
@@ -266,7 +334,6 @@ def span_cost(
         return None
     latency_s = max(links.links[p].latency_ms for p in pairs) / 1000.0
     try:
-        one = _step(model, chip, gpus, 1, 0.0, 0.0, 0)
         # the ring's slowest link bounds the all-reduce: rounded to 3 digits so that the cache holds
         span = _step(
             model, chip, gpus, len(dcs), _round(min(room) / 1e9), latency_s, math.gcd(*split.values())
@@ -276,8 +343,7 @@ def span_cost(
     if span is None:
         return None
     k = len(dcs)
-    # the shards' all-reduce sends 2(k-1)/k x 2 bytes per parameter over each link of the ring
-    per_link = min(2 * (k - 1) / k * 2.0 * model.params / span.step_s, min(room))
+    per_link = min(_gradient_bytes(model, k) / span.step_s, min(room))
     replica = span.tp * span.pp
     return SpanCost(
         dcs=dcs,
@@ -286,6 +352,34 @@ def span_cost(
         loads=tuple((p, per_link) for p in pairs),
         stages=tuple((dc, n // replica) for dc, n in sorted(split.items())),
         plan=f"TP{span.tp} PP{span.pp} DP{span.dp}",
+    )
+
+
+def _cut_cost(model: ModelSpec, chip: str, split: dict[int, int], links: SiteLinks, one) -> SpanCost | None:
+    """The pipeline cut at the links: activations cross a chain of links (engine.stagecut)."""
+    dcs = tuple(sorted(split))
+    room = {(a, b): links.headroom((a, b)) for i, a in enumerate(dcs) for b in dcs[i + 1 :]}
+    order = chain(split, room)
+    if order is None:
+        return None
+    pairs = [(min(a, b), max(a, b)) for a, b in zip(order, order[1:], strict=False)]
+    least = min(room[p] for p in pairs)
+    latency_s = max(links.links[p].latency_ms for p in pairs) / 1000.0
+    try:
+        cut = cut_plan(model, chip, tuple((dc, split[dc]) for dc in order), least, latency_s)
+    except KeyError:
+        return None
+    if cut is None:
+        return None
+    load = min(cut.bytes_per_step / cut.plan.step_s, least)
+    return SpanCost(
+        dcs=dcs,
+        one_step_s=one.step_s,
+        span_step_s=cut.plan.step_s,
+        loads=tuple((p, load) for p in pairs),
+        stages=cut.stages,
+        plan=f"TP{cut.plan.tp} PP{cut.plan.pp} DP{cut.plan.dp}",
+        cut="stages",
     )
 
 
@@ -326,15 +420,16 @@ def decide(
     run_s = duration_s if duration_s is not None else DEFAULT_DURATION_S
     extra = cost.slowdown * run_s
     slower = f"{cost.slowdown * 100:.1f}% slower (+{duration(extra)} over {duration(run_s)})"
+    plan = f"; {cost.layout(names)}"
     if policy == "whenever":
-        return SpanChoice(True, f"spans {where} over {over}: {slower} (policy whenever)", cost, wait_s)
+        return SpanChoice(True, f"spans {where} over {over}: {slower} (policy whenever){plan}", cost, wait_s)
     if wait_s is None or wait_s > extra * (1 + margin):
         starts = (
             "no datacenter has an estimated time to hold it"
             if wait_s is None
             else (f"starts now instead of in about {duration(wait_s)} in {wait_in}")
         )
-        return SpanChoice(True, f"spans {where} over {over}: {slower}, {starts}", cost, wait_s)
+        return SpanChoice(True, f"spans {where} over {over}: {slower}, {starts}{plan}", cost, wait_s)
     return SpanChoice(
         False,
         f"waits for {wait_in} (about {duration(wait_s)}) rather than span {where}: {slower}",
@@ -370,16 +465,13 @@ def shrink_or_span(
     if gain is not None:
         figures += f", {gain:.2f}x the throughput of the {inside_gpus} GPUs one datacenter holds now"
     if policy == "whenever" or gain is None or gain > 1 + margin:
-        return SpanChoice(True, f"spans {where} over {over} at {gpus} GPUs: {figures}", cost)
+        note = f"spans {where} over {over} at {gpus} GPUs: {figures}; {cost.layout(names)}"
+        return SpanChoice(True, note, cost)
     return SpanChoice(
         False,
         f"runs at the {inside_gpus} GPUs one datacenter holds rather than span {where}: {figures}",
         cost,
     )
-
-
-# --- re-planning a job that crosses a link --------------------------------------------
-DEFAULT_REPLAN_SLOWDOWN = 0.2  # a crossing job slower than this over one datacenter is re-planned
 
 
 def one_site_step_s(model: ModelSpec | None, chip: str, gpus: int) -> float | None:
@@ -389,61 +481,3 @@ def one_site_step_s(model: ModelSpec | None, chip: str, gpus: int) -> float | No
     except (NoFeasiblePlan, KeyError):
         return None
     return plan.step_s if plan is not None else None
-
-
-def move_seconds(
-    gpus: int, state_bytes: float, unsaved_s: float, saves: bool, ph: Physics | None = None
-) -> float:
-    """Training time a move costs a running job: a save (or, when its policy cannot save on
-    demand, the work since its last checkpoint), rescheduling, process start and communicators on
-    the new GPUs, and the checkpoint loaded back from durable storage."""
-    ph = ph or Physics()
-    bandwidth = ph.storage_gbps(gpus) * 1e9
-    save = state_bytes / bandwidth if saves else unsaved_s
-    return save + ph.reschedule_s + ph.process_start_s + ph.comm_init_s(gpus) + state_bytes / bandwidth
-
-
-@dataclass(frozen=True)
-class Replan:
-    action: str  # "stay", "move" (wholly into one datacenter), "shrink" (to its GPUs in one)
-    note: str  # why, with the numbers
-    finish_s: float  # time to do the remaining work this way
-
-
-def replan(
-    slowdown: float,
-    remaining_s: float,
-    *,
-    threshold: float = DEFAULT_REPLAN_SLOWDOWN,
-    move_s: float | None = None,
-    move_to: str = "",
-    shrink_speed: float | None = None,
-    shrink_gpus: int = 0,
-) -> Replan:
-    """What a job crossing a link does once its step time changed. ``slowdown``: its step time
-    across the link over inside one datacenter, less 1; ``remaining_s``: its work left, in
-    seconds at full speed. Within the threshold it stays. Past it, whichever finishes sooner:
-    stay (remaining x (1 + slowdown)), move wholly into ``move_to``, a datacenter that holds it
-    now (``move_s`` + remaining), or, elastic, shrink to its ``shrink_gpus`` GPUs inside one
-    datacenter (remaining / ``shrink_speed``: its throughput there over at full size)."""
-    slower = f"{slowdown * 100:.1f}% slower across the link than in one datacenter"
-    stay = remaining_s * (1 + slowdown)
-    lost = f"+{duration(stay - remaining_s)} over {duration(remaining_s)}"
-    if slowdown <= threshold:
-        return Replan("stay", f"{slower}, within the {threshold:.0%} threshold: stays", stay)
-    options = [("stay", stay, "", "")]
-    if move_s is not None:
-        options.append(("move", remaining_s + move_s, f"moves into {move_to}", f"moving into {move_to}"))
-    if shrink_speed:
-        kept = f"to its {shrink_gpus} GPUs in one datacenter"
-        options.append(("shrink", remaining_s / shrink_speed, f"shrinks {kept}", f"shrinking {kept}"))
-    action, finish, chosen, _ = min(options, key=lambda o: o[1])
-    if action != "stay":
-        costs = f" (the move costs {duration(move_s)})" if action == "move" else ""
-        return Replan(action, f"{slower} ({lost}): {chosen}{costs}, done in {duration(finish)}", finish)
-    if len(options) == 1:
-        why = "no datacenter holds it now and it cannot shrink into one"
-    else:
-        why = "; ".join(f"{o[3]} would take {duration(o[1])}" for o in options[1:])
-        why += f" against {duration(stay)}"
-    return Replan("stay", f"{slower} ({lost}): stays, {why}", stay)

@@ -35,7 +35,10 @@ TP8 PP16 DP128 comes out at about 6 s per step (published 38-43% MFU).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -254,6 +257,44 @@ def _ranked(model, chip, gpus, fabric, span_level, datacenters, fixed, keep=None
     """Evaluate the plan grid; returns a builder of Plan objects and the feasible plans' indices,
     fastest first (ties go to fewer pipeline stages and no recomputation). ``keep(tp, pp, dp)``:
     a mask over the grid of the plans that may be chosen at all (None: all that fit memory)."""
+    build, order, _ = _table(model, chip, gpus, fabric, span_level, datacenters, fixed, keep)
+    return build, order
+
+
+class PlanTable(NamedTuple):
+    """Every feasible plan on some GPUs, fastest first: ``build(i)`` makes the i-th a Plan;
+    the arrays are per plan in that order (parts: seconds per step by term)."""
+
+    build: Callable[[int], Plan]
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    virtual_stages: np.ndarray
+    micro_batch: np.ndarray
+    recompute: np.ndarray
+    micro_batches: np.ndarray
+    step: np.ndarray
+    memory: np.ndarray
+    parts: dict[str, np.ndarray]
+
+
+@lru_cache(maxsize=512)
+def one_site_table(model: ModelSpec, chip: str, gpus: int, span_level: int) -> PlanTable:
+    """Every feasible plan for ``model`` on ``gpus`` of ``chip`` whose GPUs span ``span_level`` at
+    most (default fabric, one datacenter), fastest first, evaluated once for every caller that
+    reads the same plans (raises NoFeasiblePlan when none fits)."""
+    build, order, (t, p, d, v, b, rc, m, step, memory, parts) = _table(
+        model, chip, gpus, None, span_level, 1, None
+    )
+    return PlanTable(
+        lambda i: build(int(order[i])),
+        *(a[order] for a in (t, p, d, v, b, rc, m, step, memory)),
+        {k: val[order] for k, val in parts.items()},
+    )
+
+
+def _table(model, chip, gpus, fabric, span_level, datacenters, fixed, keep=None):
+    """``_ranked``, and the evaluated grid: (t, p, d, v, b, rc, m, step, memory, parts)."""
     fabric = fabric or Fabric()
     spec = BY_NAME[chip] if isinstance(chip, str) else chip
     if gpus <= 0:
@@ -295,7 +336,7 @@ def _ranked(model, chip, gpus, fabric, span_level, datacenters, fixed, keep=None
             breakdown={k: float(val[i]) for k, val in parts.items()},
         )
 
-    return build, order
+    return build, order, (t, p, d, v, b, rc, m, step, memory, parts)
 
 
 def plans(

@@ -8,6 +8,7 @@ import numpy as np
 from cluster.models import Datacenter, DatacenterLink
 from engine.mixedplan import mixed_plan
 from engine.sites import one_site_step_s, span_plan
+from engine.stagecut import describe as describe_stages
 from engine.steptime import SPAN_LEVELS, Fabric, ModelSpec, NoFeasiblePlan, best_plan, rank_chips
 from scheduling import sites
 from scheduling.choices import EventKind
@@ -52,8 +53,9 @@ def _fabric(dc_ids: list[int]) -> Fabric:
 
 
 def _across_sites(job, model, chip: str, snapshot, held: np.ndarray, dc_ids: list[int]) -> dict:
-    """The plan of a job across datacenters (engine.sites: whole replicas in each datacenter, the
-    gradients over what the links leave it), with its replicas per datacenter."""
+    """The plan of a job across datacenters (engine.sites.span_plan: whole replicas in each
+    datacenter, the gradients over what the links leave it, or the pipeline cut at the links),
+    with what runs in each datacenter."""
     index, counts = np.unique(datacenters_of(snapshot, held), return_counts=True)
     split = {int(snapshot.datacenter_id[i]): int(n) for i, n in zip(index, counts, strict=True)}
     room = sites.room_for(getattr(job, "pk", None), dc_ids)
@@ -63,19 +65,19 @@ def _across_sites(job, model, chip: str, snapshot, held: np.ndarray, dc_ids: lis
             "gpus": int(len(held)),
             "chip": chip,
         }
-    plan = span_plan(model, chip, split, *room)
-    if plan is None:
+    found = span_plan(model, chip, split, *room)
+    if found is None:
         return {
-            "error": "no plan keeps whole model replicas in each datacenter",
+            "error": "no plan keeps whole model replicas or whole pipeline stages in each datacenter",
             "gpus": int(len(held)),
             "chip": chip,
         }
+    plan = found.plan
     data = plan.as_dict()
-    replica = plan.tp * plan.pp
     names = dict(Datacenter.objects.filter(pk__in=list(split)).values_list("pk", "name"))
+    data["cut"] = found.cut
     data["sites"] = [
-        {"datacenter": names.get(dc, str(dc)), "gpus": n, "replicas": n // replica}
-        for dc, n in sorted(split.items())
+        {"datacenter": names.get(dc, str(dc)), "gpus": split[dc], found.cut: n} for dc, n in found.parts
     ]
     data["link_room_gbps"] = round(room[0] * 8 / 1e9, 1)
     one = one_site_step_s(model, chip, int(len(held)))
@@ -137,7 +139,12 @@ def plan_summary(plan: dict) -> str:
         )
     where = ""
     if plan.get("sites"):
-        where = "; replicas " + ", ".join(f"{s['replicas']} in {s['datacenter']}" for s in plan["sites"])
+        if plan.get("cut") == "stages":
+            names = {i: s["datacenter"] for i, s in enumerate(plan["sites"])}
+            stages = tuple((i, s["stages"]) for i, s in enumerate(plan["sites"]))
+            where = "; " + describe_stages(stages, names)
+        else:
+            where = "; replicas " + ", ".join(f"{s['replicas']} in {s['datacenter']}" for s in plan["sites"])
     if plan.get("slowdown") is not None:
         where += f"; {plan['slowdown'] * 100:.1f}% slower than in one datacenter"
     return (

@@ -4,7 +4,7 @@ the link as it is now, with its slowdown over the same GPUs in one datacenter, i
 event (the job page; ETTR counts the slowdown in its ``degraded`` bucket). After lanes are lost, a
 job slower than the threshold (``MYRIAD_SPAN_REPLAN_SLOWDOWN``) moves wholly into a datacenter that
 holds it now, or shrinks into one if it is elastic, whichever finishes sooner than staying:
-engine.sites.replan weighs the move's save, restart and restore against the time lost."""
+engine.linkreplan.replan weighs the move's save, restart and restore against the time lost."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from cluster.models import Datacenter, DatacenterLink
 from engine import lifecycle
-from engine.sites import DEFAULT_DURATION_S, Replan, move_seconds, one_site_step_s, replan
+from engine.linkreplan import Replan, move_seconds, replan
+from engine.sites import DEFAULT_DURATION_S, one_site_step_s
 from scheduling import sites
 from scheduling.checkpoints import PHYSICS, job_policy
 from scheduling.choices import EventKind
@@ -78,7 +79,7 @@ def _remaining_s(job: Job, at) -> float:
 
 
 def _choice(job: Job, slowdown: float, held: np.ndarray, holdings: Holdings, at) -> tuple[Replan, np.ndarray]:
-    """Stay, move or shrink (engine.sites.replan), and the GPUs a shrink keeps."""
+    """Stay, move or shrink (engine.linkreplan.replan), and the GPUs a shrink keeps."""
     snap = holdings.snapshot
     chip = job.chip.name if job.chip else ""
     c = snap.chip_names.index(chip) if chip in snap.chip_names else -1

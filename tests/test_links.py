@@ -49,8 +49,13 @@ def test_a_link_reads_as_lanes_latency_state_and_load(two_sites, viewer_client):
     assert body["state"] == "up" and body["load_gbps"] == 0 and body["utilization"] == 0
 
 
+# a 13B model with 256 sequences of 2,048 tokens a step: at 48 GPUs its sends at a pipeline cut
+# overlap its steps, where its gradients' all-reduce across the link is partly exposed
+CUT_MODEL = {"params": 13e9, "layers": 40, "hidden": 5120, "seq_len": 2048, "batch_tokens": 256 * 2048}
+
+
 def test_a_job_no_datacenter_holds_spans_takes_its_share_and_says_why(two_sites, viewer_client):
-    job = _spanning_job()
+    job = _spanning_job(model=CUT_MODEL)
     run_cycle()
     job.refresh_from_db()
     assert job.state == "running"
@@ -60,7 +65,14 @@ def test_a_job_no_datacenter_holds_spans_takes_its_share_and_says_why(two_sites,
     ((a, b, load),) = job.link_loads
     assert {a, b} == set(Datacenter.objects.values_list("pk", flat=True)) and load > 0
     assert [s["datacenter"] for s in job.plan["sites"]] == ["bj1", "bj2"]
-    assert sum(s["replicas"] for s in job.plan["sites"]) == job.plan["dp"]
+    # more than 1% faster with its pipeline cut at the link: each datacenter holds whole stages of
+    # every replica, in proportion to its GPUs, and both the placement and the plan say which
+    # stages run where
+    assert job.plan["cut"] == "stages"
+    stages = [s["stages"] for s in job.plan["sites"]]
+    assert sum(stages) == job.plan["pp"] and all(n >= 1 for n in stages)
+    where = f"stages 1-{stages[0]} in bj1, {stages[0] + 1}"
+    assert where in placed.reason and where in job.events.get(kind="planned").reason
     link = viewer_client.get(f"/api/v1/links/{two_sites.pk}/").json()
     assert link["load_gbps"] == pytest.approx(load * 8 / 1e9, rel=1e-3) and link["utilization"] > 0
     detail = viewer_client.get(f"/api/v1/jobs/{job.pk}/").json()

@@ -19,8 +19,10 @@ import numpy as np
 
 from engine.sites import (
     DATACENTER_LEVEL,
+    DEFAULT_MODEL,
     SpanCost,
     decide,
+    fastest,
     one_site_step_s,
     replica_sizes,
     replica_split,
@@ -28,9 +30,11 @@ from engine.sites import (
     span_cost,
     why_not,
 )
+from engine.stagecut import stage_quanta
 from engine.steps.admission import admit_placed, record_admission
 from engine.steps.reservation import earliest
 from engine.steps.state import CycleState
+from engine.steptime import MODELS
 from engine.workload import PendingJob
 
 
@@ -46,19 +50,29 @@ def _datacenters_in(s: CycleState, where) -> np.ndarray:
     return np.arange(s.layout.domain_count[DATACENTER_LEVEL])
 
 
-def _whole_replicas(s: CycleState, job: PendingJob, c: int, chip: str, where):
-    """GPUs per datacenter of domain ``where`` for the gang, each datacenter holding whole model
-    replicas (engine.sites.replica_split), and the replicas' GPUs per datacenter; counted only
-    (the GPUs are picked when it spans). None without such a split."""
+def _splits(s: CycleState, job: PendingJob, c: int, chip: str, where):
+    """GPUs per datacenter of domain ``where`` for the gang, counted only (the GPUs are picked when
+    it spans), with their cost: each datacenter holding whole model replicas (the first replica
+    size of the job's best plans that splits, engine.sites.replica_split) or whole pipeline
+    stages of every replica (the first stage size that splits, engine.stagecut), chosen as
+    engine.sites.fastest does. None without such a split."""
     counts = s.pools.open.counts(DATACENTER_LEVEL, c)
     free = {int(d): int(counts[d]) for d in _datacenters_in(s, where) if counts[d]}
-    for quantum in replica_sizes(job.model, chip, job.gpus):
-        split = replica_split(free, job.gpus, quantum)
-        if split is None or len(split) < 2:
-            continue
-        replicas = {d: n - n % quantum for d, n in split.items()}
-        return split, {d: n for d, n in replicas.items() if n}
-    return None
+    found = []
+    model = job.model or MODELS[DEFAULT_MODEL]
+    for quanta in (replica_sizes(model, chip, job.gpus), stage_quanta(model, chip, job.gpus)):
+        for quantum in quanta:
+            split = replica_split(free, job.gpus, quantum)
+            if split is not None and len(split) >= 2:
+                used = {d: n - n % quantum for d, n in split.items()}
+                found.append((split, span_cost(job.model, chip, used, s.links), used))
+                break
+    if not found:
+        return None
+    costed = [f for f in found if f[1] is not None]
+    if not costed:
+        return found[0]
+    return fastest(costed, lambda f: f[1].span_step_s, lambda f: sum(load for _, load in f[1].loads))
 
 
 class Across(NamedTuple):
@@ -66,9 +80,9 @@ class Across(NamedTuple):
 
     where: tuple[int, int]  # the domain (a region, or the cluster) it spans inside
     take: dict[int, int]  # GPUs it takes per datacenter
-    replicas: dict[int, int]  # GPUs of whole model replicas per datacenter (what the plan runs on)
+    replicas: dict[int, int]  # GPUs per datacenter the plan runs on (whole replicas or whole stages)
     chosen: np.ndarray | None  # its GPUs, or None: picked per datacenter only when it spans
-    cost: SpanCost | None  # None: no link has room, or no plan keeps whole replicas
+    cost: SpanCost | None  # None: no link has room, or no plan keeps whole replicas or stages
 
 
 def _across(s: CycleState, job: PendingJob, c: int, max_level: int) -> Across | None:
@@ -79,10 +93,10 @@ def _across(s: CycleState, job: PendingJob, c: int, max_level: int) -> Across | 
     if where is None or where[0] <= DATACENTER_LEVEL:
         return None
     chip = s.topo.chip_names[c]
-    found = _whole_replicas(s, job, c, chip, where)
+    found = _splits(s, job, c, chip, where)
     if found is not None:
-        take, replicas = found
-        return Across(where, take, replicas, None, span_cost(job.model, chip, replicas, s.links))
+        take, cost, used = found
+        return Across(where, take, used, None, cost)
     chosen = s.pools.open.choose(*where, c, job.gpus)
     lay = s.layout
     dcs, n = np.unique(lay.node_domain[DATACENTER_LEVEL][lay.gpu_node[chosen]], return_counts=True)
