@@ -79,6 +79,12 @@ def _across_sites(job, model, chip: str, snapshot, held: np.ndarray, dc_ids: lis
     data["sites"] = [
         {"datacenter": names.get(dc, str(dc)), "gpus": split[dc], found.cut: n} for dc, n in found.parts
     ]
+    if found.cut == "stages":  # which stages each datacenter holds, in pipeline order: "1-10"
+        first = 1
+        for site in data["sites"]:
+            n = site["stages"]
+            site["stage_range"] = f"{first}-{first + n - 1}" if n > 1 else str(first)
+            first += n
     data["link_room_gbps"] = round(room[0] * 8 / 1e9, 1)
     one = one_site_step_s(model, chip, int(len(held)))
     if one:

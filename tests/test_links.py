@@ -5,6 +5,7 @@ when the link goes down; bad input is refused by field and writes nothing."""
 from __future__ import annotations
 
 import pytest
+from django.test import Client
 
 from cluster.builder import build_cluster, known_chip_names
 from cluster.models import AuditRecord, ChipType, Datacenter, DatacenterLink
@@ -54,7 +55,7 @@ def test_a_link_reads_as_lanes_latency_state_and_load(two_sites, viewer_client):
 CUT_MODEL = {"params": 13e9, "layers": 40, "hidden": 5120, "seq_len": 2048, "batch_tokens": 256 * 2048}
 
 
-def test_a_job_no_datacenter_holds_spans_takes_its_share_and_says_why(two_sites, viewer_client):
+def test_a_job_no_datacenter_holds_spans_takes_its_share_and_says_why(two_sites, viewer, viewer_client):
     job = _spanning_job(model=CUT_MODEL)
     run_cycle()
     job.refresh_from_db()
@@ -73,6 +74,11 @@ def test_a_job_no_datacenter_holds_spans_takes_its_share_and_says_why(two_sites,
     assert sum(stages) == job.plan["pp"] and all(n >= 1 for n in stages)
     where = f"stages 1-{stages[0]} in bj1, {stages[0] + 1}"
     assert where in placed.reason and where in job.events.get(kind="planned").reason
+    browser = Client()
+    browser.force_login(viewer)
+    page = browser.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="plan-sites"' in page and "the pipeline cut at the links" in page
+    assert f"<td>bj1</td><td>{job.plan['sites'][0]['gpus']}</td><td>1-{stages[0]}</td>" in page
     link = viewer_client.get(f"/api/v1/links/{two_sites.pk}/").json()
     assert link["load_gbps"] == pytest.approx(load * 8 / 1e9, rel=1e-3) and link["utilization"] > 0
     detail = viewer_client.get(f"/api/v1/jobs/{job.pk}/").json()
