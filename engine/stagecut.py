@@ -21,14 +21,14 @@ times each way per step, and the fill and drain cross it v times each.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from itertools import permutations
 from typing import NamedTuple
 
 import numpy as np
 
-from engine.chips import BY_NAME
-from engine.steptime import GIB, ModelSpec, NoFeasiblePlan, Plan, one_site_table
+from engine.steptime import ModelSpec, NoFeasiblePlan, Plan, one_site_table
 
 DATACENTER_LEVEL = 3  # engine.placement.LEVELS
 
@@ -43,8 +43,8 @@ class CutPlan(NamedTuple):
 
 def _grid_in_one_site(model: ModelSpec, chip: str, gpus: int):
     """Every plan on ``gpus`` that fits memory with two or more stages, inside one datacenter,
-    fastest first (engine.steptime.one_site_table): (t, p, d, v, b, rc, m, step, hop, memory,
-    compute); None without one."""
+    fastest first (engine.steptime.one_site_table): (t, p, d, v, b, rc, m, step, hop, rows, table),
+    rows: their places in the table; None without one."""
     try:
         table = one_site_table(model, chip, gpus, DATACENTER_LEVEL)
     except NoFeasiblePlan:
@@ -55,9 +55,8 @@ def _grid_in_one_site(model: ModelSpec, chip: str, gpus: int):
     columns = (table.tp, table.pp, table.dp, table.virtual_stages, table.micro_batch, table.recompute)
     t, p, d, v, b, rc = (a[keep] for a in columns)
     hop = table.parts["pp"][keep] / (2 * (p - 1))  # one exposed hop inside the datacenter
-    rest = (table.micro_batches, table.step, table.memory, table.parts["compute"])
-    m, step, memory, compute = (a[keep] for a in rest)
-    return t, p, d, v, b, rc, m, step, hop, memory, compute
+    m, step = table.micro_batches[keep], table.step[keep]
+    return t, p, d, v, b, rc, m, step, hop, np.flatnonzero(keep), table
 
 
 def stage_quanta(model: ModelSpec, chip: str, gpus: int, most: int = 4) -> tuple[int, ...]:
@@ -109,7 +108,7 @@ def _cut_plan(model, chip, split, room_bytes, latency_s):
     grid = _grid_in_one_site(model, chip, gpus)
     if grid is None:
         return None
-    t, p, d, v, b, rc, m, step, hop, memory, compute = grid
+    t, p, d, v, b, rc, m, step, hop, rows, table = grid
     q = t * d
     per_dc = np.stack([n // q for _, n in split])  # whole stages each datacenter holds, per plan
     ok = (per_dc >= 1).all(axis=0) & (per_dc.sum(axis=0) >= p) & (p >= k)
@@ -123,24 +122,14 @@ def _cut_plan(model, chip, split, room_bytes, latency_s):
     total = np.where(ok, total, np.inf)
     i = int(np.lexsort((rc, p, total))[0])
     stages = _stages(per_dc[:, i], int(p[i]))
-    spec = BY_NAME[chip]
-    tokens = model.batch_tokens / float(total[i])
-    flops = model.batch_tokens * (6 * model.params + 12 * model.layers * model.hidden * model.seq_len)
-    plan = Plan(
-        chip=spec.name,
-        gpus=gpus,
-        tp=int(t[i]),
-        pp=int(p[i]),
-        dp=int(d[i]),
-        virtual_stages=int(v[i]),
-        micro_batch=int(b[i]),
-        micro_batches=int(m[i]),
-        recompute=bool(rc[i]),
+    inside = table.build(int(rows[i]))  # the same plan inside one datacenter
+    faster = inside.step_s / float(total[i])
+    plan = replace(
+        inside,
         step_s=float(total[i]),
-        tokens_per_s=tokens,
-        memory_gib=float(memory[i] / GIB),
-        mfu=flops / float(total[i]) / (gpus * spec.bf16_tflops * 1e12),
-        breakdown={"compute": float(compute[i]), "link": float(total[i] - step[i])},
+        tokens_per_s=inside.tokens_per_s * faster,
+        mfu=inside.mfu * faster,
+        breakdown={**inside.breakdown, "link": float(total[i] - step[i])},
     )
     return CutPlan(plan, tuple((dc, n) for (dc, _), n in zip(split, stages, strict=True)), float(per_step[i]))
 
