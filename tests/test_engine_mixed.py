@@ -14,13 +14,13 @@ def lay():
     return layout_for(pods_per_dc=1, chips=(H100, H200))
 
 
-def gang(job_id, gpus, mixed=True, **kw):
+def gang(job_id, gpus, mixed=True, topology="datacenter", **kw):
     return PendingJob(
         job_id,
         "a",
         gpus,
         chip_types=(H100, H200),
-        topology="datacenter",
+        topology=topology,
         submitted_at=job_id,
         mixed=mixed,
         **kw,
@@ -66,3 +66,29 @@ def test_evicting_a_mixed_job_gives_back_both_parts():
     assert [p.job_id for p in result.preemptions] == [1]
     assert [a.job_id for a in result.admissions] == [2]
     assert [j.id for j in after] == [2]
+
+
+def test_a_mixed_gang_across_datacenters_takes_its_share_of_the_link_and_waits_when_it_is_full():
+    from engine.sites import SiteLink, SiteLinks
+
+    def book(load=0.0):
+        links = SiteLinks([SiteLink(0, 1, 8, 400.0, 0.25, name="dc1<->dc2")])
+        if load:
+            links.add((0, 1), load)
+        return links
+
+    layout = lay()  # 64 GPUs a datacenter, 64 of each type: 96 fit neither one type nor one site
+    q = QueueSpec("a", nominal={H100: 1000, H200: 1000})
+    wide = gang(1, 96, topology="region")
+    result, _ = cycle(layout, [q], [], [wide], links=book())
+    (a,) = result.admissions
+    assert sum(n for _, n in a.parts) == 96 and len(domains_of(layout, a.held, "datacenter")) == 2
+    ((pair, load),) = a.link_loads  # the gradients of a 70B model over the ring, per step
+    assert pair == (0, 1) and 0 < load <= 0.9 * 8 * 400e9 / 8
+    # a link at its share has no room: the gang does not cross it
+    full, _ = cycle(layout, [q], [], [wide], links=book(load=0.9 * 8 * 400e9 / 8))
+    assert full.admissions == [] and 1 in full.pending
+    # without a site model (no links known) it crosses as before, taking no share
+    blind, _ = cycle(layout, [q], [], [wide])
+    (b,) = blind.admissions
+    assert b.link_loads == ()
