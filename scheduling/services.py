@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
+from rest_framework.exceptions import ValidationError
 
 from cluster.audit import changes, record
 from cluster.snapshot import topology_cache
@@ -341,10 +342,35 @@ def policy_audit_state(policy) -> dict:
     return {f: getattr(policy, f) for f in POLICY_AUDITED} if policy else {}
 
 
+def lock_referenced(serializer, fields: tuple[str, ...]) -> None:
+    """Lock the rows a write is about to point at (a cohort, a checkpoint policy): a concurrent
+    delete of one then either waits for this transaction (and finds what now points at it) or
+    committed before, and the row deleted since the serializer validated it is a 400 naming the
+    field, with nothing written (without the lock, the database refused the commit: a 500)."""
+    for field in fields:
+        target = serializer.validated_data.get(field)
+        if target is not None and not _locked(target):
+            raise ValidationError({field: [f"{target} was deleted while this request ran"]})
+
+
+@transaction.atomic
+def delete_locked(instance) -> None:
+    """Delete ``instance`` after locking its row, so that the rows pointing at it are found after
+    any write setting them (lock_referenced) has committed."""
+    _locked(instance)
+    instance.delete()
+
+
+def _locked(row) -> bool:
+    """Lock ``row`` for this transaction (SELECT ... FOR UPDATE); False when it no longer exists."""
+    return bool(list(type(row).objects.select_for_update().filter(pk=row.pk).values_list("pk", flat=True)))
+
+
 @transaction.atomic
 def save_queue(serializer, *, actor, reason: str = "") -> Queue:
     """Create or change a queue through its (validated) serializer, with its audit record; a cycle
     is asked for after the commit, since new quotas or policies may admit or preempt."""
+    lock_referenced(serializer, ("cohort", "default_checkpoint_policy"))
     creating = serializer.instance is None
     before = {} if creating else queue_audit_state(serializer.instance)
     queue = serializer.save()

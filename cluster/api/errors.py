@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import IntegrityError
 from django.db.models import ProtectedError
 from rest_framework import status
 from rest_framework.response import Response
@@ -27,6 +28,16 @@ def exception_handler(exc, context):
         return Response(detail, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, InvalidTransition):
         return Response({"state": [str(exc)]}, status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, IntegrityError):
+        # a row this request relied on changed under it (a concurrent delete of what it points
+        # at, found at the commit): the transaction rolled back, so nothing was written
+        return Response(
+            {
+                "detail": "a row this request depends on was changed by another request while it ran; "
+                "nothing was written, try again"
+            },
+            status=status.HTTP_409_CONFLICT,
+        )
     if isinstance(exc, ProtectedError):
         names = ", ".join(sorted({str(o) for o in list(exc.protected_objects)[:5]}))
         return Response({"detail": f"still in use by {names}"}, status=status.HTTP_409_CONFLICT)

@@ -33,6 +33,7 @@ from scheduling.services import (
     JobStateError,
     SubmitError,
     change_state,
+    delete_locked,
     record_checkpoint,
     save_policy,
     save_queue,
@@ -53,12 +54,18 @@ class CheckpointPolicyViewSet(viewsets.ModelViewSet):
     def perform_update(self, serializer):
         save_policy(serializer, actor=self.request.user)
 
+    def perform_destroy(self, instance):
+        delete_locked(instance)
+
 
 class CohortViewSet(viewsets.ModelViewSet):
     queryset = Cohort.objects.prefetch_related("queues")
     serializer_class = queue_serializers.CohortSerializer
     ordering_fields = ["name"]
     search_fields = ["name"]
+
+    def perform_destroy(self, instance):
+        delete_locked(instance)
 
 
 class QueueViewSet(viewsets.ModelViewSet):
