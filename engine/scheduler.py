@@ -212,9 +212,13 @@ def try_chips(s: CycleState, qi, job, chips, max_level, reasons: list[Reason]) -
 
 
 def try_reserve(s: CycleState, job, capacity_blocked: list[int], max_level: int) -> Reason | None:
-    """Reserve for a gang blocked by capacity; returns its reason, or None without a reservation."""
+    """Reserve for a gang blocked by capacity; returns its reason, or None without a reservation.
+    A gang that chose to wait for one datacenter rather than span reserves there whatever the
+    limit on reservations: its wait was weighed against spanning, and a wait nobody holds room for
+    is not the one weighed (the next gang's estimate would count on the same GPUs)."""
+    waits = job.id in s.span_waits
     for c in capacity_blocked:
-        if (
+        if waits or (
             len(s.result.reservations) < s.config.max_reservations
             and s.reservation_attempts < 4 * s.config.max_reservations
         ):

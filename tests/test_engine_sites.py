@@ -121,6 +121,20 @@ def test_a_short_wait_beats_spanning_and_the_reason_gives_both_numbers():
     assert "% slower (+" in reason and "over 4.2 d" in reason
 
 
+def test_a_gang_that_waits_rather_than_span_reserves_even_past_the_limit_on_reservations():
+    # with no reservations allowed at all, a gang that could span but waits for dc1 still holds
+    # the room its wait was weighed on; a gang that may not span gets none (the limit holds)
+    lay = layout_for()
+    config = SchedulerConfig(max_reservations=0)
+    busy = half_busy(lay, 30.0, 10 * HOUR)
+    inside = PendingJob(2, "a", 64, topology="datacenter", estimated_duration_s=HOUR, submitted_at=2)
+    result, _ = cycle(lay, [queue()], busy, [big(), inside], links=links(lanes=1), config=config)
+    assert result.admissions == []
+    (reservation,) = result.reservations
+    assert reservation.job_id == 1 and domains_of(lay, reservation.held, "datacenter") == {0}
+    assert "waits for dc1 (about 30 s) rather than span" in result.pending[1]
+
+
 def test_a_long_wait_makes_spanning_pay_and_the_job_takes_its_share_of_the_link():
     lay = layout_for()
     book = links()
