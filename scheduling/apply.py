@@ -8,6 +8,7 @@ import logging
 import re
 from dataclasses import replace
 from datetime import datetime
+from functools import partial
 from typing import NamedTuple
 
 from django.db.models import BooleanField, ExpressionWrapper, OuterRef, Q, Subquery
@@ -71,11 +72,13 @@ def apply_decisions(
     ranked: dict[int, str] | None = None,
     chips: dict[int, str] | None = None,
     decided: Decided | None = None,
+    after: list | None = None,
 ) -> int:
     """Write a cycle's decisions, already checked against what changed since they were read
     (``still_current``); returns the number of GPUs newly allocated. ``chips``: the chip types'
     names by id, and ``decided``: what ``still_current`` read of the admitted jobs, when the caller
-    has them already."""
+    has them already. ``after``: where the pending jobs' reasons go to be written after the commit
+    (scheduling.locks.cycle_scope); None: written now."""
     if chips is None:
         chips = chip_names()
     if decided is None:
@@ -116,7 +119,11 @@ def apply_decisions(
     for job_id, ranking in (ranked or {}).items():
         if job_id in result.pending:
             result.pending[job_id] = result.pending[job_id].but(f" ({ranking})", ranked=ranking)
-    update_rows(Job, ["pending_reason", "pending_kind"], reasons.changed(result.pending, old_reasons))
+    changed = reasons.changed(result.pending, old_reasons)
+    if after is None:
+        update_rows(Job, ["pending_reason", "pending_kind"], changed)
+    elif changed:
+        after.append(partial(update_rows, Job, ["pending_reason", "pending_kind"], changed))
     insert_plain(events, model=JobEvent)
 
     # 5. draining nodes left empty are drained

@@ -66,7 +66,8 @@ def run_cycle(
 ) -> CycleSummary:
     """Run one cycle. With ``wait=False`` a cycle already running elsewhere makes this one skip."""
     timings: dict[str, float] = {}
-    with cycle_scope(wait=wait) as (locked, writing), collections_deferred():
+    after: list = []  # the pending reasons, written after the commit (scheduling.locks.cycle_scope)
+    with cycle_scope(wait=wait, after=after) as (locked, writing), collections_deferred():
         if not locked:
             return CycleSummary(ran=False)
         t0 = time.perf_counter()  # from the lock taken: a cycle waiting for another is not slow
@@ -90,7 +91,7 @@ def run_cycle(
         # 3. apply (on SQLite the write transaction, and the database's write lock, begin here)
         with writing():
             result, decided = still_current(result)  # decisions about jobs changed since read go
-            gpus = apply_decisions(result, snapshot, now, old_reasons, ranked, names.chips, decided)
+            gpus = apply_decisions(result, snapshot, now, old_reasons, ranked, names.chips, decided, after)
             touched = [a.job_id for a in result.admissions] + [p.job_id for p in result.preemptions]
             running.carry(touched + [r.job_id for r in result.resizes])
             timings["apply"] = (time.perf_counter() - t2) * 1000

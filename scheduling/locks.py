@@ -1,6 +1,7 @@
 """The scheduling lock: one cycle at a time across all workers and machines.
 
-PostgreSQL: a transaction-scoped advisory lock. SQLite (the embedded default, one machine): an
+PostgreSQL: an advisory lock, transaction-scoped (a cycle that writes after its commit holds it
+for its session over both transactions: ``cycle_scope``). SQLite (the embedded default, one machine): an
 exclusive file lock. Either way the partial unique index on active allocations is the last line:
 even a cycle that ran without the lock could not put a GPU in two active allocations.
 
@@ -50,19 +51,70 @@ def locked_transaction(wait: bool = True):
 
 
 @contextlib.contextmanager
-def cycle_scope(wait: bool = False):
+def cycle_scope(wait: bool = False, after: list | None = None):
     """The scheduling lock for a cycle: yields (held, writing), ``writing()`` being what the
     cycle's writes run in. PostgreSQL: one transaction from the lock to the commit, its statements
     each reading what was committed when it ran; ``writing()`` adds nothing. SQLite: the file lock
     only while the cycle reads and decides (each statement again reads what is committed), then
     ``writing()`` is the write transaction. Either way a decision about a job that changed since
-    the cycle read it is dropped when it is applied (scheduling.apply.still_current)."""
+    the cycle read it is dropped when it is applied (scheduling.apply.still_current).
+
+    ``after``: writes the cycle appends (callables) that run after its commit, each in a
+    transaction of its own, still under the lock: what nobody's start waits for (the pending
+    jobs' reasons), so that the jobs a cycle starts are visible without waiting for them. On
+    PostgreSQL the lock is then taken for the session, over both transactions (a transaction's
+    lock would be gone at the first commit, and another cycle's newer writes could be overwritten
+    by these); inside a caller's transaction, where nothing commits before the caller does, they
+    run before the commit."""
     if connection.vendor == "postgresql":
-        with transaction.atomic(), cycle_lock(wait) as locked:
-            yield locked, contextlib.nullcontext
+        if after is None or connection.in_atomic_block:
+            with transaction.atomic(), cycle_lock(wait) as locked:
+                yield locked, contextlib.nullcontext
+                if locked:
+                    _run_after(after)
+            return
+        with session_lock(wait) as locked:
+            if not locked:
+                yield False, contextlib.nullcontext
+                return
+            with transaction.atomic():
+                yield True, contextlib.nullcontext
+            _run_after(after)
         return
     with cycle_lock(wait) as locked:
         yield locked, transaction.atomic
+        if locked:
+            _run_after(after)
+
+
+def _run_after(after: list | None) -> None:
+    import logging
+
+    for write in after or ():
+        try:
+            with transaction.atomic():
+                write()
+        except Exception:  # a reason not written this cycle is written by the next; the cycle stands
+            logging.getLogger("myriad.scheduling").exception("a write after the cycle's commit failed")
+
+
+@contextlib.contextmanager
+def session_lock(wait: bool = False):
+    """PostgreSQL: the scheduling lock held by this connection's session until the block ends
+    (released by the server if the connection dies first); yields whether it is held."""
+    with connection.cursor() as cursor:
+        if wait:
+            cursor.execute("SELECT pg_advisory_lock(%s)", [LOCK_KEY])
+            held = True
+        else:
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_KEY])
+            held = bool(cursor.fetchone()[0])
+    try:
+        yield held
+    finally:
+        if held:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
 
 
 @contextlib.contextmanager

@@ -85,6 +85,49 @@ def test_non_waiting_cycles_skip_while_one_holds_the_lock(queues):
     assert run_cycle(wait=False).ran is True
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_cycle_commits_its_starts_before_the_pending_reasons_and_keeps_the_lock_until_then(
+    queues, monkeypatch
+):
+    from scheduling import apply
+
+    fits, waits = _make_jobs(queues, 1, 8)[0], _make_jobs(queues, 1, 512)[0]
+    writing, release = threading.Event(), threading.Event()
+    plain = apply.update_rows
+
+    def slow_reasons(model, fields, rows):
+        if "pending_reason" in fields and any(r[0] == waits.pk for r in rows):
+            writing.set()
+            release.wait(10)
+        return plain(model, fields, rows)
+
+    monkeypatch.setattr(apply, "update_rows", slow_reasons)
+    summaries = []
+
+    def cycle():
+        try:
+            summaries.append(run_cycle(wait=True))
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=cycle)
+    worker.start()
+    try:
+        assert writing.wait(10)
+        # while the reasons are being written: the start is committed and seen by others, the
+        # waiting job still reads as before the cycle, and no other cycle can run
+        assert Job.objects.get(pk=fits.pk).state == "running"
+        assert Job.objects.get(pk=waits.pk).pending_reason == waits.pending_reason
+        assert run_cycle(wait=False).ran is False
+    finally:
+        release.set()
+        worker.join(20)
+    assert summaries and summaries[0].admitted == 1
+    reason = Job.objects.get(pk=waits.pk).pending_reason
+    assert reason != waits.pending_reason and "quota" in reason
+
+
 def test_a_cycle_that_skipped_the_lock_still_cannot_double_allocate(queues):
     """Even decisions computed without the lock are refused by the partial unique index."""
     a, b = _make_jobs(queues, 2, 8)
