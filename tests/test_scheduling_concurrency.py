@@ -32,6 +32,20 @@ def _make_jobs(queues, n, gpus):
     ]
 
 
+def _cycle_in_thread(summaries: list) -> threading.Thread:
+    """A cycle (waiting for the lock) run on a thread of its own, its summary appended."""
+
+    def cycle():
+        try:
+            summaries.append(run_cycle(wait=True))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=cycle)
+    thread.start()
+    return thread
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_cycles_on_postgres_never_double_allocate(queues):
@@ -103,16 +117,8 @@ def test_a_cycle_commits_its_starts_before_the_pending_reasons_and_keeps_the_loc
         return plain(model, fields, rows)
 
     monkeypatch.setattr(apply, "update_rows", slow_reasons)
-    summaries = []
-
-    def cycle():
-        try:
-            summaries.append(run_cycle(wait=True))
-        finally:
-            connection.close()
-
-    worker = threading.Thread(target=cycle)
-    worker.start()
+    summaries: list = []
+    worker = _cycle_in_thread(summaries)
     try:
         assert writing.wait(10)
         # while the reasons are being written: the start is committed and seen by others, the
@@ -285,16 +291,8 @@ def test_a_submit_commits_while_a_cycle_decides_and_a_job_cancelled_meanwhile_is
         return result
 
     monkeypatch.setattr(cycle_module, "schedule", slow_schedule)
-    summaries = []
-
-    def cycle():
-        try:
-            summaries.append(run_cycle(wait=True))
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=cycle)
-    thread.start()
+    summaries: list = []
+    thread = _cycle_in_thread(summaries)
     try:
         assert deciding.wait(20)
         t0 = time.monotonic()
