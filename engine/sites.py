@@ -25,14 +25,13 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from engine.reasons import duration
-from engine.stagecut import chain, cut_plan
+from engine.stagecut import DATACENTER_LEVEL, chain, cut_plan, round3
 from engine.stagecut import describe as describe_stages
 from engine.steptime import MODELS, Fabric, ModelSpec, NoFeasiblePlan, Plan, _ranked, one_site_table
 
 LINK_STATES = ("up", "degraded", "down")
 SPAN_POLICIES = ("never", "whenever", "pays")
 SPANNING = ("region", "any")  # the topology constraints that let a gang span datacenters
-DATACENTER_LEVEL = 3  # engine.placement.LEVELS
 FIBRE_US_PER_KM = 5.0  # the default one-way latency: light in fibre plus a little equipment
 FIBRE_MIN_US_PER_KM = 4.9  # the physical floor: c / 1.468 (the refractive index of silica fibre)
 FIBRE_MIN_MS_PER_KM = FIBRE_MIN_US_PER_KM / 1000.0
@@ -274,21 +273,21 @@ def span_plan(
     chosen as ``fastest`` does (None: neither fits the split)."""
     gpus = sum(split.values())
     if len(split) < 2:
-        return SitePlan(_step(model, chip, gpus, 1, 0.0, 0.0, 0), "replicas", ((*split, gpus),))
+        return SitePlan(_step(model, chip, gpus, 1, 0.0, 0.0, 0), "replicas", tuple(split.items()))
     options = []
     k = len(split)
-    whole = _step(model, chip, gpus, k, _round(room_bytes / 1e9), latency_s, math.gcd(*split.values()))
+    whole = _step(model, chip, gpus, k, round3(room_bytes / 1e9), latency_s, math.gcd(*split.values()))
     if whole is not None:
         replica = whole.tp * whole.pp
         parts = tuple((d, n // replica) for d, n in sorted(split.items()))
-        options.append(SitePlan(whole, "replicas", parts, _gradient_bytes(model, k)))
+        options.append(SitePlan(whole, "replicas", parts, gradient_bytes(model, k)))
     cut = cut_plan(model, chip, tuple(sorted(split.items())), room_bytes, latency_s)
     if cut is not None:
         options.append(SitePlan(cut.plan, "stages", cut.stages, cut.bytes_per_step))
     return fastest(options, lambda o: o.plan.step_s, lambda o: o.bytes_per_step / o.plan.step_s)
 
 
-def _gradient_bytes(model: ModelSpec, k: int) -> float:
+def gradient_bytes(model: ModelSpec, k: int) -> float:
     """Bytes per step over each link of the ring: the shards' all-reduce sends 2(k-1)/k x 2 bytes
     per parameter."""
     return 2 * (k - 1) / k * 2.0 * model.params
@@ -336,14 +335,14 @@ def _replicas_cost(
     try:
         # the ring's slowest link bounds the all-reduce: rounded to 3 digits so that the cache holds
         span = _step(
-            model, chip, gpus, len(dcs), _round(min(room) / 1e9), latency_s, math.gcd(*split.values())
+            model, chip, gpus, len(dcs), round3(min(room) / 1e9), latency_s, math.gcd(*split.values())
         )
     except (NoFeasiblePlan, KeyError):
         return None
     if span is None:
         return None
     k = len(dcs)
-    per_link = min(_gradient_bytes(model, k) / span.step_s, min(room))
+    per_link = min(gradient_bytes(model, k) / span.step_s, min(room))
     replica = span.tp * span.pp
     return SpanCost(
         dcs=dcs,
@@ -381,13 +380,6 @@ def _cut_cost(model: ModelSpec, chip: str, split: dict[int, int], links: SiteLin
         plan=f"TP{cut.plan.tp} PP{cut.plan.pp} DP{cut.plan.dp}",
         cut="stages",
     )
-
-
-def _round(x: float) -> float:
-    if x <= 0:
-        return 0.0
-    digits = 2 - int(math.floor(math.log10(x)))
-    return round(x, digits)
 
 
 @dataclass(frozen=True)

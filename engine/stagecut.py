@@ -21,6 +21,7 @@ times each way per step, and the fill and drain cross it v times each.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from functools import lru_cache
 from itertools import permutations
@@ -28,9 +29,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from engine.placement import LEVELS
 from engine.steptime import ModelSpec, NoFeasiblePlan, Plan, one_site_table
 
-DATACENTER_LEVEL = 3  # engine.placement.LEVELS
+DATACENTER_LEVEL = LEVELS.index("datacenter")
 
 
 class CutPlan(NamedTuple):
@@ -96,7 +98,7 @@ def cut_plan(
     """The fastest cut plan on ``split`` ((datacenter, GPUs) in chain order) with ``room_bytes``
     per second left on the chain's thinnest link and ``latency_s`` one way on its longest (None:
     no plan puts whole stages of every replica in each datacenter)."""
-    return _cut_plan(model, chip, split, _round(room_bytes), round(latency_s, 6))
+    return _cut_plan(model, chip, split, round3(room_bytes), round(latency_s, 6))
 
 
 @lru_cache(maxsize=4096)
@@ -150,19 +152,26 @@ def _stages(whole: np.ndarray, p: int) -> list[int]:
     return [int(x) for x in out]
 
 
+def stage_ranges(counts) -> list[str]:
+    """The stages each datacenter holds, in pipeline order, from how many: [4, 2] -> ["1-4", "5-6"]."""
+    out, first = [], 1
+    for n in counts:
+        out.append(f"{first}" if n == 1 else f"{first}-{first + n - 1}")
+        first += n
+    return out
+
+
 def describe(stages: tuple[tuple[int, int], ...], names: dict[int, str]) -> str:
     """e.g. "stages 1-10 in bj1, 11-16 in bj2"."""
-    parts, first = [], 1
-    for dc, n in stages:
-        last = first + n - 1
-        span = f"{first}" if n == 1 else f"{first}-{last}"
-        parts.append(f"{span} in {names.get(dc, str(dc))}")
-        first = last + 1
-    return "stages " + ", ".join(parts)
+    ranges = stage_ranges(n for _, n in stages)
+    return "stages " + ", ".join(
+        f"{r} in {names.get(dc, str(dc))}" for r, (dc, _) in zip(ranges, stages, strict=True)
+    )
 
 
-def _round(x: float) -> float:
-    """Three significant digits, so that the cache holds over the links' moving loads."""
+def round3(x: float) -> float:
+    """Three significant digits, so that the plan caches hold over the links' moving loads."""
     if x <= 0:
         return 0.0
-    return float(f"{x:.3g}")
+    digits = 2 - int(math.floor(math.log10(x)))
+    return round(x, digits)

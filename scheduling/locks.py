@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 from pathlib import Path
 
 from django.conf import settings
 from django.db import connection, transaction
 
+log = logging.getLogger("myriad.scheduling")
 LOCK_KEY = 0x6D797269  # "myri"
 
 
@@ -88,14 +90,12 @@ def cycle_scope(wait: bool = False, after: list | None = None):
 
 
 def _run_after(after: list | None) -> None:
-    import logging
-
     for write in after or ():
         try:
             with transaction.atomic():
                 write()
         except Exception:  # a reason not written this cycle is written by the next; the cycle stands
-            logging.getLogger("myriad.scheduling").exception("a write after the cycle's commit failed")
+            log.exception("a write after the cycle's commit failed")
 
 
 @contextlib.contextmanager

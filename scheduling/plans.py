@@ -8,7 +8,7 @@ import numpy as np
 from cluster.models import Datacenter, DatacenterLink
 from engine.mixedplan import mixed_plan
 from engine.sites import one_site_step_s, span_plan
-from engine.stagecut import describe as describe_stages
+from engine.stagecut import stage_ranges
 from engine.steptime import SPAN_LEVELS, Fabric, ModelSpec, NoFeasiblePlan, best_plan, rank_chips
 from scheduling import sites
 from scheduling.choices import EventKind
@@ -80,11 +80,8 @@ def _across_sites(job, model, chip: str, snapshot, held: np.ndarray, dc_ids: lis
         {"datacenter": names.get(dc, str(dc)), "gpus": split[dc], found.cut: n} for dc, n in found.parts
     ]
     if found.cut == "stages":  # which stages each datacenter holds, in pipeline order: "1-10"
-        first = 1
-        for site in data["sites"]:
-            n = site["stages"]
-            site["stage_range"] = f"{first}-{first + n - 1}" if n > 1 else str(first)
-            first += n
+        for site, stages in zip(data["sites"], stage_ranges(n for _, n in found.parts), strict=True):
+            site["stage_range"] = stages
     data["link_room_gbps"] = round(room[0] * 8 / 1e9, 1)
     one = one_site_step_s(model, chip, int(len(held)))
     if one:
@@ -146,9 +143,7 @@ def plan_summary(plan: dict) -> str:
     where = ""
     if plan.get("sites"):
         if plan.get("cut") == "stages":
-            names = {i: s["datacenter"] for i, s in enumerate(plan["sites"])}
-            stages = tuple((i, s["stages"]) for i, s in enumerate(plan["sites"]))
-            where = "; " + describe_stages(stages, names)
+            where = "; stages " + ", ".join(f"{s['stage_range']} in {s['datacenter']}" for s in plan["sites"])
         else:
             where = "; replicas " + ", ".join(f"{s['replicas']} in {s['datacenter']}" for s in plan["sites"])
     if plan.get("slowdown") is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.mixedplan import mixed_plan
-from engine.sites import DATACENTER_LEVEL, DEFAULT_MODEL, ring
+from engine.sites import DATACENTER_LEVEL, DEFAULT_MODEL, gradient_bytes, ring
 from engine.steps.admission import record_admission
 from engine.steps.elasticity import quota_headroom
 from engine.steps.state import CycleState
@@ -85,6 +85,6 @@ def _link_loads(s: CycleState, job: PendingJob, parts, gpus: np.ndarray, level: 
     sent = (
         2.0 * model.batch_tokens * model.hidden
         if plan.layout == "pipeline split"
-        else 2 * (k - 1) / k * 2.0 * model.params
+        else gradient_bytes(model, k)
     )
     return tuple((p, min(sent / plan.step_s, room)) for p in pairs)
