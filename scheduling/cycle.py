@@ -67,7 +67,8 @@ def run_cycle(
     """Run one cycle. With ``wait=False`` a cycle already running elsewhere makes this one skip."""
     timings: dict[str, float] = {}
     after: list = []  # the pending reasons, written after the commit (scheduling.locks.cycle_scope)
-    with cycle_scope(wait=wait, after=after) as (locked, writing), collections_deferred():
+    # collections held off around the whole lock: the writes after the commit run inside it too
+    with collections_deferred(), cycle_scope(wait=wait, after=after) as (locked, writing):
         if not locked:
             return CycleSummary(ran=False)
         t0 = time.perf_counter()  # from the lock taken: a cycle waiting for another is not slow

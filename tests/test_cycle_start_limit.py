@@ -118,23 +118,31 @@ def test_a_cycle_that_comes_too_early_is_put_off_not_run(settings, tmp_path, mon
 
 def test_no_garbage_collection_pass_runs_inside_a_cycle_and_collections_resume_after(queues, monkeypatch):
     """A full collection over a 100k-job worker's heap took 200-290 ms inside a cycle; the cycle
-    holds collections off while it decides and writes, and leaves them as it found them."""
+    holds collections off while it decides and writes, the pending reasons it writes after its
+    commit included (still under the lock), and leaves them as it found them."""
     import gc
 
     import scheduling.cycle as cycle
+    import scheduling.locks as locks
 
-    seen = []
-    decide = cycle.schedule
+    seen, after = [], []
+    decide, write_after = cycle.schedule, locks._run_after
 
     def watched(*args, **kwargs):
         seen.append(gc.isenabled())
         return decide(*args, **kwargs)
 
+    def watched_after(writes):
+        after.append(gc.isenabled())
+        return write_after(writes)
+
     monkeypatch.setattr(cycle, "schedule", watched)
+    monkeypatch.setattr(locks, "_run_after", watched_after)
     submit_job(queue=queues["vision"], gpus=8, chip_types=["H100-SXM"], topology="any", name="j")
+    submit_job(queue=queues["vision"], gpus=48, chip_types=["H100-SXM"], topology="any", name="big")
     assert gc.isenabled()
     assert run_cycle().admitted == 1
-    assert seen == [False] and gc.isenabled()
+    assert seen == [False] and after == [False] and gc.isenabled()
     gc.disable()  # a process that runs without the collector keeps running without it
     try:
         run_cycle()
