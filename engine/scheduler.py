@@ -138,9 +138,9 @@ def schedule_job(s: CycleState, qi: int, job: PendingJob) -> Reason | None:
     capacity_blocked = try_chips(s, qi, job, chips, max_level, reasons)
     if capacity_blocked is None:
         return None
-    span_wait = s.span_waits.get(job.id)
     if job.mixed and len(chips) > 1 and admit_mixed(s, qi, job, chips, max_level):
         return None
+    span_wait = s.span_waits.get(job.id)  # it waits rather than span: on one chip type, or mixed
     if spans(s, max_level):  # past the span decision, evictions and reservations stay in one datacenter
         max_level = DATACENTER_LEVEL
     # reclaiming lent quota on any chip type comes before evicting the queue's own work

@@ -161,7 +161,9 @@ class SpanCost:
     # pipeline stages of every replica there), in pipeline order (engine.stagecut)
     stages: tuple[tuple[int, int], ...]
     plan: str  # e.g. "TP8 PP4 DP32"
-    cut: str = "replicas"  # what each datacenter holds: whole replicas, or whole pipeline stages
+    # what each datacenter holds: whole replicas, whole pipeline stages, or ("chips") a mixed-chip
+    # gang's GPUs, ``stages`` then being (datacenter, GPUs there)
+    cut: str = "replicas"
 
     @property
     def slowdown(self) -> float:
@@ -169,11 +171,12 @@ class SpanCost:
 
     def layout(self, names: dict[int, str]) -> str:
         """Which part of the job runs where, e.g. "TP8 PP16 DP64, stages 1-10 in bj1, 11-16 in
-        bj2" or "TP8 PP4 DP32, replicas: 24 in bj1, 8 in bj2"."""
+        bj2", "TP8 PP4 DP32, replicas: 24 in bj1, 8 in bj2" or "24 H100-SXM + 24 H200,
+        data-parallel split, GPUs: 24 in bj1, 24 in bj2"."""
         if self.cut == "stages":
             return f"{self.plan}, {describe_stages(self.stages, names)}"
         each = ", ".join(f"{n} in {names.get(dc, str(dc))}" for dc, n in self.stages)
-        return f"{self.plan}, replicas: {each}"
+        return f"{self.plan}, {'GPUs' if self.cut == 'chips' else 'replicas'}: {each}"
 
 
 @lru_cache(maxsize=8192)
@@ -412,6 +415,8 @@ def decide(
     run_s = duration_s if duration_s is not None else DEFAULT_DURATION_S
     extra = cost.slowdown * run_s
     slower = f"{cost.slowdown * 100:.1f}% slower (+{duration(extra)} over {duration(run_s)})"
+    if extra < 0:  # a mixed-chip plan across the link can beat one datacenter's chip type
+        slower = f"{-cost.slowdown * 100:.1f}% faster (-{duration(-extra)} over {duration(run_s)})"
     plan = f"; {cost.layout(names)}"
     if policy == "whenever":
         return SpanChoice(True, f"spans {where} over {over}: {slower} (policy whenever){plan}", cost, wait_s)

@@ -92,3 +92,56 @@ def test_a_mixed_gang_across_datacenters_takes_its_share_of_the_link_and_waits_w
     blind, _ = cycle(layout, [q], [], [wide])
     (b,) = blind.admissions
     assert b.link_loads == ()
+
+
+def test_a_mixed_gang_spans_datacenters_only_when_it_pays_and_otherwise_waits_for_one():
+    """A mixed-chip split across datacenters gets the span-or-wait decision single-type gangs get:
+    waiting for one datacenter to hold it on one chip type against the mixed plan's slowdown over
+    the link, with both numbers in its reason or admission note."""
+    from engine.scheduler import SchedulerConfig
+    from engine.sites import SiteLink, SiteLinks
+
+    layout = layout_for(pods_per_dc=2, chips=(H100, H200))  # per datacenter 64 H100 + 64 H200
+    by_dc_chip = {}  # (datacenter, chip type) -> its GPUs
+    for g, node in enumerate(layout.gpu_node.tolist()):
+        key = (int(layout.node_domain[3][node]), layout.topo.chip_names[layout.node_chip[node]])
+        by_dc_chip.setdefault(key, []).append(g)
+
+    def busy(h200_ends_at=None, h100_ends_at=None):
+        from tests.engine_helpers import running
+
+        return [
+            running(layout, 101, "a", gpus=by_dc_chip[(0, H100)][:40], end=h100_ends_at),  # 24 H100 free
+            running(layout, 102, "a", gpus=by_dc_chip[(0, H200)], chip=H200, end=h200_ends_at),
+            running(layout, 103, "a", gpus=by_dc_chip[(1, H100)]),  # no estimated end
+            running(layout, 104, "a", gpus=by_dc_chip[(1, H200)][:40], chip=H200),  # dc2: 24 H200 free
+        ]
+
+    def links():
+        return SiteLinks([SiteLink(0, 1, 8, 400.0, 0.25, name="dc1<->dc2")])
+
+    q = QueueSpec("a", nominal={H100: 1000, H200: 1000})
+    wide = gang(1, 48, topology="region", estimated_duration_s=30 * 3600.0)
+    # 48 GPUs fit only as 24 H100 in dc1 + 24 H200 in dc2; dc1 holds 48 H200 once job 102 ends
+    soon, _ = cycle(layout, [q], busy(h200_ends_at=600.0), [wide], links=links())
+    assert soon.admissions == []
+    why = soon.pending[1]
+    assert "waits for dc1 on H200 (about 10 min) rather than span dc1+dc2" in why
+    assert "% slower" in why and [r.job_id for r in soon.reservations] == [1]
+    late, _ = cycle(layout, [q], busy(h200_ends_at=100 * 3600.0), [wide], links=links())
+    (a,) = late.admissions
+    assert dict(a.parts) == {H100: 24, H200: 24} and len(domains_of(layout, a.held, "datacenter")) == 2
+    assert a.span_note.startswith("spans dc1+dc2 over dc1<->dc2: ")
+    assert "0.9% slower" in a.span_note
+    assert "starts now instead of in about 4.2 d in dc1 on H200" in a.span_note
+    assert "24 H100-SXM + 24 H200" in a.span_note and "GPUs: 24 in dc1, 24 in dc2" in a.span_note
+    assert a.span_slowdown > 0 and a.link_loads
+    # spanning whenever no datacenter holds it: no wait weighed
+    config = SchedulerConfig(span_policy="whenever")
+    anyway, _ = cycle(layout, [q], busy(h200_ends_at=600.0), [wide], links=links(), config=config)
+    assert "(policy whenever)" in anyway.admissions[0].span_note
+    # waiting only for 48 H100 in dc1: half of the split on H200 runs faster than that, so it spans
+    faster, _ = cycle(layout, [q], busy(h100_ends_at=600.0), [wide], links=links())
+    (f,) = faster.admissions
+    assert "% faster (-" in f.span_note and "instead of in about 10 min in dc1 on H100-SXM" in f.span_note
+    assert f.span_slowdown == 0.0

@@ -1,19 +1,44 @@
 """Split a gang over several allowed chip types when no single type can hold it.
 
 A step of the scheduling cycle: functions over its state (engine.steps.state.CycleState:
-pools, quota, result)."""
+pools, quota, result). A split that crosses datacenters takes its share of the links, and under
+the site model it is decided as a single-type gang's span is (engine.steps.spanning): span now,
+or wait for one datacenter to hold the gang on one chip type, whichever finishes sooner."""
 
 from __future__ import annotations
+
+import time
+from typing import NamedTuple
 
 import numpy as np
 
 from engine.mixedplan import mixed_plan
-from engine.sites import DATACENTER_LEVEL, DEFAULT_MODEL, gradient_bytes, ring
+from engine.sites import (
+    DATACENTER_LEVEL,
+    DEFAULT_MODEL,
+    SpanChoice,
+    SpanCost,
+    decide,
+    gradient_bytes,
+    one_site_step_s,
+    ring,
+)
 from engine.steps.admission import record_admission
 from engine.steps.elasticity import quota_headroom
+from engine.steps.reservation import earliest
+from engine.steps.spanning import datacenter_names
 from engine.steps.state import CycleState
 from engine.steptime import MODELS, Fabric, NoFeasiblePlan
 from engine.workload import PendingJob
+
+
+class Crossing(NamedTuple):
+    """What a mixed-chip split sends over the links between datacenters."""
+
+    dcs: tuple[int, ...]  # the datacenters it spans
+    loads: tuple  # (link, bytes/s) it takes of each link it crosses
+    step_s: float  # its mixed plan's step time there
+    plan: str  # e.g. "24 H100-SXM + 24 H200, data-parallel split"
 
 
 # --- mixed chips -----------------------------------------------------------------------
@@ -41,24 +66,90 @@ def admit_mixed(s: CycleState, qi: int, job: PendingJob, chips: list[int], max_l
         if len(parts) < 2:
             return False  # one type would do: the homogeneous path already said why it did not
         gpus = np.concatenate([s.pools.open.choose(level, domain, c, n) for c, n in parts])
-        loads = _link_loads(s, job, parts, gpus, level)
-        if loads is None:
+        crossing = _crossing(s, job, parts, gpus, level)
+        if crossing is None:
             continue  # it would cross a link that has no room left
+        note, slowdown, loads = "", 0.0, crossing.loads if crossing else ()
+        if crossing:
+            choice = span_or_wait(s, qi, job, chips, gpus, crossing)
+            if not choice.span:
+                s.span_waits[job.id] = choice.note
+                return False
+            note, slowdown = choice.note, max(0.0, choice.cost.slowdown)
         s.pools.take(gpus)
         for pair, load in loads:
             s.links.add(pair, load)
-        record_admission(s, qi, job, parts[0][0], gpus, level, domain, parts=parts, link_loads=loads)
+        record_admission(
+            s,
+            qi,
+            job,
+            parts[0][0],
+            gpus,
+            level,
+            domain,
+            parts=parts,
+            link_loads=loads,
+            span_note=note,
+            span_slowdown=slowdown,
+        )
         return True
     return False
 
 
-def _link_loads(s: CycleState, job: PendingJob, parts, gpus: np.ndarray, level: int):
-    """The share of each link between datacenters a mixed-chip gang on ``gpus`` takes, as any job
-    crossing a link does (engine.sites): the bytes its mixed plan sends across per step (the
-    gradients' all-reduce over a ring through the datacenters, or the activations at the cut of
-    a pipeline split) over its step time, planned over the room the links have left. () inside one
-    datacenter or without a site model; None when a link it would cross has no room left, or no
-    mixed plan says what it would send."""
+def span_or_wait(
+    s: CycleState, qi: int, job: PendingJob, chips: list[int], gpus: np.ndarray, crossing: Crossing
+) -> SpanChoice:
+    """Span now, or wait until one datacenter holds the gang on one of its chip types (the soonest
+    by the running jobs' estimated ends, as a reservation would find it, on a type whose quota
+    could hold it): engine.sites.decide over the mixed plan's step time across the link against
+    the one-datacenter step time on the type it would wait for (its first type when it would
+    wait for none)."""
+    t0 = time.perf_counter()
+    wait_s, wait_chip, wait_dc = None, chips[0], None
+    if s.config.span_policy == "pays":
+        for c in chips:
+            if s.quota.ceiling(qi, c) < job.demand:
+                continue
+            soonest = earliest(s, job, c, DATACENTER_LEVEL)
+            if soonest is not None and (wait_s is None or soonest[0] - s.now < wait_s):
+                wait_s, wait_chip, wait_dc = soonest[0] - s.now, c, soonest[2]
+    chip = s.topo.chip_names[wait_chip]
+    one = one_site_step_s(job.model, chip, job.gpus) or crossing.step_s
+    lay = s.layout
+    dcs, counts = np.unique(lay.node_domain[DATACENTER_LEVEL][lay.gpu_node[gpus]], return_counts=True)
+    cost = SpanCost(
+        dcs=crossing.dcs,
+        one_step_s=one,
+        span_step_s=crossing.step_s,
+        loads=crossing.loads,
+        stages=tuple((int(d), int(n)) for d, n in zip(dcs, counts, strict=True)),
+        plan=crossing.plan,
+        cut="chips",
+    )
+    wait_in = "one datacenter"
+    if wait_dc is not None:
+        wait_in = f"{lay.domain_name(*wait_dc).removeprefix('datacenter ')} on {chip}"
+    choice = decide(
+        cost,
+        datacenter_names(s, crossing.dcs),
+        wait_s,
+        wait_in,
+        job.estimated_duration_s,
+        s.config.span_policy,
+        s.config.span_margin,
+        s.links,
+    )
+    s.result.span_decisions_s.append(time.perf_counter() - t0)
+    return choice
+
+
+def _crossing(s: CycleState, job: PendingJob, parts, gpus: np.ndarray, level: int) -> Crossing | None | tuple:
+    """What a mixed-chip gang on ``gpus`` sends between datacenters and its share of each link it
+    crosses, as any job crossing a link takes (engine.sites): the bytes its mixed plan sends
+    across per step (the gradients' all-reduce over a ring through the datacenters, or the
+    activations at the cut of a pipeline split) over its step time, planned over the room the
+    links have left. () inside one datacenter or without a site model; None when a link it would
+    cross has no room left, or no mixed plan says what it would send."""
     if s.links is None:
         return ()
     lay = s.layout
@@ -87,4 +178,6 @@ def _link_loads(s: CycleState, job: PendingJob, parts, gpus: np.ndarray, level: 
         if plan.layout == "pipeline split"
         else gradient_bytes(model, k)
     )
-    return tuple((p, min(sent / plan.step_s, room)) for p in pairs)
+    kinds = " + ".join(f"{n} {chip}" for chip, n in by_chip.items())
+    loads = tuple((p, min(sent / plan.step_s, room)) for p in pairs)
+    return Crossing(dcs, loads, plan.step_s, f"{kinds}, {plan.layout}")

@@ -104,7 +104,8 @@ def _across(s: CycleState, job: PendingJob, c: int, max_level: int) -> Across | 
     return Across(where, split, split, chosen, span_cost(job.model, chip, split, s.links))
 
 
-def _names(s: CycleState, dcs) -> dict[int, str]:
+def datacenter_names(s: CycleState, dcs) -> dict[int, str]:
+    """Short names of datacenters ("bj1"), by index."""
     return {d: s.layout.domain_name(DATACENTER_LEVEL, d).removeprefix("datacenter ") for d in dcs}
 
 
@@ -153,7 +154,7 @@ def admit_placed_or_span(s: CycleState, qi: int, job: PendingJob, c: int, max_le
             wait_in = s.layout.domain_name(*soonest[2]).removeprefix("datacenter ")
     choice = decide(
         cost,
-        _names(s, found.replicas),
+        datacenter_names(s, found.replicas),
         wait_s,
         wait_in,
         job.estimated_duration_s,
@@ -191,7 +192,7 @@ def admit_elastic_or_span(
             choice = shrink_or_span(
                 found.cost,
                 large,
-                _names(s, found.replicas),
+                datacenter_names(s, found.replicas),
                 one_site_step_s(job.model, chip, small) if small else None,
                 small,
                 s.config.span_policy,
