@@ -27,6 +27,7 @@ its own module of engine.steps, and ``run`` takes them in order.
 from __future__ import annotations
 
 import gc
+import math
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -41,7 +42,7 @@ from engine.steps.elasticity import admit_by_shrinking, admit_elastic, grow
 from engine.steps.mixed import admit_mixed
 from engine.steps.ordering import held_behind, hold, ordered
 from engine.steps.preemption import admit_by_preemption
-from engine.steps.reservation import reserve
+from engine.steps.reservation import earliest, reserve
 from engine.steps.sharing import admit_fraction
 from engine.steps.spanning import admit_placed_or_span, spans
 from engine.steps.state import CycleState, RunningIndex
@@ -217,6 +218,8 @@ def try_reserve(s: CycleState, job, capacity_blocked: list[int], max_level: int)
     limit on reservations: its wait was weighed against spanning, and a wait nobody holds room for
     is not the one weighed (the next gang's estimate would count on the same GPUs)."""
     waits = job.id in s.span_waits
+    if waits and len(capacity_blocked) > 1:  # it reserves on the type it weighed: the soonest
+        capacity_blocked = sorted(capacity_blocked, key=lambda c: _soonest(s, job, c, max_level))
     for c in capacity_blocked:
         if waits or (
             len(s.result.reservations) < s.config.max_reservations
@@ -239,6 +242,11 @@ def try_reserve(s: CycleState, job, capacity_blocked: list[int], max_level: int)
                     },
                 )
     return None
+
+
+def _soonest(s: CycleState, job, c: int, max_level: int) -> float:
+    found = earliest(s, job, c, max_level)
+    return found[0] if found is not None else math.inf
 
 
 def schedule(

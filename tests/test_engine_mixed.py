@@ -128,6 +128,10 @@ def test_a_mixed_gang_spans_datacenters_only_when_it_pays_and_otherwise_waits_fo
     why = soon.pending[1]
     assert "waits for dc1 on H200 (about 10 min) rather than span dc1+dc2" in why
     assert "% slower" in why and [r.job_id for r in soon.reservations] == [1]
+    # H100s in dc1 free up later than its H200s: it reserves on the type it weighed, the soonest
+    both, _ = cycle(layout, [q], busy(h200_ends_at=600.0, h100_ends_at=5 * 3600.0), [wide], links=links())
+    assert "waiting for reservation: 48 H200 GPUs in datacenter dc1" in both.pending[1]
+    assert "waits for dc1 on H200 (about 10 min)" in both.pending[1]
     late, _ = cycle(layout, [q], busy(h200_ends_at=100 * 3600.0), [wide], links=links())
     (a,) = late.admissions
     assert dict(a.parts) == {H100: 24, H200: 24} and len(domains_of(layout, a.held, "datacenter")) == 2

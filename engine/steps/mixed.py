@@ -33,12 +33,13 @@ from engine.workload import PendingJob
 
 
 class Crossing(NamedTuple):
-    """What a mixed-chip split sends over the links between datacenters."""
+    """What a mixed-chip split sends over the links between datacenters (nothing: ``loads`` empty,
+    inside one datacenter or without a site model)."""
 
-    dcs: tuple[int, ...]  # the datacenters it spans
-    loads: tuple  # (link, bytes/s) it takes of each link it crosses
-    step_s: float  # its mixed plan's step time there
-    plan: str  # e.g. "24 H100-SXM + 24 H200, data-parallel split"
+    per_dc: tuple[tuple[int, int], ...] = ()  # (datacenter, its GPUs) of each datacenter it spans
+    loads: tuple = ()  # (link, bytes/s) it takes of each link it crosses
+    step_s: float = 0.0  # its mixed plan's step time there
+    plan: str = ""  # e.g. "24 H100-SXM + 24 H200, data-parallel split"
 
 
 # --- mixed chips -----------------------------------------------------------------------
@@ -69,15 +70,15 @@ def admit_mixed(s: CycleState, qi: int, job: PendingJob, chips: list[int], max_l
         crossing = _crossing(s, job, parts, gpus, level)
         if crossing is None:
             continue  # it would cross a link that has no room left
-        note, slowdown, loads = "", 0.0, crossing.loads if crossing else ()
-        if crossing:
-            choice = span_or_wait(s, qi, job, chips, gpus, crossing)
+        note, slowdown = "", 0.0
+        if crossing.loads:
+            choice = span_or_wait(s, qi, job, chips, crossing)
             if not choice.span:
                 s.span_waits[job.id] = choice.note
                 return False
             note, slowdown = choice.note, max(0.0, choice.cost.slowdown)
         s.pools.take(gpus)
-        for pair, load in loads:
+        for pair, load in crossing.loads:
             s.links.add(pair, load)
         record_admission(
             s,
@@ -88,7 +89,7 @@ def admit_mixed(s: CycleState, qi: int, job: PendingJob, chips: list[int], max_l
             level,
             domain,
             parts=parts,
-            link_loads=loads,
+            link_loads=crossing.loads,
             span_note=note,
             span_slowdown=slowdown,
         )
@@ -96,9 +97,7 @@ def admit_mixed(s: CycleState, qi: int, job: PendingJob, chips: list[int], max_l
     return False
 
 
-def span_or_wait(
-    s: CycleState, qi: int, job: PendingJob, chips: list[int], gpus: np.ndarray, crossing: Crossing
-) -> SpanChoice:
+def span_or_wait(s: CycleState, qi: int, job: PendingJob, chips: list[int], crossing: Crossing) -> SpanChoice:
     """Span now, or wait until one datacenter holds the gang on one of its chip types (the soonest
     by the running jobs' estimated ends, as a reservation would find it, on a type whose quota
     could hold it): engine.sites.decide over the mixed plan's step time across the link against
@@ -114,24 +113,22 @@ def span_or_wait(
             if soonest is not None and (wait_s is None or soonest[0] - s.now < wait_s):
                 wait_s, wait_chip, wait_dc = soonest[0] - s.now, c, soonest[2]
     chip = s.topo.chip_names[wait_chip]
-    one = one_site_step_s(job.model, chip, job.gpus) or crossing.step_s
-    lay = s.layout
-    dcs, counts = np.unique(lay.node_domain[DATACENTER_LEVEL][lay.gpu_node[gpus]], return_counts=True)
+    dcs = tuple(dc for dc, _ in crossing.per_dc)
     cost = SpanCost(
-        dcs=crossing.dcs,
-        one_step_s=one,
+        dcs=dcs,
+        one_step_s=one_site_step_s(job.model, chip, job.gpus) or crossing.step_s,
         span_step_s=crossing.step_s,
         loads=crossing.loads,
-        stages=tuple((int(d), int(n)) for d, n in zip(dcs, counts, strict=True)),
+        stages=crossing.per_dc,
         plan=crossing.plan,
         cut="chips",
     )
     wait_in = "one datacenter"
     if wait_dc is not None:
-        wait_in = f"{lay.domain_name(*wait_dc).removeprefix('datacenter ')} on {chip}"
+        wait_in = f"{s.layout.domain_name(*wait_dc).removeprefix('datacenter ')} on {chip}"
     choice = decide(
         cost,
-        datacenter_names(s, crossing.dcs),
+        datacenter_names(s, dcs),
         wait_s,
         wait_in,
         job.estimated_duration_s,
@@ -143,19 +140,20 @@ def span_or_wait(
     return choice
 
 
-def _crossing(s: CycleState, job: PendingJob, parts, gpus: np.ndarray, level: int) -> Crossing | None | tuple:
+def _crossing(s: CycleState, job: PendingJob, parts, gpus: np.ndarray, level: int) -> Crossing | None:
     """What a mixed-chip gang on ``gpus`` sends between datacenters and its share of each link it
     crosses, as any job crossing a link takes (engine.sites): the bytes its mixed plan sends
     across per step (the gradients' all-reduce over a ring through the datacenters, or the
     activations at the cut of a pipeline split) over its step time, planned over the room the
-    links have left. () inside one datacenter or without a site model; None when a link it would
-    cross has no room left, or no mixed plan says what it would send."""
+    links have left. Nothing inside one datacenter or without a site model; None when a link it
+    would cross has no room left, or no mixed plan says what it would send."""
     if s.links is None:
-        return ()
+        return Crossing()
     lay = s.layout
-    dcs = tuple(int(d) for d in np.unique(lay.node_domain[DATACENTER_LEVEL][lay.gpu_node[gpus]]))
-    if len(dcs) < 2:
-        return ()
+    where, counts = np.unique(lay.node_domain[DATACENTER_LEVEL][lay.gpu_node[gpus]], return_counts=True)
+    if len(where) < 2:
+        return Crossing()
+    dcs = tuple(int(d) for d in where)
     pairs = ring(dcs)
     room = min(s.links.headroom(p) for p in pairs)
     if room <= 0:
@@ -180,4 +178,5 @@ def _crossing(s: CycleState, job: PendingJob, parts, gpus: np.ndarray, level: in
     )
     kinds = " + ".join(f"{n} {chip}" for chip, n in by_chip.items())
     loads = tuple((p, min(sent / plan.step_s, room)) for p in pairs)
-    return Crossing(dcs, loads, plan.step_s, f"{kinds}, {plan.layout}")
+    per_dc = tuple((d, int(n)) for d, n in zip(dcs, counts, strict=True))
+    return Crossing(per_dc, loads, plan.step_s, f"{kinds}, {plan.layout}")
