@@ -18,15 +18,13 @@ from engine.sites import (
     DEFAULT_MODEL,
     SpanChoice,
     SpanCost,
-    decide,
     gradient_bytes,
     one_site_step_s,
     ring,
 )
 from engine.steps.admission import record_admission
 from engine.steps.elasticity import quota_headroom
-from engine.steps.reservation import earliest
-from engine.steps.spanning import datacenter_names
+from engine.steps.spanning import one_datacenter_wait, span_choice
 from engine.steps.state import CycleState
 from engine.steptime import MODELS, Fabric, NoFeasiblePlan
 from engine.workload import PendingJob
@@ -104,14 +102,14 @@ def span_or_wait(s: CycleState, qi: int, job: PendingJob, chips: list[int], cros
     the one-datacenter step time on the type it would wait for (its first type when it would
     wait for none)."""
     t0 = time.perf_counter()
-    wait_s, wait_chip, wait_dc = None, chips[0], None
+    wait, wait_chip = None, chips[0]
     if s.config.span_policy == "pays":
         for c in chips:
             if s.quota.ceiling(qi, c) < job.demand:
                 continue
-            soonest = earliest(s, job, c, DATACENTER_LEVEL)
-            if soonest is not None and (wait_s is None or soonest[0] - s.now < wait_s):
-                wait_s, wait_chip, wait_dc = soonest[0] - s.now, c, soonest[2]
+            found = one_datacenter_wait(s, job, c)
+            if found is not None and (wait is None or found[0] < wait[0]):
+                wait, wait_chip = found, c
     chip = s.topo.chip_names[wait_chip]
     dcs = tuple(dc for dc, _ in crossing.per_dc)
     cost = SpanCost(
@@ -123,21 +121,9 @@ def span_or_wait(s: CycleState, qi: int, job: PendingJob, chips: list[int], cros
         plan=crossing.plan,
         cut="chips",
     )
-    wait_in = "one datacenter"
-    if wait_dc is not None:
-        wait_in = f"{s.layout.domain_name(*wait_dc).removeprefix('datacenter ')} on {chip}"
-    choice = decide(
-        cost,
-        datacenter_names(s, dcs),
-        wait_s,
-        wait_in,
-        job.estimated_duration_s,
-        s.config.span_policy,
-        s.config.span_margin,
-        s.links,
-    )
-    s.result.span_decisions_s.append(time.perf_counter() - t0)
-    return choice
+    if wait is not None:
+        wait = (wait[0], f"{wait[1]} on {chip}")
+    return span_choice(s, job, cost, dcs, wait, t0)
 
 
 def _crossing(s: CycleState, job: PendingJob, parts, gpus: np.ndarray, level: int) -> Crossing | None:

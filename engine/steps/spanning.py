@@ -20,6 +20,7 @@ import numpy as np
 from engine.sites import (
     DATACENTER_LEVEL,
     DEFAULT_MODEL,
+    SpanChoice,
     SpanCost,
     decide,
     fastest,
@@ -109,6 +110,35 @@ def datacenter_names(s: CycleState, dcs) -> dict[int, str]:
     return {d: s.layout.domain_name(DATACENTER_LEVEL, d).removeprefix("datacenter ") for d in dcs}
 
 
+def one_datacenter_wait(s: CycleState, job: PendingJob, c: int) -> tuple[float, str] | None:
+    """How long until one datacenter could hold the gang on chip ``c`` by the running jobs'
+    estimated ends (as a reservation finds it), and which one; None without an estimate."""
+    soonest = earliest(s, job, c, DATACENTER_LEVEL)
+    if soonest is None:
+        return None
+    return soonest[0] - s.now, s.layout.domain_name(*soonest[2]).removeprefix("datacenter ")
+
+
+def span_choice(
+    s: CycleState,
+    job: PendingJob,
+    cost: SpanCost | None,
+    dcs,
+    wait: tuple[float, str] | None,
+    t0: float,
+    why_none: str | None = None,
+) -> SpanChoice:
+    """engine.sites.decide for the gang under the cycle's policy and margin: spanning ``dcs`` at
+    ``cost`` against ``wait`` (seconds, where; None: no estimate); the decision timed from ``t0``."""
+    wait_s, wait_in = wait if wait is not None else (None, "one datacenter")
+    more = (why_none,) if why_none else ()
+    policy, margin = s.config.span_policy, s.config.span_margin
+    names = datacenter_names(s, dcs)
+    choice = decide(cost, names, wait_s, wait_in, job.estimated_duration_s, policy, margin, s.links, *more)
+    s.result.span_decisions_s.append(time.perf_counter() - t0)
+    return choice
+
+
 def _span(s: CycleState, qi: int, job: PendingJob, c: int, found: Across, note: str) -> None:
     """Admit the gang across datacenters: it takes its GPUs and its share of each link."""
     chosen, cost = found.chosen, found.cost
@@ -146,24 +176,8 @@ def admit_placed_or_span(s: CycleState, qi: int, job: PendingJob, c: int, max_le
     if found is None:
         return False
     cost = found.cost
-    wait_s, wait_in = None, "one datacenter"
-    if s.config.span_policy == "pays" and cost is not None:
-        soonest = earliest(s, job, c, DATACENTER_LEVEL)
-        if soonest is not None:
-            wait_s = soonest[0] - s.now
-            wait_in = s.layout.domain_name(*soonest[2]).removeprefix("datacenter ")
-    choice = decide(
-        cost,
-        datacenter_names(s, found.replicas),
-        wait_s,
-        wait_in,
-        job.estimated_duration_s,
-        s.config.span_policy,
-        s.config.span_margin,
-        s.links,
-        why_not(found.replicas, s.links),
-    )
-    s.result.span_decisions_s.append(time.perf_counter() - t0)
+    wait = one_datacenter_wait(s, job, c) if s.config.span_policy == "pays" and cost is not None else None
+    choice = span_choice(s, job, cost, found.replicas, wait, t0, why_not(found.replicas, s.links))
     if not choice.span:
         s.span_waits[job.id] = choice.note
         return False
