@@ -231,3 +231,41 @@ def test_the_fleet_view_lists_the_links_between_its_datacenters(
     assert "sites" not in pods
     live_store().delete(FRAME_KEY)
     reset_store()
+
+
+def test_a_mixed_chip_job_across_the_link_takes_its_share_and_says_why(db, viewer_client):
+    """A job split over two chip types that only the two datacenters together hold: the span
+    decision names both parts and where they run, and the job takes its share of the link."""
+    h200 = {**POD, "chip_type": "H200"}
+    spec = {
+        "regions": [
+            {
+                "name": "north",
+                "datacenters": [{"name": "bj1", "pods": [POD]}, {"name": "bj2", "pods": [h200]}],
+            }
+        ],
+        "links": [{"between": ["bj1", "bj2"], "distance_km": 40, "lanes": 8, "lane_gbps": 400}],
+    }
+    build_cluster(parse_topology(spec, known_chip_names()))
+    queue = Queue.objects.create(name="train")
+    for chip in ("H100-SXM", "H200"):
+        QueueQuota.objects.create(queue=queue, chip_type=ChipType.objects.get(name=chip), nominal=64)
+    job = submit_job(
+        queue=queue,
+        gpus=48,
+        chip_types=["H100-SXM", "H200"],
+        mixed_chips=True,
+        topology="region",
+        model=MODEL,
+    )
+    run_cycle()
+    job.refresh_from_db()
+    assert job.state == "running"
+    placed = job.events.get(kind="placed")
+    assert "spans bj1+bj2 over bj1<->bj2: " in placed.reason
+    assert "no datacenter has an estimated time to hold it" in placed.reason
+    assert "32 H100-SXM + 16 H200" in placed.reason and "GPUs: 32 in bj1, 16 in bj2" in placed.reason
+    ((a, b, load),) = job.link_loads
+    assert {a, b} == set(Datacenter.objects.values_list("pk", flat=True)) and load > 0
+    link = viewer_client.get(f"/api/v1/links/{DatacenterLink.objects.get().pk}/").json()
+    assert link["load_gbps"] > 0
