@@ -217,6 +217,9 @@ def try_reserve(s: CycleState, job, capacity_blocked: list[int], max_level: int)
     A gang that chose to wait for one datacenter rather than span reserves there whatever the
     limit on reservations: its wait was weighed against spanning, and a wait nobody holds room for
     is not the one weighed (the next gang's estimate would count on the same GPUs)."""
+    held = s.span_reserved.get(job.id)  # a mixed-chip gang that waits for a split in one datacenter
+    if held is not None:
+        return reservation_reason(s, job, held)
     waits = job.id in s.span_waits
     if waits and len(capacity_blocked) > 1:  # it reserves on the type it weighed: the soonest
         capacity_blocked = sorted(capacity_blocked, key=lambda c: _soonest(s, job, c, max_level))
@@ -227,21 +230,24 @@ def try_reserve(s: CycleState, job, capacity_blocked: list[int], max_level: int)
         ):
             reservation = reserve(s, job, c, max_level)
             if reservation is not None:
-                when = reservation.start_at - s.now
-                chip = s.topo.chip_names[c]
-                return Reason(
-                    f"waiting for reservation: {job.gpus} {chip} GPUs in "
-                    f"{reservation.domain}, expected free at {moment(reservation.start_at)}",
-                    "reservation",
-                    {
-                        "gpus": job.gpus,
-                        "chip": chip,
-                        "domain": reservation.domain,
-                        "free_in_s": round(when),
-                        "free_at": reservation.start_at,
-                    },
-                )
+                return reservation_reason(s, job, reservation)
     return None
+
+
+def reservation_reason(s: CycleState, job, reservation) -> Reason:
+    chip = reservation.chip
+    return Reason(
+        f"waiting for reservation: {job.gpus} {chip} GPUs in "
+        f"{reservation.domain}, expected free at {moment(reservation.start_at)}",
+        "reservation",
+        {
+            "gpus": job.gpus,
+            "chip": chip,
+            "domain": reservation.domain,
+            "free_in_s": round(reservation.start_at - s.now),
+            "free_at": reservation.start_at,
+        },
+    )
 
 
 def _soonest(s: CycleState, job, c: int, max_level: int) -> float:

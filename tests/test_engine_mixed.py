@@ -149,3 +149,43 @@ def test_a_mixed_gang_spans_datacenters_only_when_it_pays_and_otherwise_waits_fo
     (f,) = faster.admissions
     assert "% faster (-" in f.span_note and "instead of in about 10 min in dc1 on H100-SXM" in f.span_note
     assert f.span_slowdown == 0.0
+
+
+def test_a_mixed_gang_waits_for_a_split_inside_one_datacenter_and_holds_it():
+    """No type alone ever holds the gang in one datacenter, but both together in dc1 will in a
+    minute: it waits for that split (weighed against the same split inside one datacenter) and
+    reserves it over both types, so that nobody else takes the room it waits for."""
+    from engine.sites import SiteLink, SiteLinks
+    from tests.engine_helpers import running
+
+    layout = layout_for(pods_per_dc=2, chips=(H100, H200))  # per datacenter 64 H100 + 64 H200
+    by_dc_chip = {}
+    for g, node in enumerate(layout.gpu_node.tolist()):
+        key = (int(layout.node_domain[3][node]), layout.topo.chip_names[layout.node_chip[node]])
+        by_dc_chip.setdefault(key, []).append(g)
+    busy = [
+        running(layout, 101, "a", gpus=by_dc_chip[(0, H100)][:40]),  # dc1: 24 H100 free
+        running(layout, 102, "a", gpus=by_dc_chip[(0, H200)][:40], chip=H200, end=60.0),
+        running(layout, 103, "a", gpus=by_dc_chip[(0, H200)][40:], chip=H200),  # dc1: 40 H200 in 1 min
+        running(layout, 104, "a", gpus=by_dc_chip[(1, H100)]),
+        running(layout, 105, "a", gpus=by_dc_chip[(1, H200)][:40], chip=H200),  # dc2: 24 H200 free
+    ]
+    links = SiteLinks([SiteLink(0, 1, 1, 10.0, 0.25, name="dc1<->dc2")])  # a thin link: 10 Gb/s
+    q = QueueSpec("a", nominal={H100: 1000, H200: 1000})
+    from engine.steptime import ModelSpec
+
+    model = ModelSpec.from_dict(
+        {"params": 13e9, "layers": 40, "hidden": 5120, "seq_len": 2048, "batch_tokens": 256 * 2048}
+    )  # its activations at a pipeline split take seconds of a 10 Gb/s link per step
+    wide = gang(1, 48, topology="region", estimated_duration_s=30 * 3600.0, model=model)
+    result, _ = cycle(layout, [q], busy, [wide], links=links)
+    assert result.admissions == []
+    why = result.pending[1]
+    assert "waits for dc1 as 24 H100-SXM + 24 H200 (about 1 min) rather than span dc1+dc2" in why
+    assert why.startswith("waiting for reservation: 48 H100-SXM+H200 GPUs in datacenter dc1")
+    (r,) = result.reservations
+    assert len(domains_of(layout, r.held, "datacenter")) == 1 and len(r.held) == 48
+    # a later one-type job that would take that room in dc1 does not (it would run past the start)
+    other = PendingJob(2, "a", 24, chip_types=(H100,), topology="datacenter", submitted_at=2)
+    later, _ = cycle(layout, [q], busy, [wide, other], links=links)
+    assert later.admissions == [] and "free only on GPUs reserved for a larger job" in later.pending[2]

@@ -24,10 +24,11 @@ from engine.sites import (
 )
 from engine.steps.admission import record_admission
 from engine.steps.elasticity import quota_headroom
-from engine.steps.spanning import one_datacenter_wait, span_choice
+from engine.steps.reservation import ending_jobs, hold
+from engine.steps.spanning import datacenter_names, one_datacenter_wait, span_choice
 from engine.steps.state import CycleState
 from engine.steptime import MODELS, Fabric, NoFeasiblePlan
-from engine.workload import PendingJob
+from engine.workload import MILLI, PendingJob, Reservation
 
 
 class Crossing(NamedTuple):
@@ -70,9 +71,11 @@ def admit_mixed(s: CycleState, qi: int, job: PendingJob, chips: list[int], max_l
             continue  # it would cross a link that has no room left
         note, slowdown = "", 0.0
         if crossing.loads:
-            choice = span_or_wait(s, qi, job, chips, crossing)
+            choice, inside = span_or_wait(s, qi, job, chips, crossing)
             if not choice.span:
                 s.span_waits[job.id] = choice.note
+                if inside is not None:  # it waits for a mixed split in one datacenter: hold it
+                    s.span_reserved[job.id] = _reserve_inside(s, job, inside)
                 return False
             note, slowdown = choice.note, max(0.0, choice.cost.slowdown)
         s.pools.take(gpus)
@@ -95,35 +98,104 @@ def admit_mixed(s: CycleState, qi: int, job: PendingJob, chips: list[int], max_l
     return False
 
 
-def span_or_wait(s: CycleState, qi: int, job: PendingJob, chips: list[int], crossing: Crossing) -> SpanChoice:
-    """Span now, or wait until one datacenter holds the gang on one of its chip types (the soonest
-    by the running jobs' estimated ends, as a reservation would find it, on a type whose quota
-    could hold it): engine.sites.decide over the mixed plan's step time across the link against
-    the one-datacenter step time on the type it would wait for (its first type when it would
-    wait for none)."""
+class Inside(NamedTuple):
+    """When and where the gang could start split over its types inside one datacenter."""
+
+    start: float
+    dc: int
+    parts: tuple[tuple[int, int], ...]  # (chip index, GPUs) in that datacenter
+    given: np.ndarray  # the GPUs the running jobs ending until then give back
+
+
+def span_or_wait(
+    s: CycleState, qi: int, job: PendingJob, chips: list[int], crossing: Crossing
+) -> tuple[SpanChoice, Inside | None]:
+    """Span now, or wait until one datacenter holds the gang, on one of its chip types or split
+    over them (the soonest by the running jobs' estimated ends, as a reservation finds it, each
+    type within what its queue could ever hold): engine.sites.decide over the mixed plan's step
+    time across the link against the step time in one datacenter of what it would wait for (its
+    first type when it would wait for nothing). Returns the choice and, when the wait weighed is
+    for a split in one datacenter, that split (to reserve)."""
     t0 = time.perf_counter()
-    wait, wait_chip = None, chips[0]
+    model = job.model or MODELS[DEFAULT_MODEL]
+    wait, one_step, inside = None, one_site_step_s(job.model, s.topo.chip_names[chips[0]], job.gpus), None
     if s.config.span_policy == "pays":
         for c in chips:
             if s.quota.ceiling(qi, c) < job.demand:
                 continue
             found = one_datacenter_wait(s, job, c)
             if found is not None and (wait is None or found[0] < wait[0]):
-                wait, wait_chip = found, c
-    chip = s.topo.chip_names[wait_chip]
+                chip = s.topo.chip_names[c]
+                wait, one_step = (
+                    (found[0], f"{found[1]} on {chip}"),
+                    one_site_step_s(job.model, chip, job.gpus),
+                )
+        split = _inside_start(s, qi, job, chips)
+        if split is not None and len(split.parts) > 1 and (wait is None or split.start - s.now < wait[0]):
+            by_chip = {s.topo.chip_names[c]: n for c, n in split.parts}
+            try:
+                plan = mixed_plan(model, by_chip, span_level=DATACENTER_LEVEL)
+            except (NoFeasiblePlan, KeyError, ValueError):
+                plan = None
+            if plan is not None:
+                name = datacenter_names(s, [split.dc])[split.dc]
+                kinds = " + ".join(f"{n} {chip}" for chip, n in by_chip.items())
+                wait, one_step, inside = (split.start - s.now, f"{name} as {kinds}"), plan.step_s, split
     dcs = tuple(dc for dc, _ in crossing.per_dc)
     cost = SpanCost(
         dcs=dcs,
-        one_step_s=one_site_step_s(job.model, chip, job.gpus) or crossing.step_s,
+        one_step_s=one_step or crossing.step_s,
         span_step_s=crossing.step_s,
         loads=crossing.loads,
         stages=crossing.per_dc,
         plan=crossing.plan,
         cut="chips",
     )
-    if wait is not None:
-        wait = (wait[0], f"{wait[1]} on {chip}")
-    return span_choice(s, job, cost, dcs, wait, t0)
+    return span_choice(s, job, cost, dcs, wait, t0), inside
+
+
+def _inside_start(s: CycleState, qi: int, job: PendingJob, chips: list[int]) -> Inside | None:
+    """When one datacenter could first hold the gang over its types (each up to what its queue
+    could ever hold) as running jobs end by their estimates, and its parts there; None if never."""
+    lay = s.layout
+    dc_of, node_of = lay.node_domain[DATACENTER_LEVEL], lay.gpu_node
+    n = lay.domain_count[DATACENTER_LEVEL]
+    cap = np.array([s.quota.ceiling(qi, c) // MILLI for c in chips], dtype=np.int64)[:, None]
+    have = np.stack([s.pools.open.counts(DATACENTER_LEVEL, c) for c in chips]).astype(np.int64)
+    usable = s.schedulable & ~s.reserved & ~s.pools.open.free  # a cordoned node's GPUs do not come back
+    events = []
+    for t, c in enumerate(chips):
+        ending, gpus = ending_jobs(s, c)
+        events += [(j.estimated_end, t, g) for j, g in zip(ending, gpus, strict=True)]
+    events.sort(key=lambda e: e[0])
+    given = []
+    for end, t, g in events:
+        g = g[usable[g]]
+        if not g.size:
+            continue
+        have[t] += np.bincount(dc_of[node_of[g]], minlength=n)
+        given.append(g)
+        room = np.minimum(have, cap)
+        holds = np.flatnonzero(room.sum(axis=0) >= job.gpus)
+        if holds.size:
+            d = int(holds[np.argmax(room[:, holds].sum(axis=0))])  # the one with the most room
+            parts, remaining = [], job.gpus
+            for i, c in enumerate(chips):
+                take = int(min(room[i, d], remaining))
+                if take:
+                    parts.append((c, take))
+                    remaining -= take
+            return Inside(max(end, s.now), d, tuple(parts), np.concatenate(given))
+    return None
+
+
+def _reserve_inside(s: CycleState, job: PendingJob, inside: Inside) -> Reservation:
+    """Reserve the split the gang waits for in one datacenter (engine.steps.reservation.hold)."""
+    trial = s.pools.open.copy()
+    trial.give(inside.given)
+    chosen = np.concatenate([trial.choose(DATACENTER_LEVEL, inside.dc, c, n) for c, n in inside.parts])
+    names = "+".join(s.topo.chip_names[c] for c, _ in inside.parts)
+    return hold(s, job, names, chosen, inside.start, s.layout.domain_name(DATACENTER_LEVEL, inside.dc))
 
 
 def _crossing(s: CycleState, job: PendingJob, parts, gpus: np.ndarray, level: int) -> Crossing | None:

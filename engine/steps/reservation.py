@@ -92,10 +92,18 @@ def reserve(s: CycleState, job: PendingJob, c: int, max_level: int) -> Reservati
         return None
     start, trial, where = found
     chosen = trial.choose(*where, c, job.gpus)
+    return hold(s, job, s.topo.chip_names[c], chosen, start, s.layout.domain_name(*where))
+
+
+def hold(
+    s: CycleState, job: PendingJob, chip: str, chosen: np.ndarray, start: float, domain: str
+) -> Reservation:
+    """Reserve ``chosen`` for the gang from now until ``start``: nobody else may take them unless
+    it ends before then (backfill)."""
     s.reserved[chosen] = True
     s.pools.reserve(chosen)
     s.largest_blocks.clear()
     s.horizon = min(s.horizon, start)
-    reservation = Reservation(job.id, s.topo.chip_names[c], chosen, start, s.layout.domain_name(*where))
+    reservation = Reservation(job.id, chip, chosen, start, domain)
     s.result.reservations.append(reservation)
     return reservation

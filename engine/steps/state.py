@@ -18,7 +18,7 @@ from engine.pools import Pools
 from engine.quota import build_quota_book
 from engine.reasons import Reason
 from engine.scheduler_config import SchedulerConfig
-from engine.workload import MILLI, CycleResult, RunningJob
+from engine.workload import MILLI, CycleResult, Reservation, RunningJob
 
 
 def chips_of(job: RunningJob) -> tuple[str, ...]:
@@ -169,4 +169,5 @@ class CycleState:
         )
         self.options_cache: dict[tuple, list[int]] = {}  # (queue, chip types) -> chip options
         self.span_waits: dict[int, str] = {}  # job -> why it waits rather than span datacenters
+        self.span_reserved: dict[int, Reservation] = {}  # mixed-chip gangs that wait, and their room
         self.result = CycleResult()
