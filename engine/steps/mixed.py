@@ -8,6 +8,7 @@ or wait for one datacenter to hold the gang on one chip type, whichever finishes
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -132,15 +133,12 @@ def span_or_wait(
                 )
         split = _inside_start(s, qi, job, chips)
         if split is not None and len(split.parts) > 1 and (wait is None or split.start - s.now < wait[0]):
-            by_chip = {s.topo.chip_names[c]: n for c, n in split.parts}
-            try:
-                plan = mixed_plan(model, by_chip, span_level=DATACENTER_LEVEL)
-            except (NoFeasiblePlan, KeyError, ValueError):
-                plan = None
-            if plan is not None:
+            by_chip = tuple((s.topo.chip_names[c], n) for c, n in split.parts)
+            step = _inside_step_s(model, by_chip)
+            if step is not None:
                 name = datacenter_names(s, [split.dc])[split.dc]
-                kinds = " + ".join(f"{n} {chip}" for chip, n in by_chip.items())
-                wait, one_step, inside = (split.start - s.now, f"{name} as {kinds}"), plan.step_s, split
+                kinds = " + ".join(f"{n} {chip}" for chip, n in by_chip)
+                wait, one_step, inside = (split.start - s.now, f"{name} as {kinds}"), step, split
     dcs = tuple(dc for dc, _ in crossing.per_dc)
     cost = SpanCost(
         dcs=dcs,
@@ -154,39 +152,59 @@ def span_or_wait(
     return span_choice(s, job, cost, dcs, wait, t0), inside
 
 
+@lru_cache(maxsize=1024)
+def _inside_step_s(model, by_chip: tuple[tuple[str, int], ...]) -> float | None:
+    """The step time of a mixed plan over ``by_chip`` inside one datacenter (None: no plan fits);
+    kept, as the same gang is weighed again each cycle it waits."""
+    try:
+        return mixed_plan(model, dict(by_chip), span_level=DATACENTER_LEVEL).step_s
+    except (NoFeasiblePlan, KeyError, ValueError):
+        return None
+
+
 def _inside_start(s: CycleState, qi: int, job: PendingJob, chips: list[int]) -> Inside | None:
     """When one datacenter could first hold the gang over its types (each up to what its queue
-    could ever hold) as running jobs end by their estimates, and its parts there; None if never."""
+    could ever hold) as running jobs end by their estimates, and its parts there; None if never.
+    Counted at once for every ending job: what each gives back per type and datacenter, summed in
+    order of their ends."""
     lay = s.layout
-    dc_of, node_of = lay.node_domain[DATACENTER_LEVEL], lay.gpu_node
     n = lay.domain_count[DATACENTER_LEVEL]
     cap = np.array([s.quota.ceiling(qi, c) // MILLI for c in chips], dtype=np.int64)[:, None]
     have = np.stack([s.pools.open.counts(DATACENTER_LEVEL, c) for c in chips]).astype(np.int64)
     usable = s.schedulable & ~s.reserved & ~s.pools.open.free  # a cordoned node's GPUs do not come back
-    events = []
+    ends, types, gpus = [], [], []
     for t, c in enumerate(chips):
-        ending, gpus = ending_jobs(s, c)
-        events += [(j.estimated_end, t, g) for j, g in zip(ending, gpus, strict=True)]
-    events.sort(key=lambda e: e[0])
-    given = []
-    for end, t, g in events:
-        g = g[usable[g]]
-        if not g.size:
-            continue
-        have[t] += np.bincount(dc_of[node_of[g]], minlength=n)
-        given.append(g)
-        room = np.minimum(have, cap)
-        holds = np.flatnonzero(room.sum(axis=0) >= job.gpus)
-        if holds.size:
-            d = int(holds[np.argmax(room[:, holds].sum(axis=0))])  # the one with the most room
-            parts, remaining = [], job.gpus
-            for i, c in enumerate(chips):
-                take = int(min(room[i, d], remaining))
-                if take:
-                    parts.append((c, take))
-                    remaining -= take
-            return Inside(max(end, s.now), d, tuple(parts), np.concatenate(given))
-    return None
+        ending, held = ending_jobs(s, c)
+        ends += [j.estimated_end for j in ending]
+        types += [t] * len(ending)
+        gpus += [g[usable[g]] for g in held]
+    if not ends:
+        return None
+    order = np.argsort(ends, kind="stable")
+    gpus = [gpus[k] for k in order]
+    sizes = np.array([len(g) for g in gpus])
+    given = np.concatenate(gpus)
+    event = np.repeat(np.arange(len(gpus)), sizes)
+    column = np.asarray(types)[order][event] * n + lay.node_domain[DATACENTER_LEVEL][lay.gpu_node[given]]
+    added = np.zeros((len(gpus), len(chips) * n), dtype=np.int64)
+    np.add.at(added, (event, column), 1)
+    have = have[None] + np.cumsum(added, axis=0).reshape(len(gpus), len(chips), n)
+    room = np.minimum(have, cap[None])  # (ending job, type, datacenter)
+    holds = room.sum(axis=1) >= job.gpus
+    first = np.flatnonzero(holds.any(axis=1))
+    if not first.size:
+        return None
+    k = int(first[0])
+    dcs = np.flatnonzero(holds[k])
+    d = int(dcs[np.argmax(room[k][:, dcs].sum(axis=0))])  # the one with the most room
+    parts, remaining = [], job.gpus
+    for i, c in enumerate(chips):
+        take = int(min(room[k, i, d], remaining))
+        if take:
+            parts.append((c, take))
+            remaining -= take
+    start = max(float(np.asarray(ends)[order][k]), s.now)
+    return Inside(start, d, tuple(parts), given[: int(sizes[: k + 1].sum())])
 
 
 def _reserve_inside(s: CycleState, job: PendingJob, inside: Inside) -> Reservation:
