@@ -177,17 +177,18 @@ def _inside_start(s: CycleState, qi: int, job: PendingJob, chips: list[int]) -> 
         ending, held = ending_jobs(s, c)
         ends += [j.estimated_end for j in ending]
         types += [t] * len(ending)
-        gpus += [g[usable[g]] for g in held]
+        gpus += held
     if not ends:
         return None
     order = np.argsort(ends, kind="stable")
     gpus = [gpus[k] for k in order]
-    sizes = np.array([len(g) for g in gpus])
+    event = np.repeat(np.arange(len(gpus)), [len(g) for g in gpus])  # its ending job, per GPU
     given = np.concatenate(gpus)
-    event = np.repeat(np.arange(len(gpus)), sizes)
+    kept = usable[given]
+    given, event = given[kept], event[kept]
+    width = len(chips) * n
     column = np.asarray(types)[order][event] * n + lay.node_domain[DATACENTER_LEVEL][lay.gpu_node[given]]
-    added = np.zeros((len(gpus), len(chips) * n), dtype=np.int64)
-    np.add.at(added, (event, column), 1)
+    added = np.bincount(event * width + column, minlength=len(gpus) * width).reshape(len(gpus), width)
     have = have[None] + np.cumsum(added, axis=0).reshape(len(gpus), len(chips), n)
     room = np.minimum(have, cap[None])  # (ending job, type, datacenter)
     holds = room.sum(axis=1) >= job.gpus
@@ -204,7 +205,7 @@ def _inside_start(s: CycleState, qi: int, job: PendingJob, chips: list[int]) -> 
             parts.append((c, take))
             remaining -= take
     start = max(float(np.asarray(ends)[order][k]), s.now)
-    return Inside(start, d, tuple(parts), given[: int(sizes[: k + 1].sum())])
+    return Inside(start, d, tuple(parts), given[event <= k])
 
 
 def _reserve_inside(s: CycleState, job: PendingJob, inside: Inside) -> Reservation:
