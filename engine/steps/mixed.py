@@ -3,7 +3,8 @@
 A step of the scheduling cycle: functions over its state (engine.steps.state.CycleState:
 pools, quota, result). A split that crosses datacenters takes its share of the links, and under
 the site model it is decided as a single-type gang's span is (engine.steps.spanning): span now,
-or wait for one datacenter to hold the gang on one chip type, whichever finishes sooner."""
+or wait for one datacenter to hold the gang, on one chip type or split over them, whichever
+finishes sooner; a gang that waits for a split holds that room over its types."""
 
 from __future__ import annotations
 
