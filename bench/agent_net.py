@@ -81,6 +81,7 @@ def sample_for(root: str, seconds: float, interval_s: float, out) -> None:
             "cpu_share": cpu / wall,
             "sample_share": sampler.busy_s / wall,
             "priority": sampler.priority,
+            "scheduling": sampler.scheduling,
             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "jitter_ms_p50": percentile(late, 50),
             "jitter_ms_p99": percentile(late, 99),
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{f['sample_share'] * 100:>8.2f}{f['rss_mb']:>8.1f}"
             f"{f['jitter_ms_p50']:>9.2f}{f['jitter_ms_p99']:>9.2f}{f['jitter_ms_max']:>9.2f}{f['bursts_seen']:>8}"
         )
+    print(f"the sampler thread ran {idle['scheduling']}")
     print(
         f"work %: the samples themselves (wall time); an empty thread waking every "
         f"{args.interval_ms:g} ms costs {floor * 100:.2f}% of a core here (included in CPU %)"
@@ -175,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "loaded_missed": loaded["missed"],
         "bursts_seen": idle["bursts_seen"],
         "wake_floor_share": round(floor, 4),
+        "scheduling": idle["scheduling"],
     }
     print(json.dumps(figures))
     return 0

@@ -60,7 +60,7 @@ class Agent:
         self.checkpoint_posts: collections.deque = collections.deque(maxlen=1000)
         self.sent = 0
         ports = discover(config.sysfs_root) if config.net_interval_s > 0 else []
-        self.net = NetSampler(ports, config.net_interval_s) if ports else None
+        self.net = NetSampler(ports, config.net_interval_s, realtime=config.net_realtime) if ports else None
         self.ports_reported: list[dict] | None = None  # the inventory the server was last sent
         self.trace_asked: dict | None = None  # an operator's request for the recorded windows
         self.trace_sent_for = 0.0  # the request the last trace answered

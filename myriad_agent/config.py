@@ -33,6 +33,7 @@ class Config:
     retry_max_s: float
     log_tail_lines: int
     net_interval_s: float  # 0: network ports not sampled
+    net_realtime: bool  # the sampler thread asks for real-time scheduling
     sysfs_root: Path
 
     @property
@@ -81,6 +82,13 @@ OPTIONS = [
         "MYRIAD_AGENT_NET_INTERVAL_MS",
         "10",
         "ms between samples of the network ports' counters (0: not sampled)",
+    ),
+    (
+        "--net-realtime",
+        "MYRIAD_AGENT_NET_REALTIME",
+        "yes",
+        "yes: the network sampler runs real-time (SCHED_FIFO 1) where allowed, keeping its period on a "
+        "busy node; no: nice -10",
     ),
     (
         "--sysfs-root",
@@ -148,10 +156,18 @@ def load(argv: list[str] | None = None, environ: dict | None = None) -> tuple[Co
             retry_max_s=_number("--retry-max", raw["--retry-max"], 0.1, 3600),
             log_tail_lines=int(_number("--log-tail", raw["--log-tail"], 1, 100_000, whole=True)),
             net_interval_s=_net_interval(raw["--net-interval-ms"]),
+            net_realtime=_yes_no("--net-realtime", raw["--net-realtime"]),
             sysfs_root=Path(raw["--sysfs-root"]),
         ),
         args,
     )
+
+
+def _yes_no(flag: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("yes", "no"):
+        raise ConfigError(f"{flag}: {raw!r} is not yes or no")
+    return value == "yes"
 
 
 def _net_interval(raw: str) -> float:

@@ -5,6 +5,7 @@ that wrap or reset, the recorded trace, and the sampler thread keeping its perio
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -197,6 +198,25 @@ def test_the_sampler_thread_keeps_its_period(tree):
     assert sampler.summary()[0]["windows"] == (sampler.count - 1) // 10 * 10
 
 
+def test_the_sampler_says_how_its_thread_is_scheduled_as_the_kernel_has_it(tree):
+    """Real-time (SCHED_FIFO) where asked and allowed, keeping the 10 ms grid on a busy node;
+    normal priority otherwise; what the sampler reports is what the kernel runs it at."""
+    root, _, _ = tree
+    for realtime in (True, False):
+        sampler = NetSampler(discover(root), 0.01, realtime=realtime)
+        sampler.start()
+        while sampler.count < 3:
+            time.sleep(0.01)
+        policy = os.sched_getscheduler(sampler._thread.native_id)
+        sampler.stop()
+        if sampler.scheduling.startswith("real-time"):
+            assert realtime and policy == os.SCHED_FIFO
+        else:
+            assert sampler.scheduling.startswith("normal") and policy == os.SCHED_OTHER
+        if not realtime:
+            assert sampler.scheduling == f"normal (nice {sampler.priority})"
+
+
 def test_a_bad_sampling_interval_is_named(tmp_path):
     base = ["--server", "http://127.0.0.1:9", "--work-dir", str(tmp_path)]
     config, _ = load(base, environ={})
@@ -205,6 +225,9 @@ def test_a_bad_sampling_interval_is_named(tmp_path):
     for bad in ("0.5", "-1", "fast"):
         with pytest.raises(ConfigError, match="--net-interval-ms"):
             load([*base, "--net-interval-ms", bad], environ={})
+    assert config.net_realtime and not load([*base, "--net-realtime", "no"], environ={})[0].net_realtime
+    with pytest.raises(ConfigError, match="--net-realtime: 'sometimes' is not yes or no"):
+        load([*base], environ={"MYRIAD_AGENT_NET_REALTIME": "sometimes"})
 
 
 def test_nvlink_throughput_comes_from_nvml_field_values_and_is_left_out_where_missing(tmp_path):
