@@ -27,7 +27,6 @@ its own module of engine.steps, and ``run`` takes them in order.
 from __future__ import annotations
 
 import gc
-import math
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -222,7 +221,12 @@ def try_reserve(s: CycleState, job, capacity_blocked: list[int], max_level: int)
         return reservation_reason(s, job, held)
     waits = job.id in s.span_waits
     if waits and len(capacity_blocked) > 1:  # it reserves on the type it weighed: the soonest
-        capacity_blocked = sorted(capacity_blocked, key=lambda c: _soonest(s, job, c, max_level))
+        found = {c: earliest(s, job, c, max_level) for c in capacity_blocked}
+        starts = [(f[0], c) for c, f in found.items() if f is not None]
+        if not starts:
+            return None
+        c = min(starts, key=lambda start: start[0])[1]  # ties: the preferred type
+        return reservation_reason(s, job, reserve(s, job, c, max_level, found[c]))
     for c in capacity_blocked:
         if waits or (
             len(s.result.reservations) < s.config.max_reservations
@@ -248,11 +252,6 @@ def reservation_reason(s: CycleState, job, reservation) -> Reason:
             "free_at": reservation.start_at,
         },
     )
-
-
-def _soonest(s: CycleState, job, c: int, max_level: int) -> float:
-    found = earliest(s, job, c, max_level)
-    return found[0] if found is not None else math.inf
 
 
 def schedule(

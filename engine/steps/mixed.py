@@ -26,7 +26,7 @@ from engine.sites import (
 )
 from engine.steps.admission import record_admission
 from engine.steps.elasticity import quota_headroom
-from engine.steps.reservation import ending_jobs, hold
+from engine.steps.reservation import ending_jobs, hold, returnable
 from engine.steps.spanning import datacenter_names, one_datacenter_wait, span_choice
 from engine.steps.state import CycleState
 from engine.steptime import MODELS, Fabric, NoFeasiblePlan
@@ -120,7 +120,7 @@ def span_or_wait(
     for a split in one datacenter, that split (to reserve)."""
     t0 = time.perf_counter()
     model = job.model or MODELS[DEFAULT_MODEL]
-    wait, one_step, inside = None, one_site_step_s(job.model, s.topo.chip_names[chips[0]], job.gpus), None
+    wait, one_step, inside = None, None, None
     if s.config.span_policy == "pays":
         for c in chips:
             if s.quota.ceiling(qi, c) < job.demand:
@@ -140,6 +140,8 @@ def span_or_wait(
                 name = datacenter_names(s, [split.dc])[split.dc]
                 kinds = " + ".join(f"{n} {chip}" for chip, n in by_chip)
                 wait, one_step, inside = (split.start - s.now, f"{name} as {kinds}"), step, split
+    if wait is None:  # against its first type in one datacenter
+        one_step = one_site_step_s(job.model, s.topo.chip_names[chips[0]], job.gpus)
     dcs = tuple(dc for dc, _ in crossing.per_dc)
     cost = SpanCost(
         dcs=dcs,
@@ -172,7 +174,7 @@ def _inside_start(s: CycleState, qi: int, job: PendingJob, chips: list[int]) -> 
     n = lay.domain_count[DATACENTER_LEVEL]
     cap = np.array([s.quota.ceiling(qi, c) // MILLI for c in chips], dtype=np.int64)[:, None]
     have = np.stack([s.pools.open.counts(DATACENTER_LEVEL, c) for c in chips]).astype(np.int64)
-    usable = s.schedulable & ~s.reserved & ~s.pools.open.free  # a cordoned node's GPUs do not come back
+    usable = returnable(s)
     ends, types, gpus = [], [], []
     for t, c in enumerate(chips):
         ending, held = ending_jobs(s, c)

@@ -34,6 +34,12 @@ def ending_jobs(s: CycleState, c: int) -> tuple[list[RunningJob], list[np.ndarra
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
+def returnable(s: CycleState) -> np.ndarray:
+    """Per GPU, whether it comes back to the pool when its job ends: schedulable, not reserved, not
+    free already (a cordoned node's GPUs do not come back)."""
+    return s.schedulable & ~s.reserved & ~s.pools.open.free
+
+
 def first_fit(s: CycleState, job, c: int, max_level: int, releasable, first: int) -> int | None:
     """The smallest k such that the GPUs of the first k+1 ending jobs make room for the gang, or
     None. A gang fits at ``max_level`` exactly when some domain of that level holds ``job.gpus``
@@ -42,7 +48,7 @@ def first_fit(s: CycleState, job, c: int, max_level: int, releasable, first: int
     chunks of doubling size (one bincount each, no pool copied), and in the chunk that made room
     each domain that reached the size names the job whose GPUs got it there."""
     lay = s.layout
-    usable = s.schedulable & ~s.reserved & ~s.pools.open.free  # a cordoned node's GPUs do not come back
+    usable = returnable(s)
     domain_of = lay.node_domain[max_level]
     have = s.pools.open.counts(max_level, c).astype(np.int64)
     short = job.gpus - have  # GPUs each domain still lacks
@@ -83,11 +89,12 @@ def earliest(s: CycleState, job: PendingJob, c: int, max_level: int):
     return max(ending[k].estimated_end, s.now), trial, where
 
 
-def reserve(s: CycleState, job: PendingJob, c: int, max_level: int) -> Reservation | None:
+def reserve(s: CycleState, job: PendingJob, c: int, max_level: int, found=None) -> Reservation | None:
     """The GPUs the gang will get first, as running jobs end by their estimates: the shortest
-    prefix of ending jobs whose GPUs make a placement possible."""
+    prefix of ending jobs whose GPUs make a placement possible (``found``: ``earliest``'s answer,
+    when the caller has it)."""
     s.reservation_attempts += 1
-    found = earliest(s, job, c, max_level)
+    found = found or earliest(s, job, c, max_level)
     if found is None:
         return None
     start, trial, where = found
