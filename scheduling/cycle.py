@@ -33,7 +33,15 @@ from scheduling.trigger import assignments_changed, request_cycle
 
 log = logging.getLogger("myriad.scheduling")
 
-__all__ = ["CycleSummary", "apply_decisions", "cycle_ran", "reset_caches", "run_cycle", "surroundings"]
+__all__ = [
+    "CycleSummary",
+    "apply_decisions",
+    "cycle_ran",
+    "reset_caches",
+    "run_cycle",
+    "surroundings",
+    "warm",
+]
 
 cycle_ran = Signal()  # after a cycle that ran: seconds (with the commit), summary; monitoring keeps metrics
 
@@ -59,6 +67,21 @@ def reset_caches() -> None:
     store.reset()
     running.reset()
     pending_jobs.reset()
+
+
+def warm() -> None:
+    """Read what a cycle reads, outside the lock and deciding nothing, so that the first cycle of a
+    process reads only what changed since (the pending jobs are kept between reads and read again
+    only where their revision moved): a worker that restarts with 10,000 jobs pending builds them
+    here, before it takes its first cycle, as a restarted scheduler syncs its caches before it
+    schedules. Without it the first cycle read 40-60 ms more, and the links and partitions it
+    asks monitoring about took 30 ms more the first time (PostgreSQL, 100k GPUs)."""
+    snapshot = topology_cache.current()
+    store.layouts.layout(snapshot)
+    _, names = store.load_queues_and_names()
+    load_running_index(names)
+    load_pending(timezone.now(), sites.config().max_starts, names.queues)
+    surroundings(snapshot)
 
 
 def run_cycle(

@@ -4,16 +4,20 @@ fresh read of the database sees: every writer alike, the reasons current, an arr
 queue's name followed."""
 
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from scheduling.arrays import submit_array
 from scheduling.bulk import update_rows
+from scheduling.cycle import reset_caches, run_cycle
 from scheduling.models import Job, JobArray, Queue
 from scheduling.pending import PendingStore, load_pending, pending_jobs
 from scheduling.services import submit_job
+from scheduling.tasks import warm_up
 
 
 def _fresh(now=None, window=None):
@@ -121,3 +125,33 @@ def test_a_job_that_changed_and_left_between_the_two_reads_is_not_served_from_th
 
     monkeypatch.setattr(PendingStore, "_build", started_meanwhile)
     assert jobs[0].pk not in {j.id for j in load_pending()[0]}
+
+
+def _worker(*queue_names):
+    """What Celery's worker_ready signal sends: the consumer, its app consuming ``queue_names``."""
+    queues = SimpleNamespace(consume_from={name: None for name in queue_names})
+    return SimpleNamespace(app=SimpleNamespace(amqp=SimpleNamespace(queues=queues)))
+
+
+def _reads_whole_jobs() -> bool:
+    """Whether reading the pending jobs now builds any job from its whole row."""
+    with CaptureQueriesContext(connection) as queries:
+        load_pending()
+    return any("chip_types" in q["sql"] for q in queries.captured_queries)
+
+
+def test_a_worker_that_takes_cycles_reads_the_pending_jobs_before_it_says_it_is_ready(queues):
+    """A restarted worker builds the pending jobs as it starts, so its first cycle reads only their
+    revisions and the jobs that changed since; a worker that takes no cycles does not keep them."""
+    jobs = [_submit(queues, f"w{i}") for i in range(5)]
+    reset_caches()
+    warm_up(sender=_worker("default"))
+    assert _reads_whole_jobs()  # nothing kept: the first read builds every job
+
+    reset_caches()
+    warm_up(sender=_worker("cycle", "default"))
+    assert not _reads_whole_jobs()  # kept by the warm-up: only revisions and reasons read
+    Job.objects.filter(pk=jobs[0].pk).update(priority=3)  # changed after the warm-up: read again
+    assert _reads_whole_jobs() and _matches_a_fresh_read()
+    summary = run_cycle()
+    assert summary.admitted == 5 and Job.objects.filter(state="running").count() == 5
