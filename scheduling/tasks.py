@@ -1,3 +1,4 @@
+import contextlib
 import logging
 import threading
 import time
@@ -16,6 +17,11 @@ from scheduling.trigger import clear_requested, note_cycle_ended, seconds_until_
 
 log = logging.getLogger("myriad.scheduling")
 
+# A cycle task put off runs again at its countdown, and Celery runs a task with a countdown on its
+# timer thread, beside the task the worker's main thread is running: one turn at a time in this
+# process, so the second of two due tasks finds the first one's end and is put off in its turn.
+_turn = threading.Lock()
+
 
 @shared_task(ignore_result=True, time_limit=120, soft_time_limit=100)
 def run_scheduling_cycle(at_once: bool = False) -> dict:
@@ -24,17 +30,18 @@ def run_scheduling_cycle(at_once: bool = False) -> dict:
     the minimum interval since the last one ended (scheduling.trigger) is put off until then, the
     marker kept, so submits meanwhile queue nothing more. Run inline (eager), it runs at once."""
     inline = run_scheduling_cycle.request.is_eager or run_scheduling_cycle.app.conf.task_always_eager
-    wait = 0.0
-    if not (at_once or inline):
-        wait = best_effort("reading the last cycle's end", seconds_until_allowed, default=0.0)
-    if wait > 0:
-        run_scheduling_cycle.apply_async(countdown=wait)
-        return {"ran": False, "put_off_s": round(wait, 3)}
-    best_effort("clearing the cycle request", clear_requested)
-    try:
-        return run_cycle(wait=True).as_dict()
-    finally:
-        best_effort("noting the cycle's end", note_cycle_ended)
+    with contextlib.nullcontext() if inline else _turn:  # inline: inside the caller's turn, if any
+        wait = 0.0
+        if not (at_once or inline):
+            wait = best_effort("reading the last cycle's end", seconds_until_allowed, default=0.0)
+        if wait > 0:
+            run_scheduling_cycle.apply_async(countdown=wait)
+            return {"ran": False, "put_off_s": round(wait, 3)}
+        best_effort("clearing the cycle request", clear_requested)
+        try:
+            return run_cycle(wait=True).as_dict()
+        finally:
+            best_effort("noting the cycle's end", note_cycle_ended)
 
 
 def _cycles_while_broker_is_down(interval_s: float) -> None:
