@@ -13,7 +13,7 @@ from scheduling import forecast, webhooks
 from scheduling.cycle import run_cycle, warm
 from scheduling.inference import autoscale_all
 from scheduling.store import allocations, layouts
-from scheduling.trigger import clear_requested, note_cycle_ended, seconds_until_allowed
+from scheduling.trigger import clear_requested, mark_requested, note_cycle_ended, seconds_until_allowed
 
 log = logging.getLogger("myriad.scheduling")
 
@@ -21,6 +21,7 @@ log = logging.getLogger("myriad.scheduling")
 # timer thread, beside the task the worker's main thread is running: one turn at a time in this
 # process, so the second of two due tasks finds the first one's end and is put off in its turn.
 _turn = threading.Lock()
+BUSY_RETRY_S = 0.1  # a cycle task that found another cycle running tries again after at least this
 
 
 @shared_task(ignore_result=True, time_limit=120, soft_time_limit=100)
@@ -28,7 +29,10 @@ def run_scheduling_cycle(at_once: bool = False) -> dict:
     """One scheduling cycle. Cycles run one at a time (the scheduling lock); the request marker is
     cleared first so jobs submitted while this cycle runs queue the next one. A cycle due before
     the minimum interval since the last one ended (scheduling.trigger) is put off until then, the
-    marker kept, so submits meanwhile queue nothing more. Run inline (eager), it runs at once."""
+    marker kept, so submits meanwhile queue nothing more. So is one that finds another cycle
+    running (another worker on the cycle queue: a standby): that one read what was asked before it
+    started, and this task carries what was asked since. The start limit's follow-up (``at_once``)
+    waits for the lock instead. Run inline (eager), it runs at once."""
     inline = run_scheduling_cycle.request.is_eager or run_scheduling_cycle.app.conf.task_always_eager
     with contextlib.nullcontext() if inline else _turn:  # inline: inside the caller's turn, if any
         wait = 0.0
@@ -38,10 +42,18 @@ def run_scheduling_cycle(at_once: bool = False) -> dict:
             run_scheduling_cycle.apply_async(countdown=wait)
             return {"ran": False, "put_off_s": round(wait, 3)}
         best_effort("clearing the cycle request", clear_requested)
+        summary = None
         try:
-            return run_cycle(wait=True).as_dict()
+            summary = run_cycle(wait=at_once or inline)
         finally:
-            best_effort("noting the cycle's end", note_cycle_ended)
+            if summary is None or summary.ran:
+                best_effort("noting the cycle's end", note_cycle_ended)
+        if not summary.ran:  # another cycle holds the lock: after it, the interval
+            best_effort("keeping the cycle request", mark_requested)
+            wait = max(settings.CYCLE_MIN_INTERVAL_S, BUSY_RETRY_S)
+            run_scheduling_cycle.apply_async(countdown=wait)
+            return {"ran": False, "put_off_s": round(wait, 3), "busy": True}
+        return summary.as_dict()
 
 
 def _cycles_while_broker_is_down(interval_s: float) -> None:

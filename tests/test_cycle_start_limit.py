@@ -1,8 +1,14 @@
 """A cycle starts at most MYRIAD_CYCLE_MAX_START_GPUS GPUs; the jobs past the limit say so and the
 next cycle runs at once after the commit, without waiting for beat."""
 
+import contextlib
+import fcntl
+import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
+
+from django.db import connections
 
 from scheduling.cycle import run_cycle
 from scheduling.models import Job
@@ -104,7 +110,9 @@ def test_a_cycle_that_comes_too_early_is_put_off_not_run(settings, tmp_path, mon
     settings.REDIS_URL, settings.DATA_DIR, settings.CYCLE_MIN_INTERVAL_S = None, tmp_path, 2.0
     sent = _queued(monkeypatch)
     ran = []
-    monkeypatch.setattr(tasks, "run_cycle", lambda **kw: ran.append(kw) or SimpleNamespace(as_dict=dict))
+    monkeypatch.setattr(
+        tasks, "run_cycle", lambda **kw: ran.append(kw) or SimpleNamespace(ran=True, as_dict=dict)
+    )
     trigger.note_cycle_ended()
     assert trigger.mark_requested()
     answer = tasks.run_scheduling_cycle()
@@ -133,7 +141,7 @@ def test_two_cycle_tasks_due_at_once_in_one_worker_run_one_cycle(settings, tmp_p
     def cycle(**kw):
         ran.append(kw)
         time.sleep(0.3)
-        return SimpleNamespace(as_dict=dict)
+        return SimpleNamespace(ran=True, as_dict=dict)
 
     monkeypatch.setattr(tasks, "run_cycle", cycle)
     trigger.note_cycle_ended()
@@ -185,3 +193,63 @@ def test_no_garbage_collection_pass_runs_inside_a_cycle_and_collections_resume_a
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@contextlib.contextmanager
+def _lock_held_elsewhere():
+    """The scheduling lock held by another process's session (a cycle running in another worker)."""
+    from django.conf import settings
+    from django.db import connection
+
+    from scheduling.locks import LOCK_KEY
+
+    if connection.vendor == "postgresql":
+        import psycopg
+
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        with psycopg.connect(**{k: v for k, v in params.items() if k != "pool"}, autocommit=True) as other:
+            other.execute("SELECT pg_advisory_lock(%s)", [LOCK_KEY])
+            yield
+        return
+    with open(Path(settings.DATA_DIR) / "scheduling-cycle.lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def test_a_requested_cycle_that_finds_another_running_is_put_off_and_keeps_the_request(
+    queues, settings, tmp_path, monkeypatch
+):
+    """With a standby worker on the cycle queue, two tasks due at once went one to each worker and
+    the second waited for the lock, then ran right after the first. A requested cycle that finds the
+    lock held is put off by the interval, keeping the request (submits meanwhile queue nothing);
+    the start limit's follow-up waits for the lock and runs."""
+    from scheduling import tasks, trigger
+
+    settings.REDIS_URL, settings.DATA_DIR, settings.CYCLE_MIN_INTERVAL_S = None, tmp_path, 1.0
+    sent = _queued(monkeypatch)
+    job = submit_job(queue=queues["vision"], gpus=8, chip_types=["H100-SXM"], topology="any", name="j")
+    trigger.clear_requested()
+    answers = []
+
+    def ask():  # in a thread: a task that waited for the lock would never return while it is held
+        try:
+            answers.append(tasks.run_scheduling_cycle())
+        finally:
+            connections.close_all()
+
+    with _lock_held_elsewhere():
+        asking = threading.Thread(target=ask)
+        asking.start()
+        asking.join(10)
+        assert not asking.is_alive(), "the requested cycle waited for the lock"
+    asking.join(10)
+    assert answers == [{"ran": False, "put_off_s": 1.0, "busy": True}]
+    assert sent == [(1.0, {})]
+    assert not trigger.mark_requested()  # the request is kept: this task carries it
+    job.refresh_from_db()
+    assert job.state == "pending"
+    assert tasks.run_scheduling_cycle(at_once=True)["ran"] is True  # the lock is free again
+    job.refresh_from_db()
+    assert job.state == "running"
