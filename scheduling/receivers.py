@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 from scheduling.tasks import autoscale_services, run_scheduling_cycle
 from scheduling.trigger import request_cycle
 
@@ -17,9 +19,10 @@ def schedule_after_node_change(sender, nodes, action: str, at, **kwargs) -> None
 
 
 def queue_cycle(sender, at_once: bool, countdown: float, **kwargs) -> None:
-    """scheduling.signals.cycle_wanted: queue the cycle task (trigger has decided one is due)."""
+    """scheduling.signals.cycle_wanted: queue the cycle task (trigger has decided one is due). One
+    put off carries what was asked until now: a cycle that starts before it is due reads that."""
     if countdown > 0:
-        run_scheduling_cycle.apply_async(countdown=countdown)
+        run_scheduling_cycle.apply_async(countdown=countdown, kwargs={"asked_at": time.time()})
     else:
         run_scheduling_cycle.delay(at_once=at_once)
 

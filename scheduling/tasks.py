@@ -13,7 +13,14 @@ from scheduling import forecast, webhooks
 from scheduling.cycle import run_cycle, warm
 from scheduling.inference import autoscale_all
 from scheduling.store import allocations, layouts
-from scheduling.trigger import clear_requested, mark_requested, note_cycle_ended, seconds_until_allowed
+from scheduling.trigger import (
+    clear_requested,
+    mark_requested,
+    note_cycle_ended,
+    note_cycle_started,
+    seconds_until_allowed,
+    started_since,
+)
 
 log = logging.getLogger("myriad.scheduling")
 
@@ -25,23 +32,27 @@ BUSY_RETRY_S = 0.1  # a cycle task that found another cycle running tries again 
 
 
 @shared_task(ignore_result=True, time_limit=120, soft_time_limit=100)
-def run_scheduling_cycle(at_once: bool = False) -> dict:
+def run_scheduling_cycle(at_once: bool = False, asked_at: float | None = None) -> dict:
     """One scheduling cycle. Cycles run one at a time (the scheduling lock); the request marker is
     cleared first so jobs submitted while this cycle runs queue the next one. A cycle due before
     the minimum interval since the last one ended (scheduling.trigger) is put off until then, the
     marker kept, so submits meanwhile queue nothing more. So is one that finds another cycle
-    running (another worker on the cycle queue: a standby): that one read what was asked before it
-    started, and this task carries what was asked since. The start limit's follow-up (``at_once``)
-    waits for the lock instead. Run inline (eager), it runs at once."""
+    running (another worker on the cycle queue: a standby). A task put off carries what was asked
+    before ``asked_at``; when a cycle has started since, that cycle read it, and the task ends. The
+    start limit's follow-up (``at_once``) waits for the lock and runs. Run inline (eager), it runs
+    at once."""
     inline = run_scheduling_cycle.request.is_eager or run_scheduling_cycle.app.conf.task_always_eager
     with contextlib.nullcontext() if inline else _turn:  # inline: inside the caller's turn, if any
-        wait = 0.0
         if not (at_once or inline):
+            if asked_at is not None and best_effort(
+                "reading the last cycle's start", started_since, asked_at, default=False
+            ):
+                return {"ran": False, "covered": True}
             wait = best_effort("reading the last cycle's end", seconds_until_allowed, default=0.0)
-        if wait > 0:
-            run_scheduling_cycle.apply_async(countdown=wait)
-            return {"ran": False, "put_off_s": round(wait, 3)}
+            if wait > 0:
+                return _put_off(wait, asked_at)
         best_effort("clearing the cycle request", clear_requested)
+        best_effort("noting the cycle's start", note_cycle_started)
         summary = None
         try:
             summary = run_cycle(wait=at_once or inline)
@@ -50,10 +61,16 @@ def run_scheduling_cycle(at_once: bool = False) -> dict:
                 best_effort("noting the cycle's end", note_cycle_ended)
         if not summary.ran:  # another cycle holds the lock: after it, the interval
             best_effort("keeping the cycle request", mark_requested)
-            wait = max(settings.CYCLE_MIN_INTERVAL_S, BUSY_RETRY_S)
-            run_scheduling_cycle.apply_async(countdown=wait)
-            return {"ran": False, "put_off_s": round(wait, 3), "busy": True}
+            return {**_put_off(max(settings.CYCLE_MIN_INTERVAL_S, BUSY_RETRY_S), None), "busy": True}
         return summary.as_dict()
+
+
+def _put_off(wait: float, asked_at: float | None) -> dict:
+    """Send the cycle task again in ``wait`` seconds, carrying what was asked until ``asked_at``
+    (default: now)."""
+    asked_at = time.time() if asked_at is None else asked_at
+    run_scheduling_cycle.apply_async(countdown=wait, kwargs={"asked_at": asked_at})
+    return {"ran": False, "put_off_s": round(wait, 3)}
 
 
 def _cycles_while_broker_is_down(interval_s: float) -> None:

@@ -10,7 +10,9 @@ A cycle that submits and changes ask for starts at least MYRIAD_CYCLE_MIN_INTERV
 previous one ended (as Slurm's ``sched_min_interval`` spaces its main loop): under a steady stream
 of submits cycles do not run back to back (each reads every pending job: at 15,000 pending one
 costs a third of a second of a core, more while the web servers share it). A quiet cluster's cycle
-starts at once; a cycle that stopped at its start limit asks for the next at once.
+starts at once; a cycle that stopped at its start limit asks for the next at once. A cycle task
+carries the requests made before it was sent or put off (``asked_at``): one that finds a cycle has
+started since then has nothing left to carry and ends, so put-off tasks do not pile up.
 
 The cycle itself is queued by whoever listens to ``scheduling.signals.cycle_wanted`` (the Celery
 task, connected in SchedulingConfig.ready), so asking for one imports no task.
@@ -35,6 +37,7 @@ from scheduling.signals import cycle_wanted
 MARKER_TTL_S = 60
 _KEY = "myriad:scheduling:cycle-requested"
 _ENDED_KEY = "myriad:scheduling:cycle-ended"
+_STARTED_KEY = "myriad:scheduling:cycle-started"
 VERSION_KEY = "myriad:agent:assignments-version"
 
 
@@ -78,6 +81,31 @@ def clear_requested() -> None:
         _redis().delete(_KEY)
     else:
         _marker_path().unlink(missing_ok=True)
+
+
+def _started_path() -> Path:
+    return Path(settings.DATA_DIR) / "scheduling-cycle.started"
+
+
+def note_cycle_started() -> None:
+    """Called as a requested cycle clears the marker, before it reads: what was asked until now is
+    in what it reads (``started_since``)."""
+    if settings.REDIS_URL:
+        _redis().set(_STARTED_KEY, repr(time.time()), ex=3600)
+    else:
+        _started_path().touch()
+
+
+def started_since(moment: float) -> bool:
+    """Whether a requested cycle has started since ``moment`` (a Unix time): one that has read what
+    was asked before it."""
+    if settings.REDIS_URL:
+        started = _redis().get(_STARTED_KEY)
+        return started is not None and float(started) > moment
+    try:
+        return _started_path().stat().st_mtime > moment
+    except FileNotFoundError:
+        return False
 
 
 def _ended_path() -> Path:

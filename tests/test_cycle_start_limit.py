@@ -246,10 +246,34 @@ def test_a_requested_cycle_that_finds_another_running_is_put_off_and_keeps_the_r
         assert not asking.is_alive(), "the requested cycle waited for the lock"
     asking.join(10)
     assert answers == [{"ran": False, "put_off_s": 1.0, "busy": True}]
-    assert sent == [(1.0, {})]
+    assert [countdown for countdown, _ in sent] == [1.0] and "asked_at" in sent[0][1]["kwargs"]
     assert not trigger.mark_requested()  # the request is kept: this task carries it
     job.refresh_from_db()
     assert job.state == "pending"
     assert tasks.run_scheduling_cycle(at_once=True)["ran"] is True  # the lock is free again
     job.refresh_from_db()
     assert job.state == "running"
+
+
+def test_a_put_off_cycle_task_ends_when_a_cycle_has_started_since(settings, tmp_path, monkeypatch):
+    """Each put-off task carries what was asked before it was put off. Under a stream of submits
+    (one new request a cycle) and beat's own tasks, put-off tasks piled up, each waking about once a
+    cycle to be put off again (455 in 45 s of 500 submits a second): one that finds a cycle has
+    started since it was put off has nothing left to carry and ends."""
+    from scheduling import tasks
+
+    settings.REDIS_URL, settings.DATA_DIR, settings.CYCLE_MIN_INTERVAL_S = None, tmp_path, 0.05
+    sent = _queued(monkeypatch)
+    ran = []
+    monkeypatch.setattr(
+        tasks, "run_cycle", lambda **kw: ran.append(kw) or SimpleNamespace(ran=True, as_dict=dict)
+    )
+    asked = time.time()
+    time.sleep(0.05)  # (a file's time is the kernel's coarse clock: a few ms behind)
+    tasks.run_scheduling_cycle()  # a cycle starts (and ends) after the request was put off
+    assert len(ran) == 1
+    time.sleep(0.06)  # the interval has passed: only the covering cycle stops it
+    assert tasks.run_scheduling_cycle(asked_at=asked) == {"ran": False, "covered": True}
+    assert len(ran) == 1 and sent == []
+    assert tasks.run_scheduling_cycle(asked_at=time.time()) == {}  # asked since: it runs
+    assert len(ran) == 2
