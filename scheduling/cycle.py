@@ -15,6 +15,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 from django.db import transaction
 from django.dispatch import Signal
@@ -76,12 +77,35 @@ def warm() -> None:
     here, before it takes its first cycle, as a restarted scheduler syncs its caches before it
     schedules. Without it the first cycle read 40-60 ms more, and the links and partitions it
     asks monitoring about took 30 ms more the first time (PostgreSQL, 100k GPUs)."""
+    read = _read(timezone.now(), None)
+    surroundings(read.snapshot)
+
+
+class _Read(NamedTuple):
+    """What a cycle reads before it decides (``_read``)."""
+
+    snapshot: object
+    layout: object
+    queues: list
+    names: object
+    running: object
+    config: SchedulerConfig
+    pending: list
+    old_reasons: dict
+    ranked: dict
+
+
+def _read(now: datetime, config: SchedulerConfig | None) -> _Read:
+    """The inventory's snapshot and layout, the queues, running and pending jobs (those two kept
+    between reads), and the scheduler's configuration unless given."""
     snapshot = topology_cache.current()
-    store.layouts.layout(snapshot)
-    _, names = store.load_queues_and_names()
-    load_running_index(names)
-    load_pending(timezone.now(), sites.config().max_starts, names.queues)
-    surroundings(snapshot)
+    layout = store.layouts.layout(snapshot)
+    queues, names = store.load_queues_and_names()
+    running_jobs = load_running_index(names)  # kept between cycles: grown by the jobs started since
+    if config is None:
+        config = sites.config()
+    pending, old_reasons, ranked = load_pending(now, config.max_starts, names.queues)
+    return _Read(snapshot, layout, queues, names, running_jobs, config, pending, old_reasons, ranked)
 
 
 def run_cycle(
@@ -98,13 +122,9 @@ def run_cycle(
         held_from = lock_clock()
         now = now or timezone.now()
         # 1. read
-        snapshot = topology_cache.current()
-        layout = store.layouts.layout(snapshot)
-        queues, names = store.load_queues_and_names()
-        running_jobs = load_running_index(names)  # kept between cycles: grown by the jobs started since
-        if config is None:
-            config = sites.config()
-        pending, old_reasons, ranked = load_pending(now, config.max_starts, names.queues)
+        snapshot, layout, queues, names, running_jobs, config, pending, old_reasons, ranked = _read(
+            now, config
+        )
         t1 = time.perf_counter()
         timings["load"] = (t1 - t0) * 1000
         # 2. decide

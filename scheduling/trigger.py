@@ -36,8 +36,6 @@ from scheduling.signals import cycle_wanted
 
 MARKER_TTL_S = 60
 _KEY = "myriad:scheduling:cycle-requested"
-_ENDED_KEY = "myriad:scheduling:cycle-ended"
-_STARTED_KEY = "myriad:scheduling:cycle-started"
 VERSION_KEY = "myriad:agent:assignments-version"
 
 
@@ -83,41 +81,46 @@ def clear_requested() -> None:
         _marker_path().unlink(missing_ok=True)
 
 
-def _started_path() -> Path:
-    return Path(settings.DATA_DIR) / "scheduling-cycle.started"
+def _moment_path(moment: str) -> Path:
+    return Path(settings.DATA_DIR) / f"scheduling-cycle.{moment}"
+
+
+def _note(moment: str) -> None:
+    """Keep the time of a requested cycle's ``moment`` ("started", "ended"): in Redis, else as a
+    file's modification time (the kernel's coarse clock, a few ms behind: never ahead)."""
+    if settings.REDIS_URL:
+        _redis().set(f"myriad:scheduling:cycle-{moment}", repr(time.time()), ex=3600)
+    else:
+        _moment_path(moment).touch()
+
+
+def _when(moment: str) -> float | None:
+    """The last time kept for ``moment`` (None: none yet)."""
+    if settings.REDIS_URL:
+        kept = _redis().get(f"myriad:scheduling:cycle-{moment}")
+        return float(kept) if kept else None
+    try:
+        return _moment_path(moment).stat().st_mtime
+    except FileNotFoundError:
+        return None
 
 
 def note_cycle_started() -> None:
     """Called as a requested cycle clears the marker, before it reads: what was asked until now is
     in what it reads (``started_since``)."""
-    if settings.REDIS_URL:
-        _redis().set(_STARTED_KEY, repr(time.time()), ex=3600)
-    else:
-        _started_path().touch()
+    _note("started")
 
 
 def started_since(moment: float) -> bool:
     """Whether a requested cycle has started since ``moment`` (a Unix time): one that has read what
     was asked before it."""
-    if settings.REDIS_URL:
-        started = _redis().get(_STARTED_KEY)
-        return started is not None and float(started) > moment
-    try:
-        return _started_path().stat().st_mtime > moment
-    except FileNotFoundError:
-        return False
-
-
-def _ended_path() -> Path:
-    return Path(settings.DATA_DIR) / "scheduling-cycle.ended"
+    started = _when("started")
+    return started is not None and started > moment
 
 
 def note_cycle_ended() -> None:
     """Called as a requested cycle ends: the next one waits the minimum interval from now."""
-    if settings.REDIS_URL:
-        _redis().set(_ENDED_KEY, repr(time.time()), ex=3600)
-    else:
-        _ended_path().touch()
+    _note("ended")
 
 
 def seconds_until_allowed() -> float:
@@ -125,14 +128,7 @@ def seconds_until_allowed() -> float:
     interval = settings.CYCLE_MIN_INTERVAL_S
     if interval <= 0:
         return 0.0
-    if settings.REDIS_URL:
-        ended = _redis().get(_ENDED_KEY)
-        ended = float(ended) if ended else None
-    else:
-        try:
-            ended = _ended_path().stat().st_mtime
-        except FileNotFoundError:
-            ended = None
+    ended = _when("ended")
     if ended is None:
         return 0.0
     return max(0.0, min(interval, ended + interval - time.time()))

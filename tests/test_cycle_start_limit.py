@@ -145,7 +145,7 @@ def test_two_cycle_tasks_due_at_once_in_one_worker_run_one_cycle(settings, tmp_p
 
     monkeypatch.setattr(tasks, "run_cycle", cycle)
     trigger.note_cycle_ended()
-    ended = trigger._ended_path()
+    ended = trigger._moment_path("ended")
     os.utime(ended, (time.time() - 5, time.time() - 5))  # the last cycle ended long ago
     answers = []
     first = threading.Thread(target=lambda: answers.append(tasks.run_scheduling_cycle()))
